@@ -1,0 +1,20 @@
+"""sparkjet: Hazelcast Jet's job model in Python, running on Apache Spark.
+
+Public modules: :mod:`sparkjet` (this one), :mod:`sparkjet.pipeline`,
+:mod:`sparkjet.job`, :mod:`sparkjet.aggregate`, :mod:`sparkjet.errors`,
+:mod:`sparkjet.plugin`. Everything under ``sparkjet.core`` is internal.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+from sparkjet.core.client import Client, connect
+from sparkjet.core.hookspecs import hookimpl
+
+try:
+    __version__ = version("sparkjet")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree
+    __version__ = "0.0.0"
+
+__all__ = ["Client", "__version__", "connect", "hookimpl"]

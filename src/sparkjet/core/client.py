@@ -1,0 +1,66 @@
+"""The client: configuration, store, plugins, Spark session and the jet service."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from sparkjet.core.config import Config, load_config
+from sparkjet.core.jobs import JetService
+from sparkjet.core.plugins import PluginHost
+from sparkjet.core.store import Store
+from sparkjet.core.structures import IList, IMap
+
+
+class Client:
+    """Entry point to sparkjet, like Hazelcast's client: ``sparkjet.connect()`` makes one.
+
+    Creating a client reads the configuration and loads plugins; Spark starts
+    lazily, with the first job.
+    """
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.store = Store(config.store_url, config.store_options)
+        self.plugins = PluginHost(config.plugins_disable)
+        self._jet: JetService | None = None
+
+    def __repr__(self) -> str:
+        return self.config.redact(f"<sparkjet Client store={self.store.url!r}>")
+
+    @property
+    def spark(self) -> Any:
+        """The Spark session (started on first use)."""
+        from sparkjet.core.runtime.session import get_session
+
+        return get_session(self.config, self.plugins)
+
+    def get_jet(self) -> JetService:
+        """The jet service: submit and find jobs."""
+        if self._jet is None:
+            self._jet = JetService(self)
+        return self._jet
+
+    def get_list(self, name: str) -> IList:
+        """The store's list ``name`` (created on first write)."""
+        return IList(self.store, name)
+
+    def get_map(self, name: str) -> IMap:
+        """The store's map ``name`` (created on first write)."""
+        return IMap(self.store, name)
+
+    def register_plugin(self, plugin: object, name: str) -> None:
+        """Register a plugin object (a module or instance with ``@hookimpl`` functions) now."""
+        self.plugins.register(plugin, name)
+
+
+def connect(
+    config_file: str | os.PathLike[str] | None = None, **overrides: Mapping[str, Any]
+) -> Client:
+    """Create a client from the configuration, with per-section overrides.
+
+    ``connect(store={"url": "s3://bucket/jet"}, spark={"master": "local[2]"})``
+    overrides those keys of the file's ``[store]`` and ``[spark]`` tables.
+    """
+    return Client(load_config(overrides, path=config_file))

@@ -1,0 +1,235 @@
+"""Configuration: where it is read from, what it may contain, and secrets.
+
+Sources, first found wins for the file: the file named by ``SPARKJET_CONFIG``,
+``./sparkjet.toml``, ``[tool.sparkjet]`` in ``./pyproject.toml``; then keyword
+overrides given to ``sparkjet.connect()`` are applied on top, table by table.
+``${env:NAME}`` in any string is replaced by that environment variable; such
+values are secrets and are never printed (see :meth:`Config.redact`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sparkjet.errors import ConfigError
+
+ENV_CONFIG = "SPARKJET_CONFIG"
+DEFAULT_STORE_URL = "./.sparkjet"
+_ENV_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
+
+# Schema: section -> key -> (python types, description). A key whose type is
+# dict is a free-form table (its own keys are not checked).
+_SCALAR = (str, int, float, bool)
+_SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], str]]] = {
+    "spark": {
+        "master": ((str,), "a Spark master URL string such as 'local[*]'"),
+        "remote": ((str,), "a Spark Connect URL string"),
+        "app_name": ((str,), "a string"),
+        "conf": ((dict,), "a table of Spark settings"),
+    },
+    "store": {
+        "url": ((str,), "an fsspec URL or a local path string"),
+        "options": ((dict,), "a table of fsspec storage options"),
+    },
+    "snapshots": {
+        "backend": ((str,), "a snapshot backend kind string"),
+        "url": ((str,), "an fsspec URL or a local path string"),
+        "options": ((dict,), "a table of storage options"),
+        "signing_key": ((str,), "a string (use ${env:NAME})"),
+    },
+    "plugins": {
+        "disable": ((list,), "a list of plugin names"),
+    },
+}
+
+
+@dataclass
+class Config:
+    """The effective configuration of one client."""
+
+    spark_master: str = "local[*]"
+    spark_remote: str | None = None
+    spark_app_name: str = "sparkjet"
+    spark_conf: dict[str, str] = field(default_factory=dict)
+    store_url: str = DEFAULT_STORE_URL
+    store_options: dict[str, Any] = field(default_factory=dict)
+    snapshots_backend: str = "local"
+    snapshots_url: str | None = None
+    snapshots_options: dict[str, Any] = field(default_factory=dict)
+    snapshots_signing_key: str | None = None
+    plugins_disable: list[str] = field(default_factory=list)
+    plugin_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Where the file part came from (for messages), or None.
+    source: str | None = None
+    secrets: list[str] = field(default_factory=list, repr=False)
+
+    def __repr__(self) -> str:
+        return self.redact(
+            f"Config(source={self.source!r}, spark_master={self.spark_master!r}, "
+            f"store_url={self.store_url!r}, snapshots_backend={self.snapshots_backend!r})"
+        )
+
+    def redact(self, text: str) -> str:
+        """Replace every secret value in ``text`` with ``***``."""
+        for secret in sorted(self.secrets, key=len, reverse=True):
+            if secret:
+                text = text.replace(secret, "***")
+        return text
+
+
+def find_config_file(cwd: Path | None = None) -> tuple[Path, bool] | None:
+    """The configuration file to read and whether it is a pyproject.toml."""
+    cwd = cwd or Path.cwd()
+    named = os.environ.get(ENV_CONFIG)
+    if named:
+        path = Path(named)
+        if not path.is_file():
+            raise ConfigError(f"{ENV_CONFIG}={named}: no such file")
+        return path, path.name == "pyproject.toml"
+    if (cwd / "sparkjet.toml").is_file():
+        return cwd / "sparkjet.toml", False
+    pyproject = cwd / "pyproject.toml"
+    if pyproject.is_file():
+        return pyproject, True
+    return None
+
+
+def load_config(
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    *,
+    path: str | os.PathLike[str] | None = None,
+    cwd: Path | None = None,
+) -> Config:
+    """Read the configuration file (if any) and apply ``overrides``."""
+    tables: dict[str, Any] = {}
+    source: str | None = None
+    found = (Path(path), Path(path).name == "pyproject.toml") if path else find_config_file(cwd)
+    if found is not None:
+        file, is_pyproject = found
+        try:
+            data = tomllib.loads(file.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"{file}: cannot read: {exc}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{file}: invalid TOML: {exc}") from exc
+        if is_pyproject:
+            data = data.get("tool", {}).get("sparkjet")
+            source = f"{file} [tool.sparkjet]" if data is not None else None
+        else:
+            source = str(file)
+        if data is not None:
+            _check(data, source or str(file))
+            tables = data
+    config = Config(source=source)
+    _apply(config, tables, source or "defaults")
+    if overrides:
+        plain = {k: dict(v) for k, v in overrides.items()}
+        _check(plain, "connect() arguments")
+        _apply(config, plain, "connect() arguments")
+    return config
+
+
+def _check(data: Mapping[str, Any], where: str) -> None:
+    for section, table in data.items():
+        if section not in _SCHEMA:
+            known = ", ".join(f"[{s}]" for s in _SCHEMA)
+            raise ConfigError(f"{where}: unknown section [{section}] (expected one of {known})")
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"{where}: [{section}] must be a table, got {_kind(table)}")
+        for key, value in table.items():
+            spec = _SCHEMA[section].get(key)
+            if spec is None:
+                if section == "plugins" and isinstance(value, Mapping):
+                    continue  # [plugins.<name>]: a plugin's own table
+                known = ", ".join(sorted(_SCHEMA[section]))
+                raise ConfigError(
+                    f"{where}: unknown key '{key}' in [{section}] (expected one of: {known})"
+                )
+            types, expected = spec
+            if isinstance(value, bool) and bool not in types:
+                raise ConfigError(f"{where}: [{section}] {key}: expected {expected}, got a bool")
+            if not isinstance(value, types):
+                raise ConfigError(
+                    f"{where}: [{section}] {key}: expected {expected}, got {_kind(value)}"
+                )
+            if section == "spark" and key == "conf":
+                for ck, cv in value.items():
+                    if not isinstance(cv, _SCALAR):
+                        raise ConfigError(
+                            f"{where}: [spark.conf] {ck}: expected a string, number or bool, "
+                            f"got {_kind(cv)}"
+                        )
+            if section == "plugins" and key == "disable":
+                for name in value:
+                    if not isinstance(name, str):
+                        raise ConfigError(
+                            f"{where}: [plugins] disable: expected a list of plugin names, "
+                            f"got an item {_kind(name)}"
+                        )
+
+
+def _kind(value: Any) -> str:
+    return f"{value!r} ({type(value).__name__})" if not isinstance(value, dict) else "a table"
+
+
+def _resolve(value: Any, where: str, key: str, secrets: list[str]) -> Any:
+    """Replace ``${env:NAME}`` references, recording the values as secrets."""
+    if isinstance(value, str):
+        def sub(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name not in os.environ:
+                raise ConfigError(
+                    f"{where}: {key} refers to environment variable {name}, which is not set"
+                )
+            secrets.append(os.environ[name])
+            return os.environ[name]
+
+        return _ENV_REF.sub(sub, value)
+    if isinstance(value, dict):
+        return {k: _resolve(v, where, f"{key}.{k}", secrets) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_resolve(v, where, key, secrets) for v in value]
+    return value
+
+
+def _apply(config: Config, data: Mapping[str, Any], where: str) -> None:
+    def get(section: str, key: str) -> Any:
+        return _resolve(data[section][key], where, f"[{section}] {key}", config.secrets)
+
+    def has(section: str, key: str) -> bool:
+        return key in data.get(section, {})
+
+    if has("spark", "master"):
+        config.spark_master = get("spark", "master")
+    if has("spark", "remote"):
+        config.spark_remote = get("spark", "remote")
+    if has("spark", "app_name"):
+        config.spark_app_name = get("spark", "app_name")
+    if has("spark", "conf"):
+        conf = get("spark", "conf")
+        config.spark_conf.update(
+            {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in conf.items()}
+        )
+    if has("store", "url"):
+        config.store_url = get("store", "url")
+    if has("store", "options"):
+        config.store_options.update(get("store", "options"))
+    if has("snapshots", "backend"):
+        config.snapshots_backend = get("snapshots", "backend")
+    if has("snapshots", "url"):
+        config.snapshots_url = get("snapshots", "url")
+    if has("snapshots", "options"):
+        config.snapshots_options.update(get("snapshots", "options"))
+    if has("snapshots", "signing_key"):
+        config.snapshots_signing_key = get("snapshots", "signing_key")
+    for key, value in data.get("plugins", {}).items():
+        if key == "disable":
+            config.plugins_disable = list(get("plugins", "disable"))
+        else:
+            config.plugin_options.setdefault(key, {}).update(get("plugins", key))

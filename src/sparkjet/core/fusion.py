@@ -1,0 +1,346 @@
+"""Per-partition Python kernels: fused stateless passes and map-side stateful work.
+
+Consecutive stateless stages (map, filter, flat_map, peek) are compiled into
+one generated Python function per partition, so an item costs one loop
+iteration and one call per stage, with no per-stage iterator or wrapper.
+The generated function can end in a *terminal* that does the map side of a
+stateful stage in the same pass (partial aggregation, first-seen for
+``distinct``, position tagging for order-keeping shuffles).
+
+Each line of generated code belongs to one stage, so when a user function
+raises, the traceback's line number names the stage at no per-item cost.
+Nothing here imports Spark.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from itertools import count
+from typing import Any
+
+import cloudpickle
+
+_MISSING = object()
+_ids = count()
+_peek_log = logging.getLogger("sparkjet.peek")
+
+STAGE_FAILURE_MARKER = "SPARKJET_STAGE_FAILURE"
+
+
+@dataclass
+class Op:
+    """A stateless operation in a fused pass."""
+
+    op: str  # map | filter | flat_map | peek
+    stage: str
+    fn: Callable[..., Any]
+
+
+@dataclass
+class Terminal:
+    """What the fused pass does with each surviving item.
+
+    - ``yield``: emit the item;
+    - ``tag``: emit ``((partition, position), item)``;
+    - ``keyed``: emit ``(key, (partition, position, item, key))`` with ``key = fn(item)``;
+    - ``sortkey``: emit ``(SortKey, item)`` ordering by ``fn(item)`` (or the item);
+    - ``group``: fold into per-key accumulators (``state["accs"]``, first
+      positions in ``state["firsts"]``) with ``fn`` as key function;
+    - ``fold``: fold everything into ``state["acc"]``;
+    - ``distinct``: keep the first item per key in ``state["seen"]``.
+
+    Positions are the item's index in this partition's terminal input; the
+    partition index comes from ``state["pidx"]``.
+    """
+
+    kind: str
+    stage: str | None = None
+    fn: Callable[..., Any] | None = None
+    create: Callable[[], Any] | None = None
+    accumulate: Callable[[Any, Any], Any] | None = None
+    reverse: bool = False
+
+
+@dataclass
+class FusedPass:
+    """A compiled chain of stateless ops plus a terminal; picklable, compiled lazily."""
+
+    ops: list[Op]
+    terminal: Terminal = field(default_factory=lambda: Terminal("yield"))
+    metrics: bool = True
+    _compiled: Any = field(default=None, repr=False, compare=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"ops": self.ops, "terminal": self.terminal, "metrics": self.metrics}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)  # type: ignore[misc]
+
+    # --- code generation ---------------------------------------------------
+
+    def _source(self) -> tuple[str, dict[int, str], dict[str, Any]]:
+        env: dict[str, Any] = {"_MISSING": _MISSING, "_peek": _peek, "_freeze": freeze}
+        lines = ["def run(it, counts, state):"]
+        line_stage: dict[int, str] = {}
+        counters = [f"c{i}" for i, op in enumerate(self.ops) if op.op in ("filter", "flat_map")]
+        t = self.terminal
+        if self.metrics:
+            lines.append("    n_in = 0")
+            lines.extend(f"    {c} = 0" for c in counters)
+        lines.append("    pos = -1")
+        lines.append("    pidx = state.get('pidx', 0)")
+        if t.kind == "group":
+            env.update(_key=t.fn, _create=t.create, _acc=t.accumulate)
+            lines.append("    accs = state['accs']; firsts = state['firsts']; get = accs.get")
+        elif t.kind == "fold":
+            env.update(_acc=t.accumulate)
+            lines.append("    acc = state['acc']")
+        elif t.kind == "distinct":
+            env.update(_key=t.fn)
+            lines.append("    seen = state['seen']")
+        elif t.kind == "keyed":
+            env.update(_key=t.fn)
+        elif t.kind == "sortkey":
+            env.update(_key=t.fn, _SK=SortKey, _rev=bool(t.reverse))
+        lines.append("    try:")
+        lines.append("        for x in it:")
+        depth = 3
+        if self.metrics:
+            lines.append("    " * depth + "n_in += 1")
+
+        def emit(text: str, stage: str | None) -> None:
+            lines.append("    " * depth + text)
+            if stage is not None:
+                line_stage[len(lines)] = stage
+
+        for i, op in enumerate(self.ops):
+            env[f"f{i}"] = op.fn
+            if op.op == "map":
+                emit(f"x = f{i}(x)", op.stage)
+            elif op.op == "filter":
+                emit(f"if not f{i}(x): continue", op.stage)
+            elif op.op == "peek":
+                emit(f"_peek({op.stage!r}, f{i}, x)", op.stage)
+            elif op.op == "flat_map":
+                emit(f"for x in f{i}(x):", op.stage)
+                depth += 1
+            else:  # pragma: no cover - the planner only fuses the four above
+                raise ValueError(op.op)
+            if self.metrics and op.op in ("filter", "flat_map"):
+                emit(f"c{i} += 1", None)
+        emit("pos += 1", None)
+        stage = t.stage
+        if t.kind == "yield":
+            emit("yield x", None)
+        elif t.kind == "tag":
+            emit("yield ((pidx, pos), x)", None)
+        elif t.kind == "keyed":
+            emit("k = _key(x)", stage)
+            emit("yield (k, (pidx, pos, x, k))", None)
+        elif t.kind == "sortkey":
+            emit(f"yield (_SK({'x' if t.fn is None else '_key(x)'}, (pidx, pos), _rev), x)", stage)
+        elif t.kind == "group":
+            emit("k = _key(x)", stage)
+            emit("a = get(k, _MISSING)", stage)
+            emit("if a is _MISSING:", None)
+            depth += 1
+            emit("firsts[k] = pos", stage)
+            emit("a = _create()", stage)
+            depth -= 1
+            emit("accs[k] = _acc(a, x)", stage)
+        elif t.kind == "fold":
+            emit("acc = _acc(acc, x)", stage)
+        elif t.kind == "distinct":
+            emit("k = x" if t.fn is None else "k = _key(x)", stage)
+            emit("try:", None)
+            emit("    new = k not in seen", stage)
+            emit("except TypeError:", None)
+            emit("    k = _freeze(k); new = k not in seen", stage)
+            emit("if new: seen[k] = (pos, x)", stage)
+        else:  # pragma: no cover
+            raise ValueError(t.kind)
+        lines.append("    finally:")
+        if t.kind == "fold":
+            lines.append("        state['acc'] = acc")
+        if self.metrics:
+            lines.append("        counts['in'] = counts.get('in', 0) + n_in")
+            for c in counters:
+                lines.append(f"        counts[{c!r}] = counts.get({c!r}, 0) + {c}")
+        else:
+            lines.append("        pass")
+        if t.kind in ("group", "fold", "distinct"):
+            lines.append("    if False:  # a generator either way, so callers drive it alike")
+            lines.append("        yield None")
+        return "\n".join(lines) + "\n", line_stage, env
+
+    def compile(self) -> tuple[Callable[..., Iterator[Any]], dict[int, str], str]:
+        if self._compiled is None:
+            source, line_stage, env = self._source()
+            filename = f"<sparkjet-fused-{next(_ids)}>"
+            exec(compile(source, filename, "exec"), env)  # noqa: S102 - our own generated code
+            object.__setattr__(self, "_compiled", (env["run"], line_stage, filename))
+        return self._compiled  # type: ignore[no-any-return]
+
+    def run(
+        self, items: Iterator[Any], counts: dict[str, int], state: dict[str, Any] | None = None
+    ) -> Iterator[Any]:
+        """Apply the pass to one partition's items."""
+        fn, _, _ = self.compile()
+        return fn(items, counts, state if state is not None else {})
+
+    def consume(
+        self, items: Iterator[Any], counts: dict[str, int], state: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Run a folding terminal (group, fold, distinct) over one partition; returns ``state``."""
+        for _ in self.run(items, counts, state):
+            pass
+        return state
+
+    def stage_of(self, exc: BaseException) -> str | None:
+        """The stage whose line of generated code raised ``exc``, if it was one of ours."""
+        _, line_stage, filename = self.compile()
+        found = None
+        tb = exc.__traceback__
+        while tb is not None:
+            if tb.tb_frame.f_code.co_filename == filename:
+                found = line_stage.get(tb.tb_lineno, found)
+            tb = tb.tb_next
+        return found
+
+    def stage_counts(self, counts: dict[str, int]) -> dict[str, tuple[int, int]]:
+        """Per-stage (received, emitted) from the raw counters of :meth:`run`."""
+        out: dict[str, tuple[int, int]] = {}
+        flowing = counts.get("in", 0)
+        for i, op in enumerate(self.ops):
+            received = flowing
+            if op.op in ("filter", "flat_map"):
+                flowing = counts.get(f"c{i}", 0)
+            out[op.stage] = (received, flowing)
+        return out
+
+
+def _peek(stage: str, fn: Callable[[Any], Any], item: Any) -> None:
+    _peek_log.info("[%s] %s", stage, fn(item))
+
+
+# --- Python equality for distinct() -----------------------------------------
+
+
+class _Tag:
+    """Marks a frozen list or dict so it never equals a user's tuple or frozenset."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Tag) and other.name == self.name
+
+    def __hash__(self) -> int:
+        return 7919 if self.name == "list" else 104729
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_Tag, (self.name,))
+
+
+_LIST = _Tag("list")
+_DICT = _Tag("dict")
+
+
+def freeze(value: Any) -> Any:
+    """A hashable stand-in that is equal exactly when the values are equal under ``==``.
+
+    Lists and dicts compare by value (``{1: "a"} == {1.0: "a"}``); sets become
+    frozensets (``{1} == frozenset({1})`` in Python too). Raises TypeError for
+    other unhashable values.
+    """
+    try:
+        hash(value)
+        return value
+    except TypeError:
+        pass
+    if isinstance(value, list):
+        return (_LIST, tuple(freeze(v) for v in value))
+    if isinstance(value, tuple):
+        return tuple(freeze(v) for v in value)
+    if isinstance(value, dict):
+        return (_DICT, frozenset((freeze(k), freeze(v)) for k, v in value.items()))
+    if isinstance(value, set):
+        return frozenset(freeze(v) for v in value)
+    raise TypeError(f"unhashable type: {type(value).__name__!r} cannot be compared for distinct()")
+
+
+# --- ordering for sort() -----------------------------------------------------
+
+
+class SortKey:
+    """Orders as ``sorted(key=..., reverse=...)`` does, ties broken by encounter position."""
+
+    __slots__ = ("key", "position", "reverse")
+
+    def __init__(self, key: Any, position: tuple[int, int], reverse: bool) -> None:
+        self.key = key
+        self.position = position
+        self.reverse = reverse
+
+    def __lt__(self, other: SortKey) -> bool:
+        if self.reverse:
+            if other.key < self.key:
+                return True
+            if self.key < other.key:
+                return False
+        else:
+            if self.key < other.key:
+                return True
+            if other.key < self.key:
+                return False
+        return self.position < other.position
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (SortKey, (self.key, self.position, self.reverse))
+
+
+# --- failures crossing from executors to the driver ---------------------------
+
+
+class RemoteError(Exception):
+    """Stands in for a user exception that could not be pickled back to the driver."""
+
+
+def encode_failure(stage: str, exc: BaseException) -> str:
+    """A marker line carrying the stage and the (pickled) exception to the driver."""
+    text = "".join(traceback.format_exception(exc))
+    try:
+        payload = cloudpickle.dumps((stage, exc, text))
+        cloudpickle.loads(payload)
+    except Exception:
+        stand_in = RemoteError(f"{type(exc).__qualname__}: {exc}")
+        payload = cloudpickle.dumps((stage, stand_in, text))
+    return f"{STAGE_FAILURE_MARKER}[{base64.b64encode(payload).decode()}]"
+
+
+def decode_failure(text: str) -> tuple[str, BaseException, str] | None:
+    """Find a marker in an error text from Spark; ``(stage, exception, traceback)``."""
+    start = text.find(STAGE_FAILURE_MARKER + "[")
+    if start < 0:
+        return None
+    start += len(STAGE_FAILURE_MARKER) + 1
+    end = text.find("]", start)
+    try:
+        stage, exc, tb_text = cloudpickle.loads(base64.b64decode(text[start:end]))
+    except Exception:
+        return None
+    return stage, exc, tb_text
+
+
+class StageFailure(Exception):
+    """Raised on an executor: carries the failing stage and the user's exception."""
+
+    def __init__(self, stage: str, exc: BaseException) -> None:
+        super().__init__(encode_failure(stage, exc))
+        self.stage = stage

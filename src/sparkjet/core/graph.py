@@ -1,0 +1,357 @@
+"""The pipeline graph: transforms (nodes) and the stage handles users chain.
+
+Nothing here touches Spark. A :class:`Pipeline` is a DAG of
+:class:`Transform` nodes; the stage objects returned by ``read_from``,
+``map`` and friends are thin handles that add nodes to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from sparkjet.aggregate import AggregateOperation
+from sparkjet.errors import PipelineDefinitionError
+
+if TYPE_CHECKING:
+    from sparkjet.plugin import Sink, Source, StatefulTransform
+
+#: Operations that keep no state: fused into one Python pass per partition.
+STATELESS = frozenset({"map", "filter", "flat_map", "peek"})
+#: Operations that need all (or all of a key's) items: they end a fused pass.
+STATEFUL = frozenset({"aggregate", "group_aggregate", "group_apply", "distinct", "sort"})
+
+_MAX_NAME = 200
+
+
+def validate_stage_name(name: Any) -> str:
+    if not isinstance(name, str) or not name.strip():
+        raise PipelineDefinitionError(f"stage name must be a non-empty string, got {name!r}")
+    if name != name.strip():
+        raise PipelineDefinitionError(
+            f"stage name {name!r} must not start or end with white space"
+        )
+    if len(name) > _MAX_NAME:
+        raise PipelineDefinitionError(
+            f"stage name {name[:40]!r}... is {len(name)} characters long (at most {_MAX_NAME})"
+        )
+    if any(ord(ch) < 32 for ch in name):
+        raise PipelineDefinitionError(f"stage name {name!r} must not contain control characters")
+    return name
+
+
+class Transform:
+    """One node of the pipeline DAG."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        op: str,
+        inputs: list[Transform],
+        *,
+        fn: Callable[..., Any] | None = None,
+        params: dict[str, Any] | None = None,
+        default_name: str | None = None,
+    ) -> None:
+        self.pipeline = pipeline
+        self.op = op
+        self.inputs = inputs
+        self.fn = fn
+        self.params = params or {}
+        self.explicit_name: str | None = None
+        self.default_name = default_name or op.replace("_", "-")
+        self.index = len(pipeline.transforms)
+        self.consumers: list[Transform] = []
+        for upstream in inputs:
+            upstream.consumers.append(self)
+        pipeline.transforms.append(self)
+
+    @property
+    def name(self) -> str:
+        """The stage's name: the one set by ``set_name``, else its generated name."""
+        return self.pipeline.stage_names()[self]
+
+    def __repr__(self) -> str:
+        return f"<{self.op} stage {self.name!r}>"
+
+
+class Pipeline:
+    """A DAG of stages, built with :meth:`read_from` and the stage methods."""
+
+    def __init__(self) -> None:
+        self.transforms: list[Transform] = []
+
+    @classmethod
+    def create(cls) -> Pipeline:
+        """A new, empty pipeline."""
+        return cls()
+
+    def read_from(self, source: Source) -> Stage:
+        """Start a branch of the pipeline at ``source``."""
+        from sparkjet.plugin import Source
+
+        if not isinstance(source, Source):
+            raise PipelineDefinitionError(
+                f"read_from() takes a source (a sparkjet.plugin.Source), got {source!r}"
+            )
+        node = Transform(
+            self, "source", [], params={"source": source},
+            default_name=f"from-{source.describe().replace(':', '(', 1)})"
+            if ":" in source.describe() else f"from-{source.describe()}",
+        )
+        return Stage(node)
+
+    def stage_names(self) -> dict[Transform, str]:
+        """Every node's name: explicit names as set, generated ones numbered by occurrence."""
+        taken = {t.explicit_name for t in self.transforms if t.explicit_name}
+        names: dict[Transform, str] = {}
+        counts: dict[str, int] = {}
+        for node in self.transforms:
+            if node.explicit_name:
+                names[node] = node.explicit_name
+                continue
+            base = node.default_name
+            while True:
+                counts[base] = counts.get(base, 0) + 1
+                candidate = base if counts[base] == 1 else f"{base}-{counts[base]}"
+                if candidate not in taken:
+                    break
+            taken.add(candidate)
+            names[node] = candidate
+        return names
+
+    def __repr__(self) -> str:
+        return f"<Pipeline of {len(self.transforms)} stages>"
+
+
+class _Handle:
+    def __init__(self, node: Transform) -> None:
+        self._node = node
+
+    @property
+    def name(self) -> str:
+        """This stage's name (explicit or generated)."""
+        return self._node.name
+
+    def set_name(self, name: str) -> _Handle:
+        """Name this stage; names must be unique within the pipeline (checked at submit)."""
+        self._node.explicit_name = validate_stage_name(name)
+        return self
+
+
+class Stage(_Handle):
+    """A stage that emits items; chain further stages or a sink onto it."""
+
+    def set_name(self, name: str) -> Stage:
+        """Name this stage; names must be unique within the pipeline (checked at submit)."""
+        super().set_name(name)
+        return self
+
+    def _add(self, op: str, *inputs: Transform, **kwargs: Any) -> Transform:
+        return Transform(self._node.pipeline, op, [self._node, *inputs], **kwargs)
+
+    def _fn(self, op: str, fn: Any) -> Callable[..., Any]:
+        if not callable(fn):
+            raise PipelineDefinitionError(
+                f"{op}() after stage '{self.name}' takes a function, got {fn!r}", self.name
+            )
+        return fn  # type: ignore[no-any-return]
+
+    def map(self, fn: Callable[[Any], Any]) -> Stage:
+        """Emit ``fn(item)`` for each item."""
+        return Stage(self._add("map", fn=self._fn("map", fn)))
+
+    def filter(self, fn: Callable[[Any], Any]) -> Stage:
+        """Keep the items for which ``fn(item)`` is true."""
+        return Stage(self._add("filter", fn=self._fn("filter", fn)))
+
+    def flat_map(self, fn: Callable[[Any], Iterable[Any]]) -> Stage:
+        """Emit every element of ``fn(item)`` for each item."""
+        return Stage(self._add("flat_map", fn=self._fn("flat_map", fn)))
+
+    def peek(self, fn: Callable[[Any], Any] = repr) -> Stage:
+        """Log ``fn(item)`` for each item (logger ``sparkjet.peek``) and pass it on."""
+        return Stage(self._add("peek", fn=self._fn("peek", fn)))
+
+    def group_by(self, key_fn: Callable[[Any], Any]) -> GroupedStage:
+        """Group items by ``key_fn(item)``.
+
+        Chain ``aggregate()`` (emits ``(key, result)``) or ``apply()``; used
+        directly, the grouped stage emits ``(key, [items])``. Keys group as
+        in a dict: ``1``, ``1.0`` and ``True`` are one key.
+        """
+        return GroupedStage(self, self._fn("group_by", key_fn))
+
+    def aggregate(
+        self,
+        operation: AggregateOperation | None = None,
+        *,
+        accumulator: Callable[[Any, Any], Any] | None = None,
+        initial: Any = None,
+        combiner: Callable[[Any, Any], Any] | None = None,
+        finisher: Callable[[Any], Any] | None = None,
+    ) -> Stage:
+        """Aggregate all items into one result."""
+        op = _operation(self.name, operation, accumulator, initial, combiner, finisher)
+        return Stage(self._add("aggregate", params={"operation": op}))
+
+    def distinct(self, key_fn: Callable[[Any], Any] | None = None) -> Stage:
+        """Keep the first item of each group of equal items (or of equal ``key_fn(item)``).
+
+        Equality is Python's ``==``: dicts, lists and sets compare by value.
+        """
+        if key_fn is not None:
+            self._fn("distinct", key_fn)
+        return Stage(self._add("distinct", fn=key_fn))
+
+    def sort(self, key_fn: Callable[[Any], Any] | None = None, reverse: bool = False) -> Stage:
+        """Order items as ``sorted(items, key=key_fn, reverse=reverse)`` would (stable)."""
+        if key_fn is not None:
+            self._fn("sort", key_fn)
+        if not isinstance(reverse, bool):
+            raise PipelineDefinitionError(f"sort(reverse=) must be a bool, got {reverse!r}")
+        return Stage(self._add("sort", fn=key_fn, params={"reverse": reverse}))
+
+    def merge(self, other: Stage) -> Stage:
+        """Emit this stage's items followed by ``other``'s (order kept in batch jobs)."""
+        if isinstance(other, SinkStage):
+            raise PipelineDefinitionError(
+                f"cannot merge sink stage '{other.name}': a sink must be the last stage",
+                other.name,
+            )
+        if not isinstance(other, Stage):
+            raise PipelineDefinitionError(f"merge() takes a stage, got {other!r}", self.name)
+        if other._node.pipeline is not self._node.pipeline:
+            raise PipelineDefinitionError(
+                f"cannot merge stage '{other.name}' from another pipeline into '{self.name}'",
+                self.name,
+            )
+        return Stage(self._add("merge", other._node))
+
+    def write_to(self, sink: Sink) -> SinkStage:
+        """End this branch in ``sink``."""
+        from sparkjet.plugin import Sink
+
+        if not isinstance(sink, Sink):
+            raise PipelineDefinitionError(
+                f"write_to() after stage '{self.name}' takes a sink (a sparkjet.plugin.Sink), "
+                f"got {sink!r}",
+                self.name,
+            )
+        described = sink.describe()
+        default = (
+            f"to-{described.replace(':', '(', 1)})" if ":" in described else f"to-{described}"
+        )
+        node = self._add("sink", params={"sink": sink}, default_name=default)
+        return SinkStage(node)
+
+
+class GroupedStage(Stage):
+    """Items grouped by key: ``aggregate()``, ``apply()``, or used as a stage of ``(key, [items])``."""
+
+    def __init__(self, upstream: Stage, key_fn: Callable[[Any], Any]) -> None:
+        self._upstream = upstream
+        self._key_fn = key_fn
+        self._materialized: Transform | None = None
+
+    @property
+    def _node(self) -> Transform:  # type: ignore[override]
+        # Used as a plain stage: (key, [items]) through the to_list aggregation.
+        if self._materialized is None:
+            from sparkjet.aggregate import to_list
+
+            self._materialized = self._upstream._add(
+                "group_aggregate", fn=self._key_fn,
+                params={"operation": to_list()}, default_name="group-by",
+            )
+        return self._materialized
+
+    @_node.setter
+    def _node(self, value: Transform) -> None:
+        self._materialized = value
+
+    def aggregate(  # type: ignore[override]
+        self,
+        operation: AggregateOperation | None = None,
+        *,
+        accumulator: Callable[[Any, Any], Any] | None = None,
+        initial: Any = None,
+        combiner: Callable[[Any, Any], Any] | None = None,
+        finisher: Callable[[Any], Any] | None = None,
+    ) -> Stage:
+        """Aggregate each key's items; emits ``(key, result)`` per key."""
+        op = _operation(self._upstream.name, operation, accumulator, initial, combiner, finisher)
+        node = self._upstream._add(
+            "group_aggregate", fn=self._key_fn, params={"operation": op},
+            default_name="group-aggregate",
+        )
+        return Stage(node)
+
+    def apply(self, transform: StatefulTransform) -> Stage:
+        """Run a keyed :class:`~sparkjet.plugin.StatefulTransform` over each key's items."""
+        from sparkjet.plugin import StatefulTransform
+
+        if not isinstance(transform, StatefulTransform):
+            raise PipelineDefinitionError(
+                f"apply() takes a sparkjet.plugin.StatefulTransform, got {transform!r}",
+                self._upstream.name,
+            )
+        node = self._upstream._add(
+            "group_apply", fn=self._key_fn, params={"transform": transform},
+            default_name=transform.kind,
+        )
+        return Stage(node)
+
+
+class SinkStage(_Handle):
+    """The end of a branch. A sink has no downstream stages."""
+
+    def set_name(self, name: str) -> SinkStage:
+        """Name this sink stage."""
+        super().set_name(name)
+        return self
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr in Stage.__dict__ or attr in ("group_by", "aggregate"):
+            raise PipelineDefinitionError(
+                f"stage '{self.name}' is a sink: a sink must be the last stage of its branch, "
+                f"so it has no {attr}()",
+                self.name,
+            )
+        raise AttributeError(attr)
+
+
+def _operation(
+    after: str,
+    operation: AggregateOperation | None,
+    accumulator: Callable[[Any, Any], Any] | None,
+    initial: Any,
+    combiner: Callable[[Any, Any], Any] | None,
+    finisher: Callable[[Any], Any] | None,
+) -> AggregateOperation:
+    if operation is not None:
+        if accumulator is not None:
+            raise PipelineDefinitionError(
+                f"aggregate() after stage '{after}': pass an AggregateOperation or "
+                "accumulator=..., not both",
+                after,
+            )
+        if not isinstance(operation, AggregateOperation):
+            raise PipelineDefinitionError(
+                f"aggregate() after stage '{after}' takes an AggregateOperation, "
+                f"got {operation!r}",
+                after,
+            )
+        return operation
+    if accumulator is None or not callable(accumulator):
+        raise PipelineDefinitionError(
+            f"aggregate() after stage '{after}' needs an AggregateOperation or a callable "
+            f"accumulator=, got {accumulator!r}",
+            after,
+        )
+    for label, fn in (("combiner", combiner), ("finisher", finisher)):
+        if fn is not None and not callable(fn):
+            raise PipelineDefinitionError(
+                f"aggregate() after stage '{after}': {label}= must be callable, got {fn!r}", after
+            )
+    return AggregateOperation.of(accumulator, initial, combiner, finisher)

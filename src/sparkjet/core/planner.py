@@ -1,0 +1,155 @@
+"""Submit-time checks: turn a Pipeline into a validated Plan, or refuse it.
+
+Every refusal is a :class:`~sparkjet.errors.PipelineDefinitionError` naming
+the stage (and, for guarantees, the plugin and what it supports), raised
+before any Spark work starts. No JVM is needed here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import cloudpickle
+
+from sparkjet.core.graph import STATELESS, Pipeline, Transform
+from sparkjet.core.plugins import PluginHost, Registered
+from sparkjet.errors import PipelineDefinitionError, ProcessingGuaranteeError
+from sparkjet.job import ProcessingGuarantee
+
+#: Operations a streaming job cannot run, with the reason shown to the user.
+_NOT_IN_STREAMS = {
+    "sort": "sorting needs the whole input, which a stream never has",
+    "aggregate": "a global aggregate needs the whole input; use group_by(...).aggregate(...)",
+}
+
+
+@dataclass
+class Plan:
+    """A validated pipeline: nodes in topological order, with names and plugins."""
+
+    pipeline: Pipeline
+    names: dict[Transform, str]
+    nodes: list[Transform]
+    streaming: bool
+    #: The registration of each source, sink and stateful-transform node.
+    participants: dict[Transform, Registered]
+
+    def name(self, node: Transform) -> str:
+        return self.names[node]
+
+
+def plan(pipeline: Any, host: PluginHost, guarantee: ProcessingGuarantee) -> Plan:
+    """Validate ``pipeline`` for a job with ``guarantee``; see the module docstring."""
+    if not isinstance(pipeline, Pipeline):
+        raise PipelineDefinitionError(f"submit() takes a Pipeline, got {pipeline!r}")
+    nodes = list(pipeline.transforms)
+    if not nodes:
+        raise PipelineDefinitionError("the pipeline is empty: add a source with read_from()")
+    names = pipeline.stage_names()
+    _check_unique_names(nodes, names)
+    for node in nodes:
+        if node.op != "sink" and not node.consumers:
+            raise PipelineDefinitionError(
+                f"stage '{names[node]}' has no sink downstream: end the branch with write_to()",
+                names[node],
+            )
+    participants = {node: _registration(node, names[node], host) for node in nodes
+                    if node.op in ("source", "sink", "group_apply")}
+    streaming = any(node.params["source"].streaming for node in nodes if node.op == "source")
+    for node in nodes:
+        _check_picklable(node, names[node])
+    if streaming:
+        for node in nodes:
+            reason = _NOT_IN_STREAMS.get(node.op)
+            if reason:
+                raise PipelineDefinitionError(
+                    f"stage '{names[node]}' ({node.op}) cannot run in a streaming job: {reason}",
+                    names[node],
+                )
+        _check_guarantee(participants, names, guarantee)
+    return Plan(pipeline, names, nodes, streaming, participants)
+
+
+def _check_unique_names(nodes: list[Transform], names: dict[Transform, str]) -> None:
+    seen: dict[str, Transform] = {}
+    for node in nodes:
+        name = names[node]
+        if name in seen:
+            raise PipelineDefinitionError(
+                f"stage name '{name}' is used by two stages ({seen[name].op} and {node.op}); "
+                "stage names must be unique within a pipeline",
+                name,
+            )
+        seen[name] = node
+
+
+def _participant(node: Transform) -> Any:
+    if node.op == "source":
+        return node.params["source"]
+    if node.op == "sink":
+        return node.params["sink"]
+    return node.params["transform"]
+
+
+def _registration(node: Transform, name: str, host: PluginHost) -> Registered:
+    obj = _participant(node)
+    entry = host.lookup_class(type(obj))
+    if entry is None:
+        cls = type(obj)
+        raise PipelineDefinitionError(
+            f"stage '{name}' uses {cls.__module__}.{cls.__qualname__}, which no loaded plugin "
+            "registers: install its plugin (entry point group 'sparkjet'), check it is not "
+            "blocked, or call client.register_plugin(...)",
+            name,
+        )
+    return entry
+
+
+def _check_picklable(node: Transform, name: str) -> None:
+    things: list[tuple[str, Any]] = []
+    if node.fn is not None:
+        things.append(("function", node.fn))
+    for key, value in node.params.items():
+        if key == "operation":
+            things.extend(
+                (f"aggregate operation's {part}", getattr(value, part))
+                for part in ("create", "accumulate", "combine", "finish")
+            )
+        elif key in ("source", "sink", "transform"):
+            things.append((key, value))
+    for label, thing in things:
+        try:
+            cloudpickle.dumps(thing)
+        except Exception as exc:
+            raise PipelineDefinitionError(
+                f"stage '{name}': its {label} {thing!r} cannot be pickled to ship to Spark "
+                f"executors ({type(exc).__name__}: {exc})",
+                name,
+            ) from exc
+
+
+def _check_guarantee(
+    participants: dict[Transform, Registered],
+    names: dict[Transform, str],
+    guarantee: ProcessingGuarantee,
+) -> None:
+    offenders = []
+    for node, entry in participants.items():
+        supported = entry.cls.guarantees
+        if guarantee not in supported:
+            listed = ", ".join(g.value for g in sorted(supported, key=lambda g: g.rank))
+            offenders.append(
+                f"stage '{names[node]}' ({entry.category} '{entry.kind}' from plugin "
+                f"'{entry.plugin}') supports {listed}"
+            )
+    if offenders:
+        raise ProcessingGuaranteeError(
+            f"the job asks for {guarantee.value}, which these participants cannot keep:\n  "
+            + "\n  ".join(offenders),
+            offenders,
+        )
+
+
+def is_stateless(node: Transform) -> bool:
+    return node.op in STATELESS

@@ -1,0 +1,235 @@
+"""The plugin manager: loads built-ins and entry points, collects registered classes.
+
+Built-in plugins are loaded by dotted module name through the same path as
+third-party ones, which come from the ``sparkjet`` entry-point group.
+``SPARKJET_DISABLE_PLUGIN_AUTOLOAD=1`` skips entry points;
+``SPARKJET_BLOCK_PLUGINS=a,b`` (and ``[plugins] disable``) blocks plugins by
+name; ``SPARKJET_TRACE_HOOKS=1`` logs every hook call to the
+``sparkjet.hooks`` logger at DEBUG level.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import logging
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pluggy
+
+from sparkjet.core import hookspecs
+from sparkjet.errors import PluginError
+
+log = logging.getLogger("sparkjet.plugins")
+
+ENTRY_POINT_GROUP = "sparkjet"
+ENV_DISABLE_AUTOLOAD = "SPARKJET_DISABLE_PLUGIN_AUTOLOAD"
+ENV_BLOCK = "SPARKJET_BLOCK_PLUGINS"
+ENV_TRACE = "SPARKJET_TRACE_HOOKS"
+
+#: Built-in plugins: name -> module. Loaded by name; core never imports them.
+BUILTIN_PLUGINS: dict[str, str] = {
+    "list": "sparkjet.plugins.lists",
+    "map": "sparkjet.plugins.maps",
+    "logger": "sparkjet.plugins.logger",
+}
+
+#: Registration hook -> (base class path, label).
+_REGISTRATIONS = {
+    "register_sources": ("Source", "source"),
+    "register_sinks": ("Sink", "sink"),
+    "register_stateful_transforms": ("StatefulTransform", "stateful transform"),
+    "register_snapshot_backends": ("SnapshotBackend", "snapshot backend"),
+}
+
+
+@dataclass(frozen=True)
+class Registered:
+    """A class contributed by a plugin."""
+
+    cls: type[Any]
+    plugin: str
+    category: str  # "source" | "sink" | "stateful transform" | "snapshot backend"
+
+    @property
+    def kind(self) -> str:
+        return str(self.cls.kind)
+
+
+@dataclass
+class PluginInfo:
+    """One loaded plugin: where it came from and what it registered."""
+
+    name: str
+    origin: str  # "built-in", "<dist> <version> (entry point)", "registered at runtime"
+    registered: list[Registered] = field(default_factory=list)
+
+
+def _is_truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+class PluginHost:
+    """Owns the pluggy manager of one client and the classes plugins registered."""
+
+    def __init__(self, disable: Iterable[str] = (), *, autoload: bool | None = None) -> None:
+        self.pm = pluggy.PluginManager(hookspecs.PROJECT)
+        self.pm.add_hookspecs(hookspecs)
+        if _is_truthy(os.environ.get(ENV_TRACE)):
+            self.pm.trace.root.setwriter(logging.getLogger("sparkjet.hooks").debug)
+            self.pm.enable_tracing()
+        env_block = [n.strip() for n in os.environ.get(ENV_BLOCK, "").split(",") if n.strip()]
+        self.blocked: set[str] = set(disable) | set(env_block)
+        self.plugins: dict[str, PluginInfo] = {}
+        self._by_kind: dict[tuple[str, str], Registered] = {}
+        self._by_class: dict[type[Any], Registered] = {}
+        if autoload is None:
+            autoload = not _is_truthy(os.environ.get(ENV_DISABLE_AUTOLOAD))
+        for name, module in BUILTIN_PLUGINS.items():
+            self._load(name, lambda m=module: importlib.import_module(m), "built-in")
+        if autoload:
+            self._load_entry_points()
+        try:
+            self.pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            raise PluginError(
+                f'plugin "{exc.plugin_name}" implements a hook sparkjet does not define: {exc}'
+            ) from exc
+        for name in list(self.plugins):
+            self._collect(name)
+
+    # --- loading ---------------------------------------------------------
+
+    def _load_entry_points(self) -> None:
+        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            dist = ep.dist
+            origin = f"{dist.name} {dist.version} (entry point)" if dist else "entry point"
+            if ep.name in self.plugins:
+                if self.plugins[ep.name].origin == "built-in" and ep.value == BUILTIN_PLUGINS.get(
+                    ep.name
+                ):
+                    continue
+                raise PluginError(
+                    f'plugin name "{ep.name}" from {origin} is already taken by '
+                    f"{self.plugins[ep.name].origin}"
+                )
+            self._load(ep.name, ep.load, origin)
+
+    def _load(self, name: str, load: Callable[[], Any], origin: str) -> None:
+        if name in self.blocked:
+            log.debug("plugin %s (%s) is blocked", name, origin)
+            return
+        try:
+            plugin = load()
+        except Exception as exc:
+            raise PluginError(f'Error importing plugin "{name}" from {origin}: {exc!r}') from exc
+        try:
+            self.pm.register(plugin, name=name)
+        except ValueError as exc:
+            raise PluginError(f'cannot register plugin "{name}" from {origin}: {exc}') from exc
+        except pluggy.PluginValidationError as exc:
+            raise PluginError(f'plugin "{name}" from {origin} is invalid: {exc}') from exc
+        self.plugins[name] = PluginInfo(name, origin)
+
+    def register(self, plugin: object, name: str) -> None:
+        """Register a plugin object at runtime (scripts, tests, notebooks)."""
+        if name in self.plugins:
+            raise PluginError(f'a plugin named "{name}" is already registered')
+        self._load(name, lambda: plugin, "registered at runtime")
+        if name in self.plugins:
+            try:
+                self.pm.check_pending()
+            except pluggy.PluginValidationError as exc:
+                self.pm.unregister(name=name)
+                del self.plugins[name]
+                raise PluginError(
+                    f'plugin "{name}" implements a hook sparkjet does not define: {exc}'
+                ) from exc
+            self._collect(name)
+
+    def _collect(self, name: str) -> None:
+        """Call the registration hooks of one plugin and record what it registers."""
+        from sparkjet import plugin as api
+
+        others = [p for p in self.pm.get_plugins() if self.pm.get_name(p) != name]
+        for hook_name, (base_name, category) in _REGISTRATIONS.items():
+            base = getattr(api, base_name)
+            caller = self.pm.subset_hook_caller(hook_name, remove_plugins=others)
+
+            def register(cls: Any, *, _base: type = base, _category: str = category) -> None:
+                self._add(name, cls, _base, _category)
+
+            try:
+                caller(register=register)
+            except PluginError:
+                raise
+            except Exception as exc:
+                raise PluginError(f'plugin "{name}" failed in {hook_name}: {exc!r}') from exc
+
+    def _add(self, plugin: str, cls: Any, base: type, category: str) -> None:
+        where = f'plugin "{plugin}"'
+        if not isinstance(cls, type) or not issubclass(cls, base):
+            raise PluginError(
+                f"{where} registered {cls!r} as a {category}, but it is not a subclass of "
+                f"sparkjet.plugin.{base.__name__}"
+            )
+        kind = getattr(cls, "kind", None)
+        if not isinstance(kind, str) or not kind:
+            raise PluginError(f"{where}: {category} {cls.__qualname__} has no 'kind' string")
+        guarantees = getattr(cls, "guarantees", frozenset())
+        from sparkjet.job import ProcessingGuarantee
+
+        if category != "snapshot backend" and (
+            not isinstance(guarantees, frozenset | set)
+            or not guarantees
+            or not all(isinstance(g, ProcessingGuarantee) for g in guarantees)
+        ):
+            raise PluginError(
+                f"{where}: {category} {cls.__qualname__} must declare 'guarantees' as a "
+                f"non-empty set of ProcessingGuarantee"
+            )
+        existing = self._by_kind.get((category, kind))
+        if existing is not None and existing.cls is not cls:
+            raise PluginError(
+                f'{where} registers {category} kind "{kind}" ({cls.__module__}.'
+                f'{cls.__qualname__}), already registered by plugin "{existing.plugin}" '
+                f"({existing.cls.__module__}.{existing.cls.__qualname__})"
+            )
+        entry = Registered(cls, plugin, category)
+        self._by_kind[(category, kind)] = entry
+        self._by_class[cls] = entry
+        self.plugins[plugin].registered.append(entry)
+
+    # --- queries -----------------------------------------------------------
+
+    def lookup_class(self, cls: type[Any]) -> Registered | None:
+        """The registration of ``cls`` (or of its nearest registered base)."""
+        for klass in cls.__mro__:
+            entry = self._by_class.get(klass)
+            if entry is not None:
+                return entry
+        return None
+
+    def lookup_kind(self, category: str, kind: str) -> Registered:
+        entry = self._by_kind.get((category, kind))
+        if entry is None:
+            known = sorted(k for (c, k) in self._by_kind if c == category)
+            raise PluginError(
+                f'no {category} of kind "{kind}" is registered (known: {", ".join(known)}); '
+                "is its plugin installed and not blocked?"
+            )
+        return entry
+
+    @property
+    def hook(self) -> Any:
+        return self.pm.hook
+
+    def notify(self, hook_name: str, **kwargs: Any) -> None:
+        """Call a lifecycle hook; plugin errors are logged, never propagated."""
+        try:
+            getattr(self.pm.hook, hook_name)(**kwargs)
+        except Exception:
+            log.exception("a plugin failed in %s", hook_name)

@@ -1,0 +1,500 @@
+"""Runs a batch Plan as Spark RDD work.
+
+Shape of the work:
+
+- a source becomes ``parallelize(descriptors)`` read on executors;
+- stateless stages accumulate as pending ops and are compiled into one
+  :class:`~sparkjet.core.fusion.FusedPass` where the flow ends (a stateful
+  stage, a sink, a branch or a merge);
+- keyed stages do map-side work in that same pass, shuffle partial results
+  by key, and finish on the reduce side; results are then put back in order
+  of first appearance (positions are ``(partition, index)``), so batch output
+  is deterministic and matches plain Python;
+- every sink writes its partitions, and only when all Spark work succeeded
+  does the driver commit each sink (a failed job leaves its sinks untouched).
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from operator import itemgetter
+from typing import Any
+
+from sparkjet.core.fusion import (
+    FusedPass,
+    Op,
+    SortKey,
+    StageFailure,
+    Terminal,
+    decode_failure,
+)
+from sparkjet.core.graph import STATELESS, Transform
+from sparkjet.core.planner import Plan
+from sparkjet.errors import JobFailedError
+from sparkjet.plugin import JobContext, TaskContext
+
+log = logging.getLogger("sparkjet.batch")
+
+_first = itemgetter(0)
+
+
+class CountsParam:
+    """Accumulator of ``{stage: emitted}`` counts (PySpark AccumulatorParam protocol)."""
+
+    def zero(self, value: dict[str, int]) -> dict[str, int]:
+        return {}
+
+    def addInPlace(self, left: dict[str, int], right: dict[str, int]) -> dict[str, int]:  # noqa: N802
+        for key, value in right.items():
+            left[key] = left.get(key, 0) + value
+        return left
+
+
+@dataclass
+class Flow:
+    """Items leaving a node: an RDD of items plus stateless ops not yet applied."""
+
+    rdd: Any
+    ops: list[Op] = field(default_factory=list)
+
+
+# --- executor-side tasks -------------------------------------------------------
+# Module-level classes, so they pickle by reference plus their fields.
+
+
+def _fail(stage: str, fused: FusedPass | None, exc: BaseException) -> StageFailure:
+    if isinstance(exc, StageFailure):
+        return exc
+    found = fused.stage_of(exc) if fused is not None else None
+    return StageFailure(found or stage, exc)
+
+
+class ReadTask:
+    """Reads one source partition descriptor per Spark partition."""
+
+    def __init__(self, source: Any, stage: str, context: TaskContext, counts: Any) -> None:
+        self.source, self.stage, self.context, self.counts = source, stage, context, counts
+
+    def __call__(self, pidx: int, descriptors: Iterator[Any]) -> Iterator[Any]:
+        n = 0
+        try:
+            for descriptor in descriptors:
+                ctx = TaskContext(self.context.job_id, pidx, self.context.store,
+                                  self.context.options)
+                items = self.source.read(descriptor, ctx)
+                if isinstance(items, list | tuple):
+                    n += len(items)
+                    yield from items
+                else:
+                    for item in items:
+                        n += 1
+                        yield item
+        except Exception as exc:
+            raise _fail(self.stage, None, exc) from None
+        if self.counts is not None:
+            self.counts.add({self.stage: n})
+
+
+class PassTask:
+    """Runs a fused pass over one partition; ``emit`` shapes what it yields."""
+
+    def __init__(self, fused: FusedPass, stage: str, counts: Any, emit: str = "items") -> None:
+        self.fused, self.stage, self.counts, self.emit = fused, stage, counts, emit
+
+    def __call__(self, pidx: int, items: Iterator[Any]) -> Iterator[Any]:
+        counts: dict[str, int] = {}
+        state: dict[str, Any] = {"pidx": pidx}
+        kind = self.fused.terminal.kind
+        try:
+            if kind in ("yield", "tag", "keyed", "sortkey"):
+                yield from self.fused.run(items, counts, state)
+            elif kind == "group":
+                state.update(accs={}, firsts={})
+                self.fused.consume(items, counts, state)
+                firsts = state["firsts"]
+                for key, acc in state["accs"].items():
+                    yield (key, (pidx, firsts[key], key, acc))
+            elif kind == "distinct":
+                state["seen"] = {}
+                self.fused.consume(items, counts, state)
+                for key, (pos, item) in state["seen"].items():
+                    yield (key, (pidx, pos, item))
+            elif kind == "fold":
+                create = self.fused.terminal.create
+                assert create is not None
+                state["acc"] = create()
+                self.fused.consume(items, counts, state)
+                yield (0, (pidx, state["acc"]))
+        except Exception as exc:
+            raise _fail(self.stage, self.fused, exc) from None
+        if self.counts is not None:
+            emitted = {stage: out for stage, (_, out) in self.fused.stage_counts(counts).items()}
+            if emitted:
+                self.counts.add(emitted)
+
+
+class ReduceTask:
+    """Reduce side of keyed stages; yields ``(position, output)`` pairs."""
+
+    def __init__(self, node_op: str, stage: str, params: dict[str, Any], counts: Any) -> None:
+        self.op, self.stage, self.params, self.counts = node_op, stage, params, counts
+
+    def __call__(self, records: Iterator[tuple[Any, Any]]) -> Iterator[Any]:
+        n = 0
+        try:
+            for out in self._reduce(records):
+                n += 1
+                yield out
+        except Exception as exc:
+            raise _fail(self.stage, None, exc) from None
+        if self.counts is not None:
+            self.counts.add({self.stage: n})
+
+    def _reduce(self, records: Iterator[tuple[Any, Any]]) -> Iterator[Any]:
+        groups: dict[Any, list[Any]] = {}
+        for key, payload in records:
+            bucket = groups.get(key)
+            if bucket is None:
+                groups[key] = [payload]
+            else:
+                bucket.append(payload)
+        op = self.params.get("operation")
+        for parts in groups.values():
+            parts.sort(key=_position)
+            if self.op == "group_aggregate" and op.combine is not None:
+                _, pos, key, acc = parts[0]
+                for part in parts[1:]:
+                    acc = op.combine(acc, part[3])
+                yield ((parts[0][0], pos, 0), (key, op.finish(acc)))
+            elif self.op == "group_aggregate":
+                key = parts[0][3]
+                acc = op.create()
+                for part in parts:
+                    acc = op.accumulate(acc, part[2])
+                yield ((parts[0][0], parts[0][1], 0), (key, op.finish(acc)))
+            elif self.op == "group_apply":
+                transform = self.params["transform"]
+                key = parts[0][3]
+                _, outputs = transform.process(
+                    transform.create_state(), key, [part[2] for part in parts]
+                )
+                for j, output in enumerate(outputs):
+                    yield ((parts[0][0], parts[0][1], j), output)
+            elif self.op == "distinct":
+                yield ((parts[0][0], parts[0][1], 0), parts[0][2])
+            elif self.op == "aggregate":
+                yield from self._global(parts, op)
+        if self.op == "aggregate" and not groups:
+            yield ((0, 0, 0), op.finish(op.create()))
+
+    def _global(self, parts: list[Any], op: Any) -> Iterator[Any]:
+        if op.combine is not None:
+            acc = parts[0][1]
+            for part in parts[1:]:  # (pidx, acc) sorted by partition
+                acc = op.combine(acc, part[1])
+        else:
+            acc = op.create()
+            for part in parts:  # (pidx, pos, item)
+                acc = op.accumulate(acc, part[2])
+        yield ((0, 0, 0), op.finish(acc))
+
+
+def _position(payload: tuple[Any, ...]) -> tuple[Any, Any]:
+    return (payload[0], payload[1])
+
+
+def _to_partition_of_origin(record: tuple[Any, Any]) -> tuple[int, Any]:
+    return (record[0][0], record)
+
+
+def _identity_partition(pidx: int) -> int:
+    return pidx
+
+
+def _constant_partition(_key: Any) -> int:
+    return 0
+
+
+def _restore_order(records: Iterator[tuple[int, Any]]) -> Iterator[Any]:
+    ordered = sorted((record for _, record in records), key=_first)
+    for _, output in ordered:
+        yield output
+
+
+class SortTask:
+    """Sorts one range partition of ``(SortKey, item)`` pairs."""
+
+    def __init__(self, stage: str, counts: Any) -> None:
+        self.stage, self.counts = stage, counts
+
+    def __call__(self, pairs: Iterator[tuple[SortKey, Any]]) -> Iterator[Any]:
+        try:
+            ordered = sorted(pairs, key=_first)
+        except Exception as exc:
+            raise _fail(self.stage, None, exc) from None
+        if self.counts is not None:
+            self.counts.add({self.stage: len(ordered)})
+        for _, item in ordered:
+            yield item
+
+
+class RangePartition:
+    """Partition function for sort: the range a SortKey falls into."""
+
+    def __init__(self, bounds: list[SortKey]) -> None:
+        self.bounds = bounds
+
+    def __call__(self, key: SortKey) -> int:
+        return bisect.bisect_left(self.bounds, key)
+
+
+class SinkTask:
+    """Writes one partition to a sink (after the fused pass feeding it)."""
+
+    def __init__(
+        self, fused: FusedPass, sink: Any, state: Any, stage: str, context: TaskContext, counts: Any
+    ) -> None:
+        self.fused, self.sink, self.state, self.stage = fused, sink, state, stage
+        self.context, self.counts = context, counts
+
+    def __call__(self, pidx: int, items: Iterator[Any]) -> Iterator[Any]:
+        counts: dict[str, int] = {}
+        ctx = TaskContext(self.context.job_id, pidx, self.context.store, self.context.options)
+        try:
+            message = self.sink.write(self.state, self.fused.run(items, counts, {"pidx": pidx}), ctx)
+        except Exception as exc:
+            raise _fail(self.stage, self.fused, exc) from None
+        if self.counts is not None:
+            emitted = {stage: out for stage, (_, out) in self.fused.stage_counts(counts).items()}
+            if emitted:
+                self.counts.add(emitted)
+        yield message
+
+
+# --- driver side ----------------------------------------------------------------
+
+
+class BatchRun:
+    """Plans and runs one batch job on a SparkContext; raises JobFailedError on failure."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        sc: Any,
+        job_context: Callable[[Transform], JobContext],
+        metrics: bool,
+        cancelled: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self.plan = plan
+        self.sc = sc
+        self.job_context = job_context
+        self.metrics = metrics
+        self.cancelled = cancelled
+        self.counts = sc.accumulator({}, CountsParam()) if metrics else None
+        self.parallelism = max(1, int(sc.defaultParallelism))
+        self._persisted: list[Any] = []
+        self._written: list[tuple[Transform, Any, Any, list[Any]]] = []
+
+    def stage_counts(self) -> dict[str, int]:
+        """Emitted items per stage so far (empty when metrics are off)."""
+        return dict(self.counts.value) if self.counts is not None else {}
+
+    def run(self) -> None:
+        flows: dict[Transform, Flow] = {}
+        try:
+            for node in self.plan.nodes:
+                flow = self._node(node, flows)
+                if flow is not None and len(node.consumers) > 1:
+                    flow = self._materialize_shared(node, flow)
+                if flow is not None:
+                    flows[node] = flow
+            self._commit_all()
+        except BaseException as exc:
+            self._abort_all()
+            raise self._job_error(exc) from None
+        finally:
+            for rdd in self._persisted:
+                rdd.unpersist()
+
+    # --- per node ------------------------------------------------------------
+
+    def _node(self, node: Transform, flows: dict[Transform, Flow]) -> Flow | None:
+        name = self.plan.name(node)
+        if node.op == "source":
+            return self._source(node, name)
+        if node.op in STATELESS:
+            upstream = flows[node.inputs[0]]
+            assert node.fn is not None
+            return Flow(upstream.rdd, [*upstream.ops, Op(node.op, name, node.fn)])
+        if node.op == "merge":
+            rdds = [self._materialize(flows[i], name) for i in node.inputs]
+            return Flow(self.sc.union(rdds))
+        if node.op == "sink":
+            self._sink(node, name, flows[node.inputs[0]])
+            return None
+        if node.op in ("group_aggregate", "group_apply", "distinct"):
+            return self._keyed(node, name, flows[node.inputs[0]])
+        if node.op == "aggregate":
+            return self._global_aggregate(node, name, flows[node.inputs[0]])
+        if node.op == "sort":
+            return self._sort(node, name, flows[node.inputs[0]])
+        raise AssertionError(f"unknown operation {node.op}")  # pragma: no cover
+
+    def _source(self, node: Transform, name: str) -> Flow:
+        source = node.params["source"]
+        ctx = self.job_context(node)
+        try:
+            descriptors = list(source.partitions(ctx))
+        except Exception as exc:
+            raise JobFailedError(
+                f"stage '{name}': source {source.describe()} failed to plan its partitions: "
+                f"{type(exc).__name__}: {exc}",
+                name,
+            ) from exc
+        task_ctx = TaskContext(ctx.job_id, 0, ctx.store, ctx.options)
+        rdd = self.sc.parallelize(descriptors, max(1, len(descriptors)))
+        return Flow(rdd.mapPartitionsWithIndex(ReadTask(source, name, task_ctx, self.counts), True))
+
+    def _pass(self, flow: Flow, stage: str, terminal: Terminal | None = None) -> FusedPass:
+        return FusedPass(list(flow.ops), terminal or Terminal("yield"), self.metrics)
+
+    def _materialize(self, flow: Flow, stage: str) -> Any:
+        if not flow.ops:
+            return flow.rdd
+        return flow.rdd.mapPartitionsWithIndex(
+            PassTask(self._pass(flow, stage), stage, self.counts), True
+        )
+
+    def _materialize_shared(self, node: Transform, flow: Flow) -> Flow:
+        from pyspark import StorageLevel
+
+        rdd = self._materialize(flow, self.plan.name(node)).persist(StorageLevel.MEMORY_AND_DISK)
+        self._persisted.append(rdd)
+        return Flow(rdd)
+
+    def _keyed(self, node: Transform, name: str, flow: Flow) -> Flow:
+        op = node.params.get("operation")
+        if node.op == "group_aggregate" and op.combine is not None:
+            terminal = Terminal("group", name, node.fn, op.create, op.accumulate)
+        elif node.op == "distinct":
+            terminal = Terminal("distinct", name, node.fn)
+        else:  # not combinable, or a stateful transform: all items meet per key
+            terminal = Terminal("keyed", name, node.fn)
+        mapped = flow.rdd.mapPartitionsWithIndex(
+            PassTask(self._pass(flow, name, terminal), name, self.counts), True
+        )
+        params = {**node.params, "key_fn": node.fn}
+        reduced = mapped.partitionBy(self.parallelism).mapPartitions(
+            ReduceTask(node.op, name, params, self.counts)
+        )
+        return Flow(self._reorder(reduced, mapped.getNumPartitions()))
+
+    def _reorder(self, tagged: Any, partitions: int) -> Any:
+        """Put ``((pidx, pos, j), item)`` records back in encounter order."""
+        return (
+            tagged.map(_to_partition_of_origin)
+            .partitionBy(max(1, partitions), _identity_partition)
+            .mapPartitions(_restore_order, True)
+        )
+
+    def _global_aggregate(self, node: Transform, name: str, flow: Flow) -> Flow:
+        op = node.params["operation"]
+        if op.combine is not None:
+            terminal = Terminal("fold", name, None, op.create, op.accumulate)
+            mapped = flow.rdd.mapPartitionsWithIndex(
+                PassTask(self._pass(flow, name, terminal), name, self.counts), True
+            )
+        else:
+            terminal = Terminal("keyed", name, _constant_partition)
+            mapped = flow.rdd.mapPartitionsWithIndex(
+                PassTask(self._pass(flow, name, terminal), name, self.counts), True
+            )
+        reduced = mapped.partitionBy(1, _constant_partition).mapPartitions(
+            ReduceTask("aggregate", name, node.params, self.counts)
+        )
+        return Flow(reduced.map(itemgetter(1), True))
+
+    def _sort(self, node: Transform, name: str, flow: Flow) -> Flow:
+        from pyspark import StorageLevel
+
+        terminal = Terminal("sortkey", name, node.fn, reverse=node.params["reverse"])
+        keyed = flow.rdd.mapPartitionsWithIndex(
+            PassTask(self._pass(flow, name, terminal), name, self.counts), True
+        ).persist(StorageLevel.MEMORY_AND_DISK)
+        self._persisted.append(keyed)
+        partitions = self.parallelism
+        bounds: list[SortKey] = []
+        total = keyed.count() if partitions > 1 else 0
+        if total > 1:
+            # About 30 keys per output partition, as Spark's own range sort samples.
+            fraction = min(1.0, 30.0 * partitions / total)
+            sample = keyed.map(_first).sample(False, fraction, 17).collect()
+            try:
+                sample.sort()
+            except Exception as exc:
+                raise StageFailure(name, exc) from None
+            step = len(sample) / partitions
+            bounds = [sample[int(step * i)] for i in range(1, partitions) if sample]
+        ranged = keyed.partitionBy(len(bounds) + 1, RangePartition(bounds))
+        return Flow(ranged.mapPartitions(SortTask(name, self.counts), True))
+
+    def _sink(self, node: Transform, name: str, flow: Flow) -> None:
+        sink = node.params["sink"]
+        ctx = self.job_context(node)
+        try:
+            state = sink.prepare(ctx)
+        except Exception as exc:
+            raise StageFailure(name, exc) from None
+        task_ctx = TaskContext(ctx.job_id, 0, ctx.store, ctx.options)
+        task = SinkTask(self._pass(flow, name), sink, state, name, task_ctx, self.counts)
+        entry: tuple[Transform, Any, Any, list[Any]] = (node, sink, state, [])
+        self._written.append(entry)
+        messages = flow.rdd.mapPartitionsWithIndex(task).collect()
+        entry[3].extend(messages)
+
+    # --- commit / abort ----------------------------------------------------------
+
+    def _commit_all(self) -> None:
+        for node, sink, state, messages in self._written:
+            if self.cancelled():
+                raise JobFailedError("cancelled before commit")
+            try:
+                sink.commit(state, messages, self.job_context(node))
+            except Exception as exc:
+                raise StageFailure(self.plan.name(node), exc) from None
+        self._written = []
+
+    def _abort_all(self) -> None:
+        for node, sink, state, messages in self._written:
+            try:
+                sink.abort(state, messages, self.job_context(node))
+            except Exception:
+                log.exception("sink of stage '%s' failed to abort", self.plan.name(node))
+        self._written = []
+
+    def _job_error(self, exc: BaseException) -> BaseException:
+        if isinstance(exc, JobFailedError):
+            return exc
+        if isinstance(exc, StageFailure):
+            decoded = decode_failure(str(exc))
+        else:
+            decoded = decode_failure(str(exc))
+        if decoded is not None:
+            stage, user_exc, remote_tb = decoded
+            if remote_tb:
+                user_exc.add_note(f"Traceback on the Spark executor:\n{remote_tb}")
+            error = JobFailedError(
+                f"stage '{stage}' failed: {type(user_exc).__name__}: {user_exc}", stage
+            )
+            error.__cause__ = user_exc
+            return error
+        if isinstance(exc, KeyboardInterrupt):
+            return exc
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        error = JobFailedError(f"the job failed in Spark: {first}")
+        error.__cause__ = exc
+        return error
+

@@ -1,0 +1,72 @@
+"""The process-wide Spark session sparkjet runs on."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from typing import Any
+
+from sparkjet.core.config import Config
+from sparkjet.core.plugins import PluginHost
+from sparkjet.errors import ConfigError
+
+log = logging.getLogger("sparkjet.spark")
+
+_lock = threading.Lock()
+_session: Any = None
+
+#: Settings sparkjet applies unless the configuration sets them.
+DEFAULT_CONF = {
+    # Stateful Python operators need RocksDB (streaming jobs).
+    "spark.sql.streaming.stateStore.providerClass": (
+        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+    ),
+    "spark.ui.showConsoleProgress": "false",
+    "spark.python.worker.reuse": "true",
+    "spark.log.level": "WARN",
+}
+
+
+def get_session(config: Config, host: PluginHost) -> Any:
+    """The Spark session, built on first use with ``config`` and plugin hooks."""
+    global _session
+    with _lock:
+        if _session is not None and _session.sparkContext._jsc is not None:
+            return _session
+        if config.spark_remote:
+            raise ConfigError(
+                f"{config.source or 'configuration'}: [spark] remote is set, but this sparkjet "
+                "runtime needs a classic Spark session (RDDs); use [spark] master instead"
+            )
+        # Workers must run this interpreter, or they miss sparkjet and its dependencies.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        from pyspark.sql import SparkSession
+
+        conf = dict(DEFAULT_CONF)
+        conf.update(config.spark_conf)
+        builder = SparkSession.builder.master(config.spark_master).appName(config.spark_app_name)
+        for key, value in conf.items():
+            builder = builder.config(key, value)
+        host.hook.before_spark_session_created(builder=builder, spark_conf=dict(conf))
+        log.info("starting Spark (%s)", config.spark_master)
+        _session = builder.getOrCreate()
+        return _session
+
+
+def active_session() -> Any:
+    """The session if one was built, else None."""
+    return _session
+
+
+def set_job_group(sc: Any, group: str, description: str) -> None:
+    """Tag Spark jobs started from this thread, so they can be cancelled together."""
+    sc.setJobGroup(group, description, interruptOnCancel=True)
+
+
+def cancel_job_group(group: str) -> None:
+    """Cancel every running Spark job of ``group`` (no-op without a session)."""
+    if _session is not None:
+        _session.sparkContext.cancelJobGroup(group)

@@ -1,0 +1,357 @@
+"""The store: lists, maps and job records kept under one fsspec URL.
+
+Hazelcast keeps IList and IMap in the cluster; sparkjet keeps them in a folder
+that every process (driver and executors) can reach: a local path on a laptop,
+an S3 or GCS prefix on a cluster.
+
+Lists and maps are *commit logs*: a folder of numbered records, each created
+with a create-only write, so a commit (a sink's whole output, an ``add_all``)
+appears entirely or not at all, and concurrent writers never overwrite one
+another. Large payloads go to segment files first; the record that names them
+is written last. A ``clear`` is a record too, so readers start after the
+newest one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import time
+import urllib.parse
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+
+from sparkjet.errors import StoreError
+
+PICKLE_PROTOCOL = 5
+_SEQ_WIDTH = 20
+#: Batches up to this many items travel inline in a commit record.
+INLINE_LIMIT = 10_000
+
+
+def encode_name(kind: str, name: str) -> str:
+    """A file-safe folder name for a data structure; refuses names that cannot be one."""
+    if not isinstance(name, str) or not name or name in (".", ".."):
+        raise StoreError(f"invalid {kind} name {name!r}: expected a non-empty string")
+    if any(ord(ch) < 32 for ch in name):
+        raise StoreError(f"invalid {kind} name {name!r}: control characters are not allowed")
+    return urllib.parse.quote(name, safe="")
+
+
+def decode_name(encoded: str) -> str:
+    return urllib.parse.unquote(encoded)
+
+
+class Store:
+    """One fsspec location holding lists, maps, streams and job records.
+
+    Picklable: executors rebuild the filesystem from the URL and options.
+    Options may hold credentials; they are never included in ``repr``.
+    """
+
+    def __init__(self, url: str, options: dict[str, Any] | None = None) -> None:
+        self.url = url
+        self.options = dict(options or {})
+        self._fs: Any = None
+        self._root: str | None = None
+
+    def __repr__(self) -> str:
+        return f"Store({self.url!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"url": self.url, "options": self.options}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["url"], state["options"])  # type: ignore[misc]
+
+    @property
+    def fs(self) -> Any:
+        """The fsspec filesystem (created on first use)."""
+        if self._fs is None:
+            try:
+                fs, root = fsspec.core.url_to_fs(self.url, **self.options)
+            except (ImportError, ValueError) as exc:
+                raise StoreError(f"cannot open store {self.url!r}: {exc}") from exc
+            if _is_local(fs):
+                root = os.path.abspath(root)
+            self._fs, self._root = fs, root.rstrip("/")
+        return self._fs
+
+    @property
+    def root(self) -> str:
+        """The store's root path inside its filesystem."""
+        self.fs  # noqa: B018 - opens the filesystem, which sets the root
+        assert self._root is not None
+        return self._root
+
+    def path(self, *parts: str) -> str:
+        """Join ``parts`` under the root."""
+        return "/".join([self.root, *parts])
+
+    # --- primitive file operations, all errors naming the path ------------
+
+    def read_bytes(self, path: str) -> bytes:
+        try:
+            data: bytes = self.fs.cat_file(path)
+            return data
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            raise StoreError(f"cannot read {path!r} in store {self.url!r}: {exc}") from exc
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        """Write a whole file; readers see the old or the new content, never a mix."""
+        try:
+            self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+            if _is_local(self.fs):
+                tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+                with open(tmp, "wb") as fh:
+                    fh.write(data)
+                os.replace(tmp, path)
+            else:
+                # A single-object PUT is atomic on S3, GCS and in memory.
+                self.fs.pipe_file(path, data)
+        except Exception as exc:
+            raise StoreError(f"cannot write {path!r} in store {self.url!r}: {exc}") from exc
+
+    def create_exclusive(self, path: str, data: bytes) -> bool:
+        """Create ``path`` only if it does not exist; False if it already does."""
+        self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        if _is_local(self.fs):
+            tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+            try:
+                os.link(tmp, path)  # atomic, fails if path exists; content complete
+            except FileExistsError:
+                return False
+            finally:
+                os.unlink(tmp)
+            return True
+        try:
+            with self.fs.open(path, "xb") as fh:
+                fh.write(data)
+            return True
+        except FileExistsError:
+            return False
+        except (ValueError, NotImplementedError):
+            # Backends without conditional writes: check, then write (documented race).
+            if self.fs.exists(path):
+                return False
+            self.fs.pipe_file(path, data)
+            return True
+
+    def listdir(self, path: str) -> list[str]:
+        """Base names of the entries in ``path`` (empty if it does not exist)."""
+        try:
+            entries = self.fs.ls(path, detail=False)
+        except FileNotFoundError:
+            return []
+        except Exception as exc:
+            raise StoreError(f"cannot list {path!r} in store {self.url!r}: {exc}") from exc
+        return sorted(e.rstrip("/").rsplit("/", 1)[-1] for e in entries)
+
+    def remove(self, path: str, recursive: bool = False) -> None:
+        try:
+            self.fs.rm(path, recursive=recursive)
+        except FileNotFoundError:
+            pass
+
+    # --- data structures ---------------------------------------------------
+
+    def list_log(self, name: str) -> CommitLog:
+        return CommitLog(self, self.path("lists", encode_name("list", name)), f"list {name!r}")
+
+    def map_log(self, name: str) -> CommitLog:
+        return CommitLog(self, self.path("maps", encode_name("map", name)), f"map {name!r}")
+
+    def names(self, kind: str) -> list[str]:
+        """Names of the data structures of ``kind`` ("lists", "maps")."""
+        return [decode_name(n) for n in self.listdir(self.path(kind))]
+
+
+def _is_local(fs: Any) -> bool:
+    protocol = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    return "file" in protocol
+
+
+@dataclass(frozen=True)
+class Record:
+    """One committed change in a commit log."""
+
+    seq: int
+    op: str  # lists: "append", "clear"; maps: "put", "remove", "clear"
+    #: In order: ("items", [...]) carried inline, or ("segment", path) in a file.
+    parts: list[tuple[str, Any]]
+    writer: str
+
+
+class CommitLog:
+    """An append-only sequence of records in ``folder/log``; payloads in ``folder/data``.
+
+    Used by lists (records of appended items) and maps (records of upserts).
+    """
+
+    def __init__(self, store: Store, folder: str, label: str) -> None:
+        self.store = store
+        self.folder = folder
+        self.label = label
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"store": self.store, "folder": self.folder, "label": self.label}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    @property
+    def log_dir(self) -> str:
+        return f"{self.folder}/log"
+
+    def new_segment_path(self, writer: str) -> str:
+        return f"{self.folder}/data/{writer}-{uuid.uuid4().hex}.pkl"
+
+    def write_segment(self, path: str, items: list[Any]) -> None:
+        """Write a segment file (called on executors by sinks)."""
+        self.store.write_bytes(path, pickle.dumps(items, protocol=PICKLE_PROTOCOL))
+
+    def read_segment(self, path: str) -> list[Any]:
+        try:
+            items: list[Any] = pickle.loads(self.store.read_bytes(path))
+        except FileNotFoundError as exc:
+            raise StoreError(
+                f"{self.label}: segment {path!r} named by a committed record is missing"
+            ) from exc
+        return items
+
+    def sequences(self) -> list[int]:
+        out = []
+        for entry in self.store.listdir(self.log_dir):
+            stem = entry.split(".", 1)[0]
+            if entry.endswith(".rec") and stem.isdigit():
+                out.append(int(stem))
+        return sorted(out)
+
+    def commit(
+        self, op: str, parts: list[tuple[str, Any]] | None = None, *, writer: str = "client"
+    ) -> int:
+        """Append one record atomically; returns its sequence number."""
+        payload = pickle.dumps(
+            {"op": op, "parts": parts or [], "writer": writer, "time": time.time()},
+            protocol=PICKLE_PROTOCOL,
+        )
+        while True:
+            seqs = self.sequences()
+            seq = (seqs[-1] + 1) if seqs else 1
+            if self.store.create_exclusive(f"{self.log_dir}/{seq:0{_SEQ_WIDTH}d}.rec", payload):
+                return seq
+            # Another writer took that number: read the folder again and retry.
+
+    def records(self, after: int = 0) -> Iterator[Record]:
+        """Records with sequence numbers greater than ``after``, oldest first."""
+        for seq in self.sequences():
+            if seq <= after:
+                continue
+            path = f"{self.log_dir}/{seq:0{_SEQ_WIDTH}d}.rec"
+            try:
+                raw = pickle.loads(self.store.read_bytes(path))
+            except Exception as exc:
+                raise StoreError(f"{self.label}: cannot read record {path!r}: {exc}") from exc
+            yield Record(seq, raw["op"], raw["parts"], raw["writer"])
+
+    def live_records(self) -> list[Record]:
+        """The records after the newest ``clear``."""
+        live: list[Record] = []
+        for record in self.records():
+            if record.op == "clear":
+                live = []
+            else:
+                live.append(record)
+        return live
+
+    def payload(self, record: Record) -> Iterable[Any]:
+        """The items a record carries, in order."""
+        for kind, value in record.parts:
+            if kind == "items":
+                yield from value
+            else:
+                yield from self.read_segment(value)
+
+    def stage(self, items: Iterable[Any], writer: str) -> list[tuple[str, Any]]:
+        """Prepare ``items`` for a later :meth:`commit` (runs on executors).
+
+        Small batches travel inline in the commit message; larger ones are
+        written to a segment file now, which stays invisible until a record
+        names it.
+        """
+        batch = items if isinstance(items, list) else list(items)
+        if not batch:
+            return []
+        if len(batch) <= INLINE_LIMIT:
+            return [("items", batch)]
+        path = self.new_segment_path(writer)
+        self.write_segment(path, batch)
+        return [("segment", path)]
+
+    def discard(self, parts: Iterable[tuple[str, Any]]) -> None:
+        """Delete the segment files of parts that will never be committed."""
+        for kind, value in parts:
+            if kind == "segment":
+                self.store.remove(value)
+
+
+# --- job records -------------------------------------------------------------
+
+
+class JobRecords:
+    """Job records: ``jobs/<id>/job.json``, plus a control folder per job."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def _dir(self, job_id: str) -> str:
+        return self.store.path("jobs", encode_name("job id", job_id))
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.store.write_bytes(
+            f"{self._dir(record['id'])}/job.json",
+            json.dumps(record, indent=1, sort_keys=True).encode(),
+        )
+
+    def read(self, job_id: str) -> dict[str, Any] | None:
+        try:
+            data = self.store.read_bytes(f"{self._dir(job_id)}/job.json")
+        except FileNotFoundError:
+            return None
+        record: dict[str, Any] = json.loads(data)
+        return record
+
+    def ids(self) -> list[str]:
+        return [decode_name(n) for n in self.store.listdir(self.store.path("jobs"))]
+
+    def all(self) -> list[dict[str, Any]]:
+        out = []
+        for job_id in self.ids():
+            record = self.read(job_id)
+            if record is not None:
+                out.append(record)
+        return out
+
+    # Control requests: another process asks the job's driver to act.
+
+    def request(self, job_id: str, action: str) -> None:
+        path = f"{self._dir(job_id)}/control/{time.time_ns():020d}-{action}.req"
+        self.store.write_bytes(path, json.dumps({"action": action}).encode())
+
+    def take_requests(self, job_id: str) -> list[str]:
+        folder = f"{self._dir(job_id)}/control"
+        actions = []
+        for entry in self.store.listdir(folder):
+            if entry.endswith(".req"):
+                actions.append(entry[:-4].split("-", 1)[1])
+                self.store.remove(f"{folder}/{entry}")
+        return actions

@@ -1,0 +1,142 @@
+"""Client-side handles for the store's lists and maps (Jet's IList and IMap)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from sparkjet.core.store import CommitLog, Store
+from sparkjet.errors import StoreError
+
+__all__ = ["IList", "IMap"]
+
+
+class IList:
+    """A named, ordered list in the store.
+
+    Every change is one atomic commit: readers in any process see it whole or
+    not at all. Reads are cached and only new commits are read again.
+    """
+
+    def __init__(self, store: Store, name: str) -> None:
+        self.name = name
+        self._log: CommitLog = store.list_log(name)
+        self._seq = 0
+        self._items: list[Any] = []
+
+    def __repr__(self) -> str:
+        return f"IList({self.name!r})"
+
+    def _refresh(self) -> list[Any]:
+        for record in self._log.records(after=self._seq):
+            if record.op == "clear":
+                self._items = []
+            else:
+                self._items.extend(self._log.payload(record))
+            self._seq = record.seq
+        return self._items
+
+    def get_all(self) -> list[Any]:
+        """Every item, in order (a copy)."""
+        return list(self._refresh())
+
+    def size(self) -> int:
+        """Number of items."""
+        return len(self._refresh())
+
+    def __len__(self) -> int:
+        return self.size()
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.get_all())
+
+    def add(self, item: Any) -> None:
+        """Append one item."""
+        self.add_all([item])
+
+    def add_all(self, items: Iterable[Any]) -> None:
+        """Append ``items`` in one atomic commit."""
+        batch = list(items)
+        if batch:
+            self._log.commit("append", [("items", batch)])
+
+    def clear(self) -> None:
+        """Remove every item (one atomic commit)."""
+        self._log.commit("clear")
+
+
+class IMap:
+    """A named key -> value map in the store; keys are any hashable Python values."""
+
+    def __init__(self, store: Store, name: str) -> None:
+        self.name = name
+        self._log: CommitLog = store.map_log(name)
+        self._seq = 0
+        self._data: dict[Any, Any] = {}
+
+    def __repr__(self) -> str:
+        return f"IMap({self.name!r})"
+
+    def _refresh(self) -> dict[Any, Any]:
+        for record in self._log.records(after=self._seq):
+            if record.op == "clear":
+                self._data = {}
+            elif record.op == "put":
+                for pair in self._log.payload(record):
+                    key, value = pair
+                    self._data[key] = value
+            elif record.op == "remove":
+                for key in self._log.payload(record):
+                    self._data.pop(key, None)
+            self._seq = record.seq
+        return self._data
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        """The value for ``key``, or ``default``."""
+        return self._refresh().get(key, default)
+
+    def contains_key(self, key: Any) -> bool:
+        """True if ``key`` is present."""
+        return key in self._refresh()
+
+    def put(self, key: Any, value: Any) -> None:
+        """Set ``key`` to ``value``."""
+        self.put_all({key: value})
+
+    def put_all(self, entries: dict[Any, Any] | Iterable[tuple[Any, Any]]) -> None:
+        """Upsert every entry in one atomic commit."""
+        pairs = list(entries.items()) if isinstance(entries, dict) else list(entries)
+        for pair in pairs:
+            try:
+                hash(pair[0])
+            except TypeError as exc:
+                raise StoreError(f"map {self.name!r}: key {pair[0]!r} is not hashable") from exc
+        if pairs:
+            self._log.commit("put", [("items", pairs)])
+
+    def remove(self, key: Any) -> None:
+        """Remove ``key`` if present."""
+        self._log.commit("remove", [("items", [key])])
+
+    def entry_set(self) -> list[tuple[Any, Any]]:
+        """Every ``(key, value)`` pair, in first-insertion order."""
+        return list(self._refresh().items())
+
+    def key_set(self) -> list[Any]:
+        """Every key."""
+        return list(self._refresh())
+
+    def values(self) -> list[Any]:
+        """Every value."""
+        return list(self._refresh().values())
+
+    def size(self) -> int:
+        """Number of entries."""
+        return len(self._refresh())
+
+    def __len__(self) -> int:
+        return self.size()
+
+    def clear(self) -> None:
+        """Remove every entry (one atomic commit)."""
+        self._log.commit("clear")

@@ -1,0 +1,61 @@
+"""Pipelines: ``Pipeline.create()``, the stage types, and the built-in sources and sinks.
+
+Mirrors the Jet Python pipeline API::
+
+    pipeline = Pipeline.create()
+    pipeline.read_from(Pipeline.from_list("numbers", [1, 2, 3])) \\
+        .map(lambda x: x * 2) \\
+        .write_to(Pipeline.to_list("results"))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from sparkjet.core import graph
+from sparkjet.core.graph import GroupedStage, SinkStage, Stage
+from sparkjet.plugins.lists import ListSink, ListSource
+from sparkjet.plugins.logger import LoggerSink
+from sparkjet.plugins.maps import MapSink, MapSource
+
+__all__ = [
+    "GroupedStage",
+    "ListSink",
+    "ListSource",
+    "LoggerSink",
+    "MapSink",
+    "MapSource",
+    "Pipeline",
+    "SinkStage",
+    "Stage",
+]
+
+
+class Pipeline(graph.Pipeline):
+    """A DAG of stages; build it with :meth:`read_from` and the stage methods."""
+
+    @staticmethod
+    def from_list(name: str, items: Iterable[Any] | None = None) -> ListSource:
+        """A source of ``items``, or of the store's list ``name`` when ``items`` is None."""
+        return ListSource(name, items)
+
+    @staticmethod
+    def from_map(name: str) -> MapSource:
+        """A source of the store's map ``name`` as ``(key, value)`` items."""
+        return MapSource(name)
+
+    @staticmethod
+    def to_list(name: str) -> ListSink:
+        """A sink appending to the store's list ``name``."""
+        return ListSink(name)
+
+    @staticmethod
+    def to_map(name: str) -> MapSink:
+        """A sink upserting ``(key, value)`` items into the store's map ``name``."""
+        return MapSink(name)
+
+    @staticmethod
+    def to_logger(to_string: Callable[[Any], str] = str) -> LoggerSink:
+        """A sink logging each item at INFO on logger ``sparkjet.sink.logger``."""
+        return LoggerSink(to_string)

@@ -1,0 +1,215 @@
+"""The plugin author's API: the hook marker, the base classes and the contexts.
+
+A plugin is a module (or object) with functions marked ``@hookimpl`` whose
+names are hooks from :mod:`sparkjet.core.hookspecs` (documented in
+``docs/plugins.md``). Distributions expose plugins through the ``sparkjet``
+entry-point group::
+
+    [project.entry-points.sparkjet]
+    csv = "sparkjet_csv"
+
+A registration hook hands classes to sparkjet; it does not do I/O::
+
+    from sparkjet.plugin import Source, hookimpl
+
+    class CsvSource(Source):
+        kind = "csv"
+        ...
+
+    @hookimpl
+    def register_sources(register):
+        register(CsvSource)
+
+Every class says where each method runs: on the **driver** (the process that
+submitted the job) or on **executors** (Spark's Python workers). Whatever an
+executor method uses must be picklable; instances are shipped with cloudpickle.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from sparkjet.core.hookspecs import hookimpl
+from sparkjet.core.store import CommitLog, Store
+from sparkjet.job import ProcessingGuarantee
+
+__all__ = [
+    "ALL_GUARANTEES",
+    "AT_LEAST_ONCE_AT_MOST",
+    "CommitLog",
+    "JobContext",
+    "ProcessingGuarantee",
+    "SnapshotBackend",
+    "Sink",
+    "Source",
+    "StatefulTransform",
+    "Store",
+    "TaskContext",
+    "hookimpl",
+]
+
+#: Every guarantee: for participants that replay and commit idempotently.
+ALL_GUARANTEES: frozenset[ProcessingGuarantee] = frozenset(ProcessingGuarantee)
+#: NONE and AT_LEAST_ONCE: for participants that may repeat items after a failure.
+AT_LEAST_ONCE_AT_MOST: frozenset[ProcessingGuarantee] = frozenset(
+    {ProcessingGuarantee.NONE, ProcessingGuarantee.AT_LEAST_ONCE}
+)
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """What a plugin sees on the driver while a job is planned, started or committed."""
+
+    #: The job's id.
+    job_id: str
+    #: The job's name, or None.
+    job_name: str | None
+    #: The store the job runs against (picklable: may be captured for executors).
+    store: Store
+    #: Spark's default parallelism: a good number of partitions to plan.
+    parallelism: int
+    #: This plugin's table from ``[plugins.<name>]`` in the configuration.
+    options: Mapping[str, Any] = field(default_factory=dict)
+    #: The guarantee the job runs with.
+    processing_guarantee: ProcessingGuarantee = ProcessingGuarantee.NONE
+
+    @property
+    def logger(self) -> logging.Logger:
+        """A logger named after the job."""
+        return logging.getLogger(f"sparkjet.job.{self.job_name or self.job_id}")
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """What a plugin sees on an executor while it reads or writes one partition."""
+
+    job_id: str
+    #: Index of the partition being read or written.
+    partition: int
+    store: Store
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+class _Participant(ABC):
+    #: Registered name: unique among all plugins, used by ``Pipeline.source(kind)``.
+    kind: ClassVar[str]
+    #: The processing guarantees this participant can keep; checked at submit.
+    guarantees: ClassVar[frozenset[ProcessingGuarantee]] = frozenset({ProcessingGuarantee.NONE})
+
+    def describe(self) -> str:
+        """A short description for stage names, error messages and ``sparkjet plugins``."""
+        return self.kind
+
+
+class Source(_Participant):
+    """A batch or streaming source.
+
+    A batch source is split into partitions on the driver; each partition is
+    read on an executor. Partitions are read and concatenated in order, so a
+    source's order is kept by the stages that keep order.
+    """
+
+    #: True for unbounded sources; such a pipeline runs as a streaming job.
+    streaming: ClassVar[bool] = False
+
+    def __init__(self, name: str) -> None:
+        #: Name of the data this source reads; part of its stage name.
+        self.name = name
+
+    def describe(self) -> str:
+        return f"{self.kind}:{self.name}"
+
+    @abstractmethod
+    def partitions(self, context: JobContext) -> Sequence[Any]:
+        """Runs on the driver: plan the read as picklable partition descriptors, in order."""
+
+    @abstractmethod
+    def read(self, partition: Any, context: TaskContext) -> Iterable[Any]:
+        """Runs on an executor: the items of one partition descriptor, in order."""
+
+
+class Sink(_Participant):
+    """A sink: executors write partitions, the driver commits once.
+
+    Modelled on pyspark's ``DataSourceWriter``: :meth:`write` returns a
+    picklable commit message per partition; :meth:`commit` receives them all,
+    in partition order, once every partition succeeded; :meth:`abort` receives
+    those that were written when the job fails, so nothing becomes visible.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def describe(self) -> str:
+        return f"{self.kind}:{self.name}"
+
+    def prepare(self, context: JobContext) -> Any:
+        """Runs on the driver before the job writes: return picklable state for :meth:`write`."""
+        return None
+
+    @abstractmethod
+    def write(self, state: Any, items: Iterator[Any], context: TaskContext) -> Any:
+        """Runs on an executor: consume one partition's items; return a picklable message."""
+
+    @abstractmethod
+    def commit(self, state: Any, messages: list[Any], context: JobContext) -> None:
+        """Runs on the driver once all partitions are written: make the output visible."""
+
+    def abort(self, state: Any, messages: list[Any], context: JobContext) -> None:  # noqa: B027
+        """Runs on the driver when the job fails after some partitions were written."""
+
+
+class StatefulTransform(_Participant):
+    """A keyed stateful transform, applied with ``stage.group_by(key_fn).apply(transform)``.
+
+    For each key, sparkjet keeps a state object: it calls :meth:`create_state`
+    for a key seen for the first time and then :meth:`process` with the key's
+    items in encounter order (in a batch job once, with all of them). Both run
+    on executors; the instance is shipped with cloudpickle.
+    """
+
+    @abstractmethod
+    def create_state(self) -> Any:
+        """Runs on an executor: the state of a key seen for the first time."""
+
+    @abstractmethod
+    def process(self, state: Any, key: Any, items: list[Any]) -> tuple[Any, Iterable[Any]]:
+        """Runs on an executor: fold ``items`` into ``state``; return ``(new_state, outputs)``."""
+
+    def state_signature(self) -> str:
+        """Identifies the state's layout; a snapshot whose signature differs is refused."""
+        return f"{type(self).__module__}.{type(self).__qualname__}"
+
+
+class SnapshotBackend(ABC):
+    """Where exported snapshots are kept, selected by ``[snapshots] backend = "<kind>"``.
+
+    All methods run on the driver. Paths are relative to the backend's root
+    and use ``/``.
+    """
+
+    kind: ClassVar[str]
+
+    def __init__(self, url: str, options: Mapping[str, Any] | None = None) -> None:
+        self.url = url
+        self.options = dict(options or {})
+
+    @abstractmethod
+    def write_bytes(self, path: str, data: bytes) -> None:
+        """Write a whole file, replacing any old one."""
+
+    @abstractmethod
+    def read_bytes(self, path: str) -> bytes:
+        """Read a whole file; FileNotFoundError if absent."""
+
+    @abstractmethod
+    def list(self, prefix: str) -> list[str]:
+        """Relative paths of the files under ``prefix``."""
+
+    @abstractmethod
+    def delete(self, prefix: str) -> None:
+        """Delete every file under ``prefix``."""
