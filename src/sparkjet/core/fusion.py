@@ -140,6 +140,7 @@ class FusedPass:
             emit("yield ((pidx, pos), x)", None)
         elif t.kind == "keyed":
             emit("k = _key(x)", stage)
+            emit("hash(k)", stage)  # fail here, naming the stage, not in Spark's shuffle
             emit("yield (k, (pidx, pos, x, k))", None)
         elif t.kind == "sortkey":
             emit(f"yield (_SK({'x' if t.fn is None else '_key(x)'}, (pidx, pos), _rev), x)", stage)
@@ -204,11 +205,16 @@ class FusedPass:
         """The stage whose line of generated code raised ``exc``, if it was one of ours."""
         _, line_stage, filename = self.compile()
         found = None
-        tb = exc.__traceback__
-        while tb is not None:
-            if tb.tb_frame.f_code.co_filename == filename:
-                found = line_stage.get(tb.tb_lineno, found)
-            tb = tb.tb_next
+        # A StopIteration from a user function surfaces as RuntimeError (PEP 479),
+        # raised where the generator stopped; the stage is in the cause's traceback.
+        chain: BaseException | None = exc
+        while chain is not None and found is None:
+            tb = chain.__traceback__
+            while tb is not None:
+                if tb.tb_frame.f_code.co_filename == filename:
+                    found = line_stage.get(tb.tb_lineno, found)
+                tb = tb.tb_next
+            chain = chain.__cause__
         return found
 
     def stage_counts(self, counts: dict[str, int]) -> dict[str, tuple[int, int]]:

@@ -159,6 +159,7 @@ class _Runner:
                 self.service.job_context_factory(job),
                 metrics=job.config.metrics_enabled,
                 cancelled=self.cancel_requested.is_set,
+                on_commit=lambda: self.set_status(JobStatus.COMPLETING),
             )
             self.batch.run()
             self.execution_completion = _now_ms()

@@ -303,6 +303,17 @@ class CommitLog:
             if kind == "segment":
                 self.store.remove(value)
 
+    def discard_writer(self, writer: str) -> None:
+        """Delete every segment staged by ``writer`` (a token no commit has used).
+
+        Catches segments of partitions that succeeded while the job failed, whose
+        commit messages never reached the driver.
+        """
+        folder = f"{self.folder}/data"
+        for entry in self.store.listdir(folder):
+            if entry.startswith(f"{writer}-"):
+                self.store.remove(f"{folder}/{entry}")
+
 
 # --- job records -------------------------------------------------------------
 

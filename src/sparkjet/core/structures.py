@@ -101,7 +101,7 @@ class IMap:
 
     def put(self, key: Any, value: Any) -> None:
         """Set ``key`` to ``value``."""
-        self.put_all({key: value})
+        self.put_all([(key, value)])
 
     def put_all(self, entries: dict[Any, Any] | Iterable[tuple[Any, Any]]) -> None:
         """Upsert every entry in one atomic commit."""

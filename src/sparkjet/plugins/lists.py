@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -58,9 +59,13 @@ class ListSink(Sink):
     kind = "list"
     guarantees = ALL_GUARANTEES
 
+    def prepare(self, context: JobContext) -> Any:
+        """Runs on the driver: a writer token naming this sink's staged segments."""
+        return f"{context.job_id}-{uuid.uuid4().hex[:12]}"
+
     def write(self, state: Any, items: Iterator[Any], context: TaskContext) -> Any:
         """Runs on an executor: stage this partition's items."""
-        return context.store.list_log(self.name).stage(items, context.job_id)
+        return context.store.list_log(self.name).stage(items, state)
 
     def commit(self, state: Any, messages: list[Any], context: JobContext) -> None:
         """Runs on the driver: one record naming every partition's items, in order."""
@@ -68,10 +73,11 @@ class ListSink(Sink):
         context.store.list_log(self.name).commit("append", parts, writer=context.job_id)
 
     def abort(self, state: Any, messages: list[Any], context: JobContext) -> None:
-        """Runs on the driver: delete staged segment files."""
+        """Runs on the driver: delete staged segment files, also of lost messages."""
         log = context.store.list_log(self.name)
         for message in messages:
             log.discard(message)
+        log.discard_writer(state)
 
 
 def _chunks(items: list[Any], parts: int) -> list[list[Any]]:

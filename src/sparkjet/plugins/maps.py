@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -52,6 +53,10 @@ class MapSink(Sink):
     kind = "map"
     guarantees = ALL_GUARANTEES
 
+    def prepare(self, context: JobContext) -> Any:
+        """Runs on the driver: a writer token naming this sink's staged segments."""
+        return f"{context.job_id}-{uuid.uuid4().hex[:12]}"
+
     def write(self, state: Any, items: Iterator[Any], context: TaskContext) -> Any:
         """Runs on an executor: check and stage this partition's pairs."""
         pairs = []
@@ -68,7 +73,7 @@ class MapSink(Sink):
                     f"map sink '{self.name}': key {key!r} is not hashable"
                 ) from None
             pairs.append((key, item[1]))
-        return context.store.map_log(self.name).stage(pairs, context.job_id)
+        return context.store.map_log(self.name).stage(pairs, state)
 
     def commit(self, state: Any, messages: list[Any], context: JobContext) -> None:
         """Runs on the driver: one record upserting every partition's pairs, in order."""
@@ -76,10 +81,11 @@ class MapSink(Sink):
         context.store.map_log(self.name).commit("put", parts, writer=context.job_id)
 
     def abort(self, state: Any, messages: list[Any], context: JobContext) -> None:
-        """Runs on the driver: delete staged segment files."""
+        """Runs on the driver: delete staged segment files, also of lost messages."""
         log = context.store.map_log(self.name)
         for message in messages:
             log.discard(message)
+        log.discard_writer(state)
 
 
 @hookimpl

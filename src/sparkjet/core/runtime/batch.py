@@ -287,12 +287,14 @@ class BatchRun:
         job_context: Callable[[Transform], JobContext],
         metrics: bool,
         cancelled: Callable[[], bool] = lambda: False,
+        on_commit: Callable[[], None] | None = None,
     ) -> None:
         self.plan = plan
         self.sc = sc
         self.job_context = job_context
         self.metrics = metrics
         self.cancelled = cancelled
+        self.on_commit = on_commit
         self.counts = sc.accumulator({}, CountsParam()) if metrics else None
         self.parallelism = max(1, int(sc.defaultParallelism))
         self._persisted: list[Any] = []
@@ -314,7 +316,8 @@ class BatchRun:
             self._commit_all()
         except BaseException as exc:
             self._abort_all()
-            raise self._job_error(exc) from None
+            error = self._job_error(exc)
+            raise error from error.__cause__
         finally:
             for rdd in self._persisted:
                 rdd.unpersist()
@@ -458,14 +461,17 @@ class BatchRun:
     # --- commit / abort ----------------------------------------------------------
 
     def _commit_all(self) -> None:
-        for node, sink, state, messages in self._written:
+        if self.on_commit is not None:
+            self.on_commit()
+        while self._written:
             if self.cancelled():
                 raise JobFailedError("cancelled before commit")
+            node, sink, state, messages = self._written[0]
             try:
                 sink.commit(state, messages, self.job_context(node))
             except Exception as exc:
                 raise StageFailure(self.plan.name(node), exc) from None
-        self._written = []
+            self._written.pop(0)  # committed: never aborted
 
     def _abort_all(self) -> None:
         for node, sink, state, messages in self._written:

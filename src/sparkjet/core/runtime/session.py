@@ -53,7 +53,23 @@ def get_session(config: Config, host: PluginHost) -> Any:
         host.hook.before_spark_session_created(builder=builder, spark_conf=dict(conf))
         log.info("starting Spark (%s)", config.spark_master)
         _session = builder.getOrCreate()
+        if config.spark_master.startswith("local"):
+            _quiet_task_failures(_session)
         return _session
+
+
+def _quiet_task_failures(session: Any) -> None:
+    """In local mode executors log into the driver's console: a failing user function
+    would print a page of JVM stack trace that sparkjet already reports as one
+    JobFailedError naming the stage. Those two loggers are turned off."""
+    try:
+        jvm = session.sparkContext._jvm
+        level = jvm.org.apache.logging.log4j.Level.OFF
+        configurator = jvm.org.apache.logging.log4j.core.config.Configurator
+        for name in ("org.apache.spark.executor.Executor", "org.apache.spark.scheduler.TaskSetManager"):
+            configurator.setLevel(name, level)
+    except Exception:  # a different logging backend: keep Spark's output
+        log.debug("could not quiet executor logs", exc_info=True)
 
 
 def active_session() -> Any:

@@ -1,0 +1,62 @@
+"""Shared fixtures: one Spark session per test process, a fresh store per test."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import sparkjet
+
+#: Settings for the one session the whole test process shares.
+TEST_SPARK = {
+    "master": "local[2]",
+    "app_name": "sparkjet-tests",
+    "conf": {
+        "spark.ui.enabled": "false",
+        "spark.default.parallelism": "2",
+        "spark.sql.shuffle.partitions": "2",
+        "spark.driver.memory": "1g",
+    },
+}
+
+
+@pytest.fixture(autouse=True)
+def _isolated_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No test reads the developer's sparkjet.toml or environment switches."""
+    for var in ("SPARKJET_CONFIG", "SPARKJET_BLOCK_PLUGINS", "SPARKJET_DISABLE_PLUGIN_AUTOLOAD"):
+        monkeypatch.delenv(var, raising=False)
+    workdir = tmp_path / "cwd"
+    workdir.mkdir()
+    monkeypatch.chdir(workdir)
+
+
+@pytest.fixture
+def store_url(tmp_path: Path) -> str:
+    return str(tmp_path / "store")
+
+
+@pytest.fixture
+def client(store_url: str) -> Iterator[sparkjet.Client]:
+    """A client on a fresh store; Spark is the process-wide test session."""
+    yield sparkjet.connect(store={"url": store_url}, spark=TEST_SPARK)
+
+
+@pytest.fixture
+def jet(client: sparkjet.Client):  # type: ignore[no-untyped-def]
+    return client.get_jet()
+
+
+def run_pipeline(client: sparkjet.Client, pipeline, name: str | None = None):  # type: ignore[no-untyped-def]
+    """Submit and join; returns the job."""
+    from sparkjet.job import JobConfig
+
+    job = client.get_jet().submit(pipeline, JobConfig(name=name))
+    job.join(timeout=120)
+    return job
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ.setdefault("PYSPARK_PYTHON", __import__("sys").executable)
