@@ -40,6 +40,7 @@ from sparkjet.job import ProcessingGuarantee
 __all__ = [
     "ALL_GUARANTEES",
     "AT_LEAST_ONCE_AT_MOST",
+    "BatchedItems",
     "CommitLog",
     "JobContext",
     "ProcessingGuarantee",
@@ -58,6 +59,42 @@ ALL_GUARANTEES: frozenset[ProcessingGuarantee] = frozenset(ProcessingGuarantee)
 AT_LEAST_ONCE_AT_MOST: frozenset[ProcessingGuarantee] = frozenset(
     {ProcessingGuarantee.NONE, ProcessingGuarantee.AT_LEAST_ONCE}
 )
+
+
+class BatchedItems:
+    """Many items to ship inside a partition descriptor, pickled in batches.
+
+    One pickle of a list of millions of objects keeps a memo entry per object
+    and costs about three times as much as pickling the same list in slices of
+    1024 (what PySpark's own serializer does). Wrap large inline data in this
+    so it crosses to executors at PySpark's speed; ``.items`` is the list.
+    """
+
+    BATCH = 1024
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: list[Any]) -> None:
+        self.items = items
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        import pickle
+
+        step = self.BATCH
+        batches = [
+            pickle.dumps(self.items[i : i + step], protocol=5)
+            for i in range(0, len(self.items), step)
+        ]
+        return (_unbatch, (batches,))
+
+
+def _unbatch(batches: list[bytes]) -> BatchedItems:
+    import pickle
+
+    items: list[Any] = []
+    for batch in batches:
+        items.extend(pickle.loads(batch))
+    return BatchedItems(items)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from typing import Any
 
 from sparkjet.plugin import (
     ALL_GUARANTEES,
+    BatchedItems,
     JobContext,
     Sink,
     Source,
@@ -34,7 +35,10 @@ class ListSource(Source):
     def partitions(self, context: JobContext) -> Sequence[Any]:
         """Runs on the driver: inline chunks, or the stored list's parts in order."""
         if self.items is not None:
-            return [("items", chunk) for chunk in _chunks(self.items, context.parallelism)]
+            return [
+                ("inline", BatchedItems(chunk))
+                for chunk in _chunks(self.items, context.parallelism)
+            ]
         log = context.store.list_log(self.name)
         parts: list[tuple[str, Any]] = []
         for record in log.live_records():
@@ -44,6 +48,8 @@ class ListSource(Source):
     def read(self, partition: Any, context: TaskContext) -> Iterable[Any]:
         """Runs on an executor: the items of one part."""
         kind, value = partition
+        if kind == "inline":
+            return value.items  # type: ignore[no-any-return]
         if kind == "items":
             return value  # type: ignore[no-any-return]
         return context.store.list_log(self.name).read_segment(value)

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import bisect
 import logging
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
@@ -55,10 +56,16 @@ class CountsParam:
 
 @dataclass
 class Flow:
-    """Items leaving a node: an RDD of items plus stateless ops not yet applied."""
+    """Items leaving a node: an RDD plus stateless ops not yet applied.
+
+    When ``reader`` is set, the RDD holds a source's partition descriptors and
+    the first pass reads them itself, so items go from the source's list into
+    the fused loop with no generator in between.
+    """
 
     rdd: Any
     ops: list[Op] = field(default_factory=list)
+    reader: ReadTask | None = None
 
 
 # --- executor-side tasks -------------------------------------------------------
@@ -79,19 +86,37 @@ class ReadTask:
         self.source, self.stage, self.context, self.counts = source, stage, context, counts
 
     def __call__(self, pidx: int, descriptors: Iterator[Any]) -> Iterator[Any]:
+        yield from self.items(pidx, descriptors)
+
+    def items(self, pidx: int, descriptors: Iterable[Any]) -> Iterable[Any]:
+        """The partition's items: the source's own list when it returns one."""
+        wanted = list(descriptors)
+        if len(wanted) == 1:
+            try:
+                items = self.source.read(wanted[0], self._context(pidx))
+            except Exception as exc:
+                raise _fail(self.stage, None, exc) from None
+            if isinstance(items, list | tuple):
+                if self.counts is not None:
+                    self.counts.add({self.stage: len(items)})
+                return items
+            return self._counted(pidx, [], items)
+        return self._counted(pidx, wanted, None)
+
+    def _context(self, pidx: int) -> TaskContext:
+        return TaskContext(self.context.job_id, pidx, self.context.store, self.context.options)
+
+    def _counted(self, pidx: int, descriptors: list[Any], first: Any) -> Iterator[Any]:
         n = 0
         try:
+            if first is not None:
+                for item in first:
+                    n += 1
+                    yield item
             for descriptor in descriptors:
-                ctx = TaskContext(self.context.job_id, pidx, self.context.store,
-                                  self.context.options)
-                items = self.source.read(descriptor, ctx)
-                if isinstance(items, list | tuple):
-                    n += len(items)
-                    yield from items
-                else:
-                    for item in items:
-                        n += 1
-                        yield item
+                for item in self.source.read(descriptor, self._context(pidx)):
+                    n += 1
+                    yield item
         except Exception as exc:
             raise _fail(self.stage, None, exc) from None
         if self.counts is not None:
@@ -101,14 +126,18 @@ class ReadTask:
 class PassTask:
     """Runs a fused pass over one partition; ``emit`` shapes what it yields."""
 
-    def __init__(self, fused: FusedPass, stage: str, counts: Any, emit: str = "items") -> None:
-        self.fused, self.stage, self.counts, self.emit = fused, stage, counts, emit
+    def __init__(
+        self, fused: FusedPass, stage: str, counts: Any, reader: ReadTask | None = None
+    ) -> None:
+        self.fused, self.stage, self.counts, self.reader = fused, stage, counts, reader
 
     def __call__(self, pidx: int, items: Iterator[Any]) -> Iterator[Any]:
         counts: dict[str, int] = {}
         state: dict[str, Any] = {"pidx": pidx}
         kind = self.fused.terminal.kind
         try:
+            if self.reader is not None:
+                items = iter(self.reader.items(pidx, items))
             if kind in ("yield", "tag", "keyed", "sortkey"):
                 yield from self.fused.run(items, counts, state)
             elif kind == "group":
@@ -255,16 +284,28 @@ class SinkTask:
     """Writes one partition to a sink (after the fused pass feeding it)."""
 
     def __init__(
-        self, fused: FusedPass, sink: Any, state: Any, stage: str, context: TaskContext, counts: Any
+        self,
+        fused: FusedPass,
+        sink: Any,
+        state: Any,
+        stage: str,
+        context: TaskContext,
+        counts: Any,
+        reader: ReadTask | None = None,
     ) -> None:
         self.fused, self.sink, self.state, self.stage = fused, sink, state, stage
-        self.context, self.counts = context, counts
+        self.context, self.counts, self.reader = context, counts, reader
 
     def __call__(self, pidx: int, items: Iterator[Any]) -> Iterator[Any]:
         counts: dict[str, int] = {}
         ctx = TaskContext(self.context.job_id, pidx, self.context.store, self.context.options)
         try:
-            message = self.sink.write(self.state, self.fused.run(items, counts, {"pidx": pidx}), ctx)
+            source: Any = items
+            if self.reader is not None:
+                source = self.reader.items(pidx, items)
+            if self.fused.ops or self.reader is None:
+                source = self.fused.run(iter(source), counts, {"pidx": pidx})
+            message = self.sink.write(self.state, source, ctx)
         except Exception as exc:
             raise _fail(self.stage, self.fused, exc) from None
         if self.counts is not None:
@@ -331,7 +372,7 @@ class BatchRun:
         if node.op in STATELESS:
             upstream = flows[node.inputs[0]]
             assert node.fn is not None
-            return Flow(upstream.rdd, [*upstream.ops, Op(node.op, name, node.fn)])
+            return Flow(upstream.rdd, [*upstream.ops, Op(node.op, name, node.fn)], upstream.reader)
         if node.op == "merge":
             rdds = [self._materialize(flows[i], name) for i in node.inputs]
             return Flow(self.sc.union(rdds))
@@ -359,16 +400,18 @@ class BatchRun:
             ) from exc
         task_ctx = TaskContext(ctx.job_id, 0, ctx.store, ctx.options)
         rdd = self.sc.parallelize(descriptors, max(1, len(descriptors)))
-        return Flow(rdd.mapPartitionsWithIndex(ReadTask(source, name, task_ctx, self.counts), True))
+        return Flow(rdd, reader=ReadTask(source, name, task_ctx, self.counts))
 
     def _pass(self, flow: Flow, stage: str, terminal: Terminal | None = None) -> FusedPass:
         return FusedPass(list(flow.ops), terminal or Terminal("yield"), self.metrics)
 
     def _materialize(self, flow: Flow, stage: str) -> Any:
         if not flow.ops:
+            if flow.reader is not None:
+                return flow.rdd.mapPartitionsWithIndex(flow.reader, True)
             return flow.rdd
         return flow.rdd.mapPartitionsWithIndex(
-            PassTask(self._pass(flow, stage), stage, self.counts), True
+            PassTask(self._pass(flow, stage), stage, self.counts, flow.reader), True
         )
 
     def _materialize_shared(self, node: Transform, flow: Flow) -> Flow:
@@ -387,7 +430,7 @@ class BatchRun:
         else:  # not combinable, or a stateful transform: all items meet per key
             terminal = Terminal("keyed", name, node.fn)
         mapped = flow.rdd.mapPartitionsWithIndex(
-            PassTask(self._pass(flow, name, terminal), name, self.counts), True
+            PassTask(self._pass(flow, name, terminal), name, self.counts, flow.reader), True
         )
         params = {**node.params, "key_fn": node.fn}
         reduced = mapped.partitionBy(self.parallelism).mapPartitions(
@@ -407,14 +450,11 @@ class BatchRun:
         op = node.params["operation"]
         if op.combine is not None:
             terminal = Terminal("fold", name, None, op.create, op.accumulate)
-            mapped = flow.rdd.mapPartitionsWithIndex(
-                PassTask(self._pass(flow, name, terminal), name, self.counts), True
-            )
         else:
             terminal = Terminal("keyed", name, _constant_partition)
-            mapped = flow.rdd.mapPartitionsWithIndex(
-                PassTask(self._pass(flow, name, terminal), name, self.counts), True
-            )
+        mapped = flow.rdd.mapPartitionsWithIndex(
+            PassTask(self._pass(flow, name, terminal), name, self.counts, flow.reader), True
+        )
         reduced = mapped.partitionBy(1, _constant_partition).mapPartitions(
             ReduceTask("aggregate", name, node.params, self.counts)
         )
@@ -425,7 +465,7 @@ class BatchRun:
 
         terminal = Terminal("sortkey", name, node.fn, reverse=node.params["reverse"])
         keyed = flow.rdd.mapPartitionsWithIndex(
-            PassTask(self._pass(flow, name, terminal), name, self.counts), True
+            PassTask(self._pass(flow, name, terminal), name, self.counts, flow.reader), True
         ).persist(StorageLevel.MEMORY_AND_DISK)
         self._persisted.append(keyed)
         partitions = self.parallelism
@@ -452,10 +492,15 @@ class BatchRun:
         except Exception as exc:
             raise StageFailure(name, exc) from None
         task_ctx = TaskContext(ctx.job_id, 0, ctx.store, ctx.options)
-        task = SinkTask(self._pass(flow, name), sink, state, name, task_ctx, self.counts)
+        task = SinkTask(
+            self._pass(flow, name), sink, state, name, task_ctx, self.counts, flow.reader
+        )
         entry: tuple[Transform, Any, Any, list[Any]] = (node, sink, state, [])
         self._written.append(entry)
+        started = time.perf_counter()
         messages = flow.rdd.mapPartitionsWithIndex(task).collect()
+        log.debug("stage '%s': wrote %d partitions in %.3f s", name, len(messages),
+                  time.perf_counter() - started)
         entry[3].extend(messages)
 
     # --- commit / abort ----------------------------------------------------------
