@@ -34,7 +34,8 @@ def main() -> None:
         return expected_len
 
     def rdd_collect() -> int:
-        return len(sc.parallelize(data).map(lambda x: x * 2).filter(lambda x: x % 3 == 0).collect())
+        rdd = sc.parallelize(data).map(lambda x: x * 2).filter(lambda x: x % 3 == 0)
+        return len(rdd.collect())
 
     def rdd_count() -> int:
         return int(sc.parallelize(data).map(lambda x: x * 2).filter(lambda x: x % 3 == 0).count())
@@ -45,7 +46,9 @@ def main() -> None:
     timings = {}
     timings["sparkjet"], _ = measure("sparkjet (job, results in store)", sparkjet_job, args.repeat)
     assert results.size() == expected_len, "sparkjet produced a wrong result"
-    timings["pyspark rdd collect"], got = measure("pyspark rdd .collect()", rdd_collect, args.repeat)
+    timings["pyspark rdd collect"], got = measure(
+        "pyspark rdd .collect()", rdd_collect, args.repeat
+    )
     assert got == expected_len
     timings["pyspark rdd count (no output)"], got = measure(
         "pyspark rdd .count()", rdd_count, args.repeat

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,9 +38,9 @@ def store_url(tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def client(store_url: str) -> Iterator[sparkjet.Client]:
+def client(store_url: str) -> sparkjet.Client:
     """A client on a fresh store; Spark is the process-wide test session."""
-    yield sparkjet.connect(store={"url": store_url}, spark=TEST_SPARK)
+    return sparkjet.connect(store={"url": store_url}, spark=TEST_SPARK)
 
 
 @pytest.fixture

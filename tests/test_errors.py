@@ -71,14 +71,14 @@ def test_unpicklable_function_is_refused_naming_the_stage(jet) -> None:  # type:
     p = Pipeline.create()
     (p.read_from(source()).map(lambda x: (lock, x)).set_name("holds-a-lock")
      .write_to(Pipeline.to_list("x")))
-    with pytest.raises(PipelineDefinitionError, match="stage 'holds-a-lock'.*cannot be pickled"):
+    with pytest.raises(PipelineDefinitionError, match=r"stage 'holds-a-lock'.*cannot be pickled"):
         jet.submit(p)
 
 
 def test_non_callable_and_wrong_types_are_refused() -> None:
     p = Pipeline.create()
     stage = p.read_from(source())
-    with pytest.raises(PipelineDefinitionError, match="map.*takes a function"):
+    with pytest.raises(PipelineDefinitionError, match=r"map.*takes a function"):
         stage.map(42)  # type: ignore[arg-type]
     with pytest.raises(PipelineDefinitionError, match="takes a sink"):
         stage.write_to("results")  # type: ignore[arg-type]
@@ -126,7 +126,7 @@ def test_unhashable_group_key_names_the_stage(client) -> None:  # type: ignore[n
     (p.read_from(source([1, 2])).group_by(lambda x: [x]).aggregate(accumulator=lambda a, x: a,
                                                                    initial=0)
      .set_name("by-list").write_to(Pipeline.to_list("x")))
-    with pytest.raises(JobFailedError, match="stage 'by-list'.*unhashable") as info:
+    with pytest.raises(JobFailedError, match=r"stage 'by-list'.*unhashable") as info:
         run_pipeline(client, p)
     assert isinstance(info.value.__cause__, TypeError)
 

@@ -98,7 +98,7 @@ def test_job_lifecycle_listener_and_metrics(client, jet) -> None:  # type: ignor
 
 def test_join_timeout_then_cancel(client, jet) -> None:  # type: ignore[no-untyped-def]
     job = jet.submit(slow_pipeline(), JobConfig(name="slow"))
-    with pytest.raises(TimeoutException, match="'slow'.*did not finish within 0.5 s"):
+    with pytest.raises(TimeoutException, match=r"'slow'.*did not finish within 0.5 s"):
         job.join(timeout=0.5)
     assert isinstance(TimeoutException("x"), TimeoutError)
     # Same name while active: refused, and new_job_if_absent returns the active one.
@@ -121,7 +121,8 @@ def test_join_timeout_then_cancel(client, jet) -> None:  # type: ignore[no-untyp
 
 
 def test_another_client_sees_jobs_through_the_store(client, jet, store_url) -> None:  # type: ignore[no-untyped-def]
-    job = jet.submit(quick_pipeline(), JobConfig(name="seen", store_metrics_after_job_completion=True))
+    config = JobConfig(name="seen", store_metrics_after_job_completion=True)
+    job = jet.submit(quick_pipeline(), config)
     job.join(timeout=120)
     other = sparkjet.connect(store={"url": store_url}, spark=TEST_SPARK).get_jet()
     found = other.get_job(job.id)

@@ -41,7 +41,7 @@ def test_map_put_remove_clear(store: Store) -> None:
     assert IMap(store, "m").entry_set() == [((2, 3), [4])]
     m.clear()
     assert m.size() == 0 and m.get("missing", 7) == 7
-    with pytest.raises(StoreError, match="key \\[1\\] is not hashable"):
+    with pytest.raises(StoreError, match=r"key \[1\] is not hashable"):
         m.put([1], "x")
 
 
@@ -82,5 +82,5 @@ def test_missing_segment_is_a_clear_error(tmp_path) -> None:  # type: ignore[no-
     parts = log.stage(list(range(20_000)), "job")
     log.commit("append", parts)
     store.remove(parts[0][1])
-    with pytest.raises(StoreError, match="list 'l': segment .* is missing"):
+    with pytest.raises(StoreError, match=r"list 'l': segment .* is missing"):
         IList(store, "l").get_all()

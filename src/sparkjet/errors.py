@@ -27,11 +27,11 @@ class SparkjetError(Exception):
 
 
 class ConfigError(SparkjetError):
-    """A configuration file or override is invalid: names the file, the key and what was expected."""
+    """A configuration file or override is invalid: names the file, the key, what was expected."""
 
 
 class PluginError(SparkjetError):
-    """A plugin failed to load or registered something invalid: names the plugin and distribution."""
+    """A plugin failed to load or registered something invalid: names plugin and distribution."""
 
 
 class PipelineDefinitionError(SparkjetError):
@@ -80,7 +80,7 @@ class JobFailedError(SparkjetError):
 
 
 class JobCancelledError(JobFailedError):
-    """The job was cancelled by a user (``Job.cancel()``, ``sparkjet cancel``); raised from ``join()``."""
+    """The job was cancelled by a user (``Job.cancel()``, ``sparkjet cancel``); from ``join()``."""
 
 
 class JobStateError(SparkjetError):
@@ -91,5 +91,5 @@ class StoreError(SparkjetError):
     """Reading or writing the store (lists, maps, job records) failed: names the path."""
 
 
-class TimeoutException(SparkjetError, TimeoutError):  # noqa: N818 - Jet's name, kept on purpose
+class TimeoutException(SparkjetError, TimeoutError):
     """``Job.join(timeout=...)`` expired before the job reached a terminal status."""

@@ -10,9 +10,12 @@ from __future__ import annotations
 import enum
 import json
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkjet.errors import ConfigError
+
+if TYPE_CHECKING:
+    from sparkjet.core.jobs import Job
 
 __all__ = ["Job", "JobConfig", "JobStatus", "ProcessingGuarantee"]
 

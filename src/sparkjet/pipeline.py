@@ -1,4 +1,4 @@
-"""Pipelines: ``Pipeline.create()``, the stage types, and the built-in sources and sinks.
+r"""Pipelines: ``Pipeline.create()``, the stage types, and the built-in sources and sinks.
 
 Mirrors the Jet Python pipeline API::
 

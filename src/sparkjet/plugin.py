@@ -44,8 +44,8 @@ __all__ = [
     "CommitLog",
     "JobContext",
     "ProcessingGuarantee",
-    "SnapshotBackend",
     "Sink",
+    "SnapshotBackend",
     "Source",
     "StatefulTransform",
     "Store",
@@ -158,6 +158,7 @@ class Source(_Participant):
         self.name = name
 
     def describe(self) -> str:
+        """``kind:name``, used in generated stage names and messages."""
         return f"{self.kind}:{self.name}"
 
     @abstractmethod
@@ -182,6 +183,7 @@ class Sink(_Participant):
         self.name = name
 
     def describe(self) -> str:
+        """``kind:name``, used in generated stage names and messages."""
         return f"{self.kind}:{self.name}"
 
     def prepare(self, context: JobContext) -> Any:
@@ -196,7 +198,7 @@ class Sink(_Participant):
     def commit(self, state: Any, messages: list[Any], context: JobContext) -> None:
         """Runs on the driver once all partitions are written: make the output visible."""
 
-    def abort(self, state: Any, messages: list[Any], context: JobContext) -> None:  # noqa: B027
+    def abort(self, state: Any, messages: list[Any], context: JobContext) -> None:
         """Runs on the driver when the job fails after some partitions were written."""
 
 

@@ -130,7 +130,7 @@ class _Handle:
 
     @property
     def name(self) -> str:
-        """This stage's name (explicit or generated)."""
+        """The stage's name (explicit or generated)."""
         return self._node.name
 
     def set_name(self, name: str) -> _Handle:
@@ -214,7 +214,8 @@ class Stage(_Handle):
 
     def merge(self, other: Stage) -> Stage:
         """Emit this stage's items followed by ``other``'s (order kept in batch jobs)."""
-        if isinstance(other, SinkStage):
+        candidate: object = other  # typed as Stage, but users pass anything
+        if isinstance(candidate, SinkStage):
             raise PipelineDefinitionError(
                 f"cannot merge sink stage '{other.name}': a sink must be the last stage",
                 other.name,
@@ -247,7 +248,7 @@ class Stage(_Handle):
 
 
 class GroupedStage(Stage):
-    """Items grouped by key: ``aggregate()``, ``apply()``, or used as a stage of ``(key, [items])``."""
+    """Items grouped by key: ``aggregate()``, ``apply()``, or a stage of ``(key, [items])``."""
 
     def __init__(self, upstream: Stage, key_fn: Callable[[Any], Any]) -> None:
         self._upstream = upstream
@@ -255,7 +256,7 @@ class GroupedStage(Stage):
         self._materialized: Transform | None = None
 
     @property
-    def _node(self) -> Transform:  # type: ignore[override]
+    def _node(self) -> Transform:
         # Used as a plain stage: (key, [items]) through the to_list aggregation.
         if self._materialized is None:
             from sparkjet.aggregate import to_list
@@ -270,7 +271,7 @@ class GroupedStage(Stage):
     def _node(self, value: Transform) -> None:
         self._materialized = value
 
-    def aggregate(  # type: ignore[override]
+    def aggregate(
         self,
         operation: AggregateOperation | None = None,
         *,

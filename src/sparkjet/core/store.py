@@ -14,6 +14,7 @@ newest one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -157,10 +158,8 @@ class Store:
         return sorted(e.rstrip("/").rsplit("/", 1)[-1] for e in entries)
 
     def remove(self, path: str, recursive: bool = False) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             self.fs.rm(path, recursive=recursive)
-        except FileNotFoundError:
-            pass
 
     # --- data structures ---------------------------------------------------
 

@@ -26,6 +26,7 @@ class LoggerSink(Sink):
         self.to_string = to_string
 
     def describe(self) -> str:
+        """Just ``logger``: the stage is named ``to-logger``."""
         return "logger"
 
     def write(self, state: Any, items: Iterator[Any], context: TaskContext) -> Any:

@@ -48,7 +48,7 @@ class CountsParam:
     def zero(self, value: dict[str, int]) -> dict[str, int]:
         return {}
 
-    def addInPlace(self, left: dict[str, int], right: dict[str, int]) -> dict[str, int]:  # noqa: N802
+    def addInPlace(self, left: dict[str, int], right: dict[str, int]) -> dict[str, int]:
         for key, value in right.items():
             left[key] = left.get(key, 0) + value
         return left
@@ -190,7 +190,7 @@ class ReduceTask:
                 groups[key] = [payload]
             else:
                 bucket.append(payload)
-        op = self.params.get("operation")
+        op: Any = self.params.get("operation")
         for parts in groups.values():
             parts.sort(key=_position)
             if self.op == "group_aggregate" and op.combine is not None:
@@ -422,7 +422,7 @@ class BatchRun:
         return Flow(rdd)
 
     def _keyed(self, node: Transform, name: str, flow: Flow) -> Flow:
-        op = node.params.get("operation")
+        op: Any = node.params.get("operation")
         if node.op == "group_aggregate" and op.combine is not None:
             terminal = Terminal("group", name, node.fn, op.create, op.accumulate)
         elif node.op == "distinct":

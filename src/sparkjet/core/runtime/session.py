@@ -59,14 +59,20 @@ def get_session(config: Config, host: PluginHost) -> Any:
 
 
 def _quiet_task_failures(session: Any) -> None:
-    """In local mode executors log into the driver's console: a failing user function
-    would print a page of JVM stack trace that sparkjet already reports as one
-    JobFailedError naming the stage. Those two loggers are turned off."""
+    """Turn off the two JVM loggers that repeat a failing task's stack trace.
+
+    In local mode executors log into the driver's console: a failing user
+    function would print a page of JVM stack trace that sparkjet already
+    reports as one JobFailedError naming the stage.
+    """
     try:
         jvm = session.sparkContext._jvm
         level = jvm.org.apache.logging.log4j.Level.OFF
         configurator = jvm.org.apache.logging.log4j.core.config.Configurator
-        for name in ("org.apache.spark.executor.Executor", "org.apache.spark.scheduler.TaskSetManager"):
+        for name in (
+            "org.apache.spark.executor.Executor",
+            "org.apache.spark.scheduler.TaskSetManager",
+        ):
             configurator.setLevel(name, level)
     except Exception:  # a different logging backend: keep Spark's output
         log.debug("could not quiet executor logs", exc_info=True)

@@ -1,0 +1,48 @@
+"""Sessions: tests across Spark versions, lint, typecheck, docs.
+
+    nox -s "tests(spark-4.3)"        # the test suite on the newest Spark
+    nox -s tests                     # on 4.0, 4.1, 4.2 and 4.3
+    nox -s lint typecheck docs
+    nox -s "tests(spark-4.3)" -- -m "not slow"   # skip the multi-process tests
+"""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.reuse_existing_virtualenvs = False
+nox.options.sessions = ["lint", "typecheck", "docs", "tests(spark-4.3)"]
+
+PYTHON = "3.11"
+SPARK_VERSIONS = ["4.0", "4.1", "4.2", "4.3"]
+
+
+@nox.session(python=PYTHON)
+@nox.parametrize("spark", [nox.param(v, id=f"spark-{v}") for v in SPARK_VERSIONS])
+def tests(session: nox.Session, spark: str) -> None:
+    """Run pytest against one pyspark minor version."""
+    session.install(f"pyspark=={spark}.*", "-e", ".[test]")
+    session.run("python", "-c", "import pyspark; print('pyspark', pyspark.__version__)")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """Ruff over the package, tests, benchmarks and examples."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", "src", "tests", "benchmarks", "examples", "noxfile.py")
+
+
+@nox.session(python=PYTHON)
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict over the package."""
+    session.install("-e", ".[typecheck]")
+    session.run("mypy")
+
+
+@nox.session(python=PYTHON)
+def docs(session: nox.Session) -> None:
+    """Build the documentation; warnings are errors."""
+    session.install("-e", ".[docs]")
+    session.run("mkdocs", "build", "--strict", "--site-dir", f"{session.create_tmp()}/site")
