@@ -182,7 +182,7 @@ class FusedPass:
         if self._compiled is None:
             source, line_stage, env = self._source()
             filename = f"<sparkjet-fused-{next(_ids)}>"
-            exec(compile(source, filename, "exec"), env)  # noqa: S102 - our own generated code
+            exec(compile(source, filename, "exec"), env)  # our own generated source
             object.__setattr__(self, "_compiled", (env["run"], line_stage, filename))
         return self._compiled  # type: ignore[no-any-return]
 

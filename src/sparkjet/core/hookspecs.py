@@ -19,7 +19,7 @@ import pluggy
 if TYPE_CHECKING:
     from sparkjet.core.jobs import Job
     from sparkjet.job import JobStatus
-    from sparkjet.plugin import SnapshotBackend, Sink, Source, StatefulTransform
+    from sparkjet.plugin import Sink, SnapshotBackend, Source, StatefulTransform
 
 PROJECT = "sparkjet"
 
