@@ -25,7 +25,12 @@ TEST_SPARK = {
 @pytest.fixture(autouse=True)
 def _isolated_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """No test reads the developer's sparkjet.toml or environment switches."""
-    for var in ("SPARKJET_CONFIG", "SPARKJET_BLOCK_PLUGINS", "SPARKJET_DISABLE_PLUGIN_AUTOLOAD"):
+    for var in (
+        "SPARKJET_CONFIG",
+        "SPARKJET_BLOCK_PLUGINS",
+        "SPARKJET_DISABLE_PLUGIN_AUTOLOAD",
+        "SPARKJET_TRACE_HOOKS",
+    ):
         monkeypatch.delenv(var, raising=False)
     workdir = tmp_path / "cwd"
     workdir.mkdir()

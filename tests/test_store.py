@@ -84,3 +84,23 @@ def test_missing_segment_is_a_clear_error(tmp_path) -> None:  # type: ignore[no-
     store.remove(parts[0][1])
     with pytest.raises(StoreError, match=r"list 'l': segment .* is missing"):
         IList(store, "l").get_all()
+
+
+def test_store_errors_and_repr_mask_secrets(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import pickle
+
+    import sparkjet
+
+    monkeypatch.setenv("SJ_SECRET_DIR", "hunter2-secret")
+    (tmp_path / "cwd" / "sparkjet.toml").write_text(
+        f'[store]\nurl = "{tmp_path}/${{env:SJ_SECRET_DIR}}/store"\n'
+    )
+    client = sparkjet.connect()
+    assert "hunter2" not in repr(client.store)
+    assert "hunter2" not in repr(pickle.loads(pickle.dumps(client.store)))
+    log = client.store.list_log("l")
+    client.store.write_bytes(f"{log.log_dir}/00000000000000000001.rec", b"not a pickle")
+    with pytest.raises(StoreError) as info:
+        client.get_list("l").get_all()
+    assert "hunter2" not in str(info.value)
+    assert "***" in str(info.value)

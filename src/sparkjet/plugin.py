@@ -175,8 +175,8 @@ class Sink(_Participant):
 
     Modelled on pyspark's ``DataSourceWriter``: :meth:`write` returns a
     picklable commit message per partition; :meth:`commit` receives them all,
-    in partition order, once every partition succeeded; :meth:`abort` receives
-    those that were written when the job fails, so nothing becomes visible.
+    in partition order, once every partition succeeded; :meth:`abort` is
+    called instead when the job fails, so nothing becomes visible.
     """
 
     def __init__(self, name: str) -> None:
@@ -199,7 +199,13 @@ class Sink(_Participant):
         """Runs on the driver once all partitions are written: make the output visible."""
 
     def abort(self, state: Any, messages: list[Any], context: JobContext) -> None:
-        """Runs on the driver when the job fails after some partitions were written."""
+        """Runs on the driver when the job fails after :meth:`prepare`.
+
+        ``messages`` may be incomplete: when the job fails, the messages of
+        partitions that did write are lost with the failed Spark action. Clean
+        up by what :meth:`prepare` returned (for example a unique prefix of
+        the staged files), not only by the messages.
+        """
 
 
 class StatefulTransform(_Participant):

@@ -22,7 +22,7 @@ class Client:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.store = Store(config.store_url, config.store_options)
+        self.store = Store(config.store_url, config.store_options, config.redact)
         self.plugins = PluginHost(config.plugins_disable)
         self._jet: JetService | None = None
 

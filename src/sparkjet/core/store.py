@@ -21,7 +21,7 @@ import pickle
 import time
 import urllib.parse
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +33,10 @@ PICKLE_PROTOCOL = 5
 _SEQ_WIDTH = 20
 #: Batches up to this many items travel inline in a commit record.
 INLINE_LIMIT = 10_000
+
+
+def _no_secrets(text: str) -> str:
+    return text
 
 
 def encode_name(kind: str, name: str) -> str:
@@ -55,20 +59,36 @@ class Store:
     Options may hold credentials; they are never included in ``repr``.
     """
 
-    def __init__(self, url: str, options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        options: dict[str, Any] | None = None,
+        redact: Callable[[str], str] | None = None,
+    ) -> None:
         self.url = url
         self.options = dict(options or {})
+        #: Masks secrets (``${env:...}`` values) in anything shown to users.
+        self.redact = redact or _no_secrets
         self._fs: Any = None
         self._root: str | None = None
 
+    def _error(self, message: str) -> StoreError:
+        return StoreError(self.redact(message))
+
+    @property
+    def shown_url(self) -> str:
+        """The URL as it may be printed: resolved secrets masked."""
+        return self.redact(self.url)
+
     def __repr__(self) -> str:
-        return f"Store({self.url!r})"
+        return f"Store({self.shown_url!r})"
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"url": self.url, "options": self.options}
+        # The redactor travels too, so errors raised on executors mask secrets.
+        return {"url": self.url, "options": self.options, "redact": self.redact}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["url"], state["options"])  # type: ignore[misc]
+        self.__init__(state["url"], state["options"], state.get("redact"))  # type: ignore[misc]
 
     @property
     def fs(self) -> Any:
@@ -77,7 +97,7 @@ class Store:
             try:
                 fs, root = fsspec.core.url_to_fs(self.url, **self.options)
             except (ImportError, ValueError) as exc:
-                raise StoreError(f"cannot open store {self.url!r}: {exc}") from exc
+                raise self._error(f"cannot open store {self.shown_url!r}: {exc}") from exc
             if _is_local(fs):
                 root = os.path.abspath(root)
             self._fs, self._root = fs, root.rstrip("/")
@@ -103,7 +123,7 @@ class Store:
         except FileNotFoundError:
             raise
         except Exception as exc:
-            raise StoreError(f"cannot read {path!r} in store {self.url!r}: {exc}") from exc
+            raise self._error(f"cannot read {path!r} in store {self.shown_url!r}: {exc}") from exc
 
     def write_bytes(self, path: str, data: bytes) -> None:
         """Write a whole file; readers see the old or the new content, never a mix."""
@@ -118,7 +138,7 @@ class Store:
                 # A single-object PUT is atomic on S3, GCS and in memory.
                 self.fs.pipe_file(path, data)
         except Exception as exc:
-            raise StoreError(f"cannot write {path!r} in store {self.url!r}: {exc}") from exc
+            raise self._error(f"cannot write {path!r} in store {self.shown_url!r}: {exc}") from exc
 
     def create_exclusive(self, path: str, data: bytes) -> bool:
         """Create ``path`` only if it does not exist; False if it already does."""
@@ -154,7 +174,7 @@ class Store:
         except FileNotFoundError:
             return []
         except Exception as exc:
-            raise StoreError(f"cannot list {path!r} in store {self.url!r}: {exc}") from exc
+            raise self._error(f"cannot list {path!r} in store {self.shown_url!r}: {exc}") from exc
         return sorted(e.rstrip("/").rsplit("/", 1)[-1] for e in entries)
 
     def remove(self, path: str, recursive: bool = False) -> None:
@@ -223,7 +243,9 @@ class CommitLog:
             items: list[Any] = pickle.loads(self.store.read_bytes(path))
         except FileNotFoundError as exc:
             raise StoreError(
-                f"{self.label}: segment {path!r} named by a committed record is missing"
+                self.store.redact(
+                    f"{self.label}: segment {path!r} named by a committed record is missing"
+                )
             ) from exc
         return items
 
@@ -259,7 +281,9 @@ class CommitLog:
             try:
                 raw = pickle.loads(self.store.read_bytes(path))
             except Exception as exc:
-                raise StoreError(f"{self.label}: cannot read record {path!r}: {exc}") from exc
+                raise StoreError(
+                    self.store.redact(f"{self.label}: cannot read record {path!r}: {exc}")
+                ) from exc
             yield Record(seq, raw["op"], raw["parts"], raw["writer"])
 
     def live_records(self) -> list[Record]:
