@@ -123,6 +123,10 @@ class _Runner:
         last_beat = time.monotonic()
         while not self.done.wait(CONTROL_POLL_SECONDS):
             try:
+                if self.cancel_requested.is_set():
+                    # cancelJobGroup stops running Spark jobs only: repeat it until
+                    # the runner sees the flag, so a job started meanwhile stops too.
+                    self.cancel()
                 for action in self.service.records.take_requests(self.job.id):
                     if action == "cancel":
                         self.cancel()
@@ -151,6 +155,8 @@ class _Runner:
                 raise JobCancelledError(f"job {job.label} was cancelled")
             sc = self.service.client.spark.sparkContext
             set_job_group(sc, job.id, f"sparkjet job {job.label}")
+            if self.cancel_requested.is_set():  # arrived while Spark was starting
+                raise JobCancelledError(f"job {job.label} was cancelled")
             self.execution_start = _now_ms()
             self.set_status(JobStatus.RUNNING)
             self.batch = BatchRun(

@@ -349,6 +349,8 @@ class BatchRun:
         flows: dict[Transform, Flow] = {}
         try:
             for node in self.plan.nodes:
+                if self.cancelled():
+                    raise JobFailedError("cancelled")
                 flow = self._node(node, flows)
                 if flow is not None and len(node.consumers) > 1:
                     flow = self._materialize_shared(node, flow)
