@@ -15,7 +15,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from sparkjet.errors import ConfigError
 
@@ -84,7 +84,7 @@ class Config:
 
 
 def find_config_file(cwd: Path | None = None) -> tuple[Path, bool] | None:
-    """The configuration file to read and whether it is a pyproject.toml."""
+    """Find the configuration file to read; also say whether it is a pyproject.toml."""
     cwd = cwd or Path.cwd()
     named = os.environ.get(ENV_CONFIG)
     if named:
@@ -107,28 +107,37 @@ def load_config(
     cwd: Path | None = None,
 ) -> Config:
     """Read the configuration file (if any) and apply ``overrides``."""
-    tables: dict[str, Any] = {}
+    tables: Mapping[str, Any] = {}
     source: str | None = None
     found = (Path(path), Path(path).name == "pyproject.toml") if path else find_config_file(cwd)
     if found is not None:
         file, is_pyproject = found
         try:
-            data = tomllib.loads(file.read_text(encoding="utf-8"))
+            data: Any = tomllib.loads(file.read_text(encoding="utf-8"))
         except OSError as exc:
             raise ConfigError(f"{file}: cannot read: {exc}") from exc
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{file}: invalid TOML: {exc}") from exc
         if is_pyproject:
-            data = data.get("tool", {}).get("sparkjet")
+            tool = data.get("tool", {})
+            data = tool.get("sparkjet") if isinstance(tool, Mapping) else None
             source = f"{file} [tool.sparkjet]" if data is not None else None
         else:
             source = str(file)
+        if data is not None and not isinstance(data, Mapping):
+            raise ConfigError(f"{source}: expected a table, got {_kind(data)}")
         if data is not None:
             _check(data, source or str(file))
             tables = data
     config = Config(source=source)
     _apply(config, tables, source or "defaults")
     if overrides:
+        for section, table in overrides.items():
+            if not isinstance(table, Mapping):
+                raise ConfigError(
+                    f"connect() arguments: {section}= must be a dict of [{section}] keys, "
+                    f"got {_kind(table)}"
+                )
         plain = {k: dict(v) for k, v in overrides.items()}
         _check(plain, "connect() arguments")
         _apply(config, plain, "connect() arguments")
@@ -142,6 +151,7 @@ def _check(data: Mapping[str, Any], where: str) -> None:
             raise ConfigError(f"{where}: unknown section [{section}] (expected one of {known})")
         if not isinstance(table, Mapping):
             raise ConfigError(f"{where}: [{section}] must be a table, got {_kind(table)}")
+        value: Any
         for key, value in table.items():
             spec = _SCHEMA[section].get(key)
             if spec is None:
@@ -159,19 +169,34 @@ def _check(data: Mapping[str, Any], where: str) -> None:
                     f"{where}: [{section}] {key}: expected {expected}, got {_kind(value)}"
                 )
             if section == "spark" and key == "conf":
-                for ck, cv in value.items():
+                for ck, cv in _flatten(cast(Mapping[str, Any], value)).items():
                     if not isinstance(cv, _SCALAR):
                         raise ConfigError(
                             f"{where}: [spark.conf] {ck}: expected a string, number or bool, "
                             f"got {_kind(cv)}"
                         )
             if section == "plugins" and key == "disable":
-                for name in value:
+                for name in cast(list[Any], value):
                     if not isinstance(name, str):
                         raise ConfigError(
                             f"{where}: [plugins] disable: expected a list of plugin names, "
                             f"got an item {_kind(name)}"
                         )
+
+
+def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``[spark.conf]`` keys as Spark spells them.
+
+    In TOML an unquoted ``spark.ui.enabled = false`` is a nested table
+    (``{"spark": {"ui": {"enabled": false}}}``); join such keys with dots.
+    """
+    flat: dict[str, Any] = {}
+    for key, value in table.items():
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 def _kind(value: Any) -> str:
@@ -212,7 +237,7 @@ def _apply(config: Config, data: Mapping[str, Any], where: str) -> None:
     if has("spark", "app_name"):
         config.spark_app_name = get("spark", "app_name")
     if has("spark", "conf"):
-        conf = get("spark", "conf")
+        conf = _flatten(get("spark", "conf"))
         config.spark_conf.update(
             {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in conf.items()}
         )
@@ -228,7 +253,7 @@ def _apply(config: Config, data: Mapping[str, Any], where: str) -> None:
         config.snapshots_options.update(get("snapshots", "options"))
     if has("snapshots", "signing_key"):
         config.snapshots_signing_key = get("snapshots", "signing_key")
-    for key, value in data.get("plugins", {}).items():
+    for key in data.get("plugins", {}):
         if key == "disable":
             config.plugins_disable = list(get("plugins", "disable"))
         else:

@@ -10,6 +10,7 @@ name; ``SPARKJET_TRACE_HOOKS=1`` logs every hook call to the
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import logging
@@ -89,14 +90,18 @@ class PluginHost:
         if autoload is None:
             autoload = not _is_truthy(os.environ.get(ENV_DISABLE_AUTOLOAD))
         for name, module in BUILTIN_PLUGINS.items():
-            self._load(name, lambda m=module: importlib.import_module(m), "built-in")
+            self._load(name, functools.partial(importlib.import_module, module), "built-in")
         if autoload:
             self._load_entry_points()
         try:
             self.pm.check_pending()
         except pluggy.PluginValidationError as exc:
+            # pluggy's error carries the plugin object, not its name.
+            name = self.pm.get_name(exc.plugin) or repr(exc.plugin)
+            info = self.plugins.get(name)
+            origin = f" from {info.origin}" if info is not None else ""
             raise PluginError(
-                f'plugin "{exc.plugin_name}" implements a hook sparkjet does not define: {exc}'
+                f'plugin "{name}"{origin} implements a hook sparkjet does not define: {exc}'
             ) from exc
         for name in list(self.plugins):
             self._collect(name)
@@ -148,7 +153,21 @@ class PluginHost:
                 raise PluginError(
                     f'plugin "{name}" implements a hook sparkjet does not define: {exc}'
                 ) from exc
-            self._collect(name)
+            try:
+                self._collect(name)
+            except PluginError:
+                self._forget(name)
+                raise
+
+    def _forget(self, name: str) -> None:
+        """Undo a runtime registration that failed half-way: nothing of it stays."""
+        self.pm.unregister(name=name)
+        info = self.plugins.pop(name, None)
+        for entry in info.registered if info is not None else ():
+            if self._by_kind.get((entry.category, entry.kind)) is entry:
+                del self._by_kind[(entry.category, entry.kind)]
+            if self._by_class.get(entry.cls) is entry:
+                del self._by_class[entry.cls]
 
     def _collect(self, name: str) -> None:
         """Call the registration hooks of one plugin and record what it registers."""
@@ -179,7 +198,7 @@ class PluginHost:
         kind = getattr(cls, "kind", None)
         if not isinstance(kind, str) or not kind:
             raise PluginError(f"{where}: {category} {cls.__qualname__} has no 'kind' string")
-        guarantees = getattr(cls, "guarantees", frozenset())
+        guarantees: Any = getattr(cls, "guarantees", frozenset())
         from sparkjet.job import ProcessingGuarantee
 
         if category != "snapshot backend" and (
@@ -206,7 +225,7 @@ class PluginHost:
     # --- queries -----------------------------------------------------------
 
     def lookup_class(self, cls: type[Any]) -> Registered | None:
-        """The registration of ``cls`` (or of its nearest registered base)."""
+        """Find the registration of ``cls`` (or of its nearest registered base)."""
         for klass in cls.__mro__:
             entry = self._by_class.get(klass)
             if entry is not None:
@@ -228,8 +247,16 @@ class PluginHost:
         return self.pm.hook
 
     def notify(self, hook_name: str, **kwargs: Any) -> None:
-        """Call a lifecycle hook; plugin errors are logged, never propagated."""
-        try:
-            getattr(self.pm.hook, hook_name)(**kwargs)
-        except Exception:
-            log.exception("a plugin failed in %s", hook_name)
+        """Call a lifecycle hook; plugin errors are logged, never propagated.
+
+        Each plugin is called on its own, so one that raises does not keep the
+        others from being notified.
+        """
+        hook = getattr(self.pm.hook, hook_name)
+        plugins = self.pm.get_plugins()
+        for impl in reversed(hook.get_hookimpls()):  # pluggy's order: last registered first
+            others = [p for p in plugins if p is not impl.plugin]
+            try:
+                self.pm.subset_hook_caller(hook_name, remove_plugins=others)(**kwargs)
+            except Exception:
+                log.exception('plugin "%s" failed in %s', impl.plugin_name, hook_name)

@@ -1,0 +1,176 @@
+"""An example third-party sparkjet plugin (entry point ``example`` in group ``sparkjet``).
+
+It uses only the public plugin API, :mod:`sparkjet.plugin`, and contributes:
+
+- source ``range``: :class:`RangeSource`, the ints ``0 .. n-1`` split into a
+  few contiguous ranges that executors read; it can replay, so it declares
+  every guarantee;
+- source ``ticker``: :class:`TickerSource`, an unbounded (streaming) source
+  of ticks that cannot replay, so it declares NONE only;
+- sink ``jsonl``: :class:`JsonLinesSink`, one JSON document per line in
+  ``<path>/<name>.jsonl``. Executors write their partition to a temporary
+  file in ``path``; the driver's commit concatenates them, in partition order,
+  into the target file and renames it into place (atomic). The commit replaces
+  the whole file and is not tied to a batch id, so after a failure between
+  rename and clean-up a replay may repeat items: NONE and AT_LEAST_ONCE only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from sparkjet.plugin import (
+    ALL_GUARANTEES,
+    AT_LEAST_ONCE_AT_MOST,
+    JobContext,
+    ProcessingGuarantee,
+    Sink,
+    Source,
+    TaskContext,
+    hookimpl,
+)
+
+__all__ = ["JsonLinesSink", "RangeSource", "TickerSource"]
+
+
+class RangeSource(Source):
+    """The ints ``0 .. n-1`` in order, read on executors as ``parts`` contiguous ranges."""
+
+    kind = "range"
+    guarantees = ALL_GUARANTEES
+
+    def __init__(self, name: str, n: int, parts: int = 3) -> None:
+        super().__init__(name)
+        if not isinstance(n, int) or n < 0:
+            raise ValueError(f"RangeSource {name!r}: n must be a non-negative int, got {n!r}")
+        if not isinstance(parts, int) or parts < 1:
+            raise ValueError(f"RangeSource {name!r}: parts must be a positive int, got {parts!r}")
+        self.n = n
+        self.parts = parts
+
+    def partitions(self, context: JobContext) -> Sequence[Any]:
+        """Runs on the driver: ``(start, stop)`` ranges, in order."""
+        parts = max(1, min(self.parts, self.n))
+        size, extra = divmod(self.n, parts)
+        ranges, start = [], 0
+        for i in range(parts):
+            stop = start + size + (1 if i < extra else 0)
+            ranges.append((start, stop))
+            start = stop
+        return ranges
+
+    def read(self, partition: Any, context: TaskContext) -> Iterable[Any]:
+        """Runs on an executor: the ints of one range."""
+        start, stop = partition
+        return range(start, stop)
+
+
+class TickerSource(Source):
+    """An unbounded stream of ``(partition, sequence)`` ticks; it cannot replay.
+
+    Declared ``streaming``, so a pipeline reading it is a streaming job; with
+    ``limit`` each partition stops after that many ticks (handy for tests).
+    """
+
+    kind = "ticker"
+    streaming = True
+    guarantees = frozenset({ProcessingGuarantee.NONE})
+
+    def __init__(
+        self, name: str, interval: float = 0.1, partitions: int = 1, limit: int | None = None
+    ) -> None:
+        super().__init__(name)
+        self.interval = interval
+        self.count = partitions
+        self.limit = limit
+
+    def partitions(self, context: JobContext) -> Sequence[Any]:
+        """Runs on the driver: one descriptor per ticking partition."""
+        return list(range(self.count))
+
+    def read(self, partition: Any, context: TaskContext) -> Iterable[Any]:
+        """Runs on an executor: tick every ``interval`` seconds."""
+        seq = 0
+        while self.limit is None or seq < self.limit:
+            yield (partition, seq)
+            seq += 1
+            time.sleep(self.interval)
+
+
+class JsonLinesSink(Sink):
+    """Writes items as JSON lines to ``<path>/<name>.jsonl``, all of them in one commit."""
+
+    kind = "jsonl"
+    guarantees = AT_LEAST_ONCE_AT_MOST
+
+    def __init__(self, name: str, path: str | os.PathLike[str]) -> None:
+        super().__init__(name)
+        self.path = os.fspath(path)
+
+    @property
+    def target(self) -> str:
+        """The file a successful job leaves behind."""
+        return os.path.join(self.path, f"{self.name}.jsonl")
+
+    def prepare(self, context: JobContext) -> Any:
+        """Runs on the driver: create ``path``; the state is this run's temp-file prefix."""
+        os.makedirs(self.path, exist_ok=True)
+        return f".{self.name}.{context.job_id}.{uuid.uuid4().hex}"
+
+    def write(self, state: Any, items: Iterator[Any], context: TaskContext) -> Any:
+        """Runs on an executor: one temp file per partition; returns its path."""
+        part = os.path.join(self.path, f"{state}.part-{context.partition:05d}.tmp")
+        with open(part, "w", encoding="utf-8") as fh:
+            for item in items:
+                fh.write(json.dumps(item))
+                fh.write("\n")
+        return part
+
+    def commit(self, state: Any, messages: list[Any], context: JobContext) -> None:
+        """Runs on the driver: concatenate the parts in order, rename into place, clean up."""
+        staged = os.path.join(self.path, f"{state}.jsonl.tmp")
+        with open(staged, "wb") as out:
+            for part in messages:
+                with open(part, "rb") as fh:
+                    shutil.copyfileobj(fh, out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(staged, self.target)
+        self._remove_temps(state)
+
+    def abort(self, state: Any, messages: list[Any], context: JobContext) -> None:
+        """Runs on the driver: delete this run's temp files (also those no message names)."""
+        for part in messages:
+            _remove(part)
+        self._remove_temps(state)
+
+    def _remove_temps(self, state: Any) -> None:
+        pattern = os.path.join(glob.escape(self.path), glob.escape(str(state)) + "*.tmp")
+        for leftover in glob.glob(pattern):
+            _remove(leftover)
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path)
+
+
+@hookimpl
+def register_sources(register: Any) -> None:
+    """Register the range and ticker sources."""
+    register(RangeSource)
+    register(TickerSource)
+
+
+@hookimpl
+def register_sinks(register: Any) -> None:
+    """Register the JSON-lines sink."""
+    register(JsonLinesSink)
