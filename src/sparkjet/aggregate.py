@@ -48,6 +48,10 @@ class AggregateOperation:
     finish: Callable[[Any], Any] = _identity
     #: Name used in stage names and error messages.
     name: str = "aggregate"
+    #: For built-ins only: ``("count", None)`` or ``("sum", get_value)``, which the
+    #: runtime compiles into its loop instead of calling ``accumulate`` per item.
+    #: Must mean exactly what ``accumulate`` does.
+    inline: tuple[str, Callable[[Any], Any] | None] | None = None
 
     @classmethod
     def of(
@@ -89,6 +93,7 @@ def counting() -> AggregateOperation:
         accumulate=lambda acc, _item: acc + 1,
         combine=lambda a, b: a + b,
         name="counting",
+        inline=("count", None),
     )
 
 
@@ -99,6 +104,7 @@ def summing(get_value: Callable[[Any], Any] = _identity) -> AggregateOperation:
         accumulate=lambda acc, item: acc + get_value(item),
         combine=lambda a, b: a + b,
         name="summing",
+        inline=("sum", get_value),
     )
 
 

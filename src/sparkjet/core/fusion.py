@@ -63,6 +63,8 @@ class Terminal:
     create: Callable[[], Any] | None = None
     accumulate: Callable[[Any, Any], Any] | None = None
     reverse: bool = False
+    #: An AggregateOperation's ``inline`` form, compiled in place of ``accumulate``.
+    inline: tuple[str, Callable[[Any], Any] | None] | None = None
 
 
 @dataclass
@@ -95,6 +97,8 @@ class FusedPass:
         lines.append("    pidx = state.get('pidx', 0)")
         if t.kind == "group":
             env.update(_key=t.fn, _create=t.create, _acc=t.accumulate)
+            if t.inline is not None:
+                env["_get"] = t.inline[1]
             lines.append("    accs = state['accs']; firsts = state['firsts']; get = accs.get")
         elif t.kind == "fold":
             env.update(_acc=t.accumulate)
@@ -152,7 +156,14 @@ class FusedPass:
             emit("firsts[k] = pos", stage)
             emit("a = _create()", stage)
             depth -= 1
-            emit("accs[k] = _acc(a, x)", stage)
+            if t.inline is None:
+                emit("accs[k] = _acc(a, x)", stage)
+            elif t.inline[0] == "count":
+                emit("accs[k] = a + 1", stage)
+            elif t.inline[0] == "sum":
+                emit("accs[k] = a + _get(x)", stage)
+            else:  # pragma: no cover - only the built-ins set inline
+                raise ValueError(t.inline[0])
         elif t.kind == "fold":
             emit("acc = _acc(acc, x)", stage)
         elif t.kind == "distinct":

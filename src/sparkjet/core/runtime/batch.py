@@ -426,7 +426,7 @@ class BatchRun:
     def _keyed(self, node: Transform, name: str, flow: Flow) -> Flow:
         op: Any = node.params.get("operation")
         if node.op == "group_aggregate" and op.combine is not None:
-            terminal = Terminal("group", name, node.fn, op.create, op.accumulate)
+            terminal = Terminal("group", name, node.fn, op.create, op.accumulate, inline=op.inline)
         elif node.op == "distinct":
             terminal = Terminal("distinct", name, node.fn)
         else:  # not combinable, or a stateful transform: all items meet per key
