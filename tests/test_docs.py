@@ -1,0 +1,234 @@
+"""The user documentation stays in step with the code (no Spark needed).
+
+Checks that every hook, public name, JobConfig field and configuration key is
+documented, that the Python samples in the docs parse and import only names
+that exist, and that ``mkdocs build --strict`` succeeds.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib
+import importlib.util
+import inspect
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+import sparkjet
+from sparkjet import aggregate, errors, job, pipeline, plugin
+from sparkjet.core import config as core_config
+from sparkjet.core import hookspecs
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+MKDOCS_YML = ROOT / "mkdocs.yml"
+
+
+def read_doc(name: str) -> str:
+    path = DOCS / name
+    assert path.is_file(), f"docs/{name} is missing"
+    return path.read_text(encoding="utf-8")
+
+
+def all_docs() -> dict[str, str]:
+    return {p.name: p.read_text(encoding="utf-8") for p in sorted(DOCS.glob("*.md"))}
+
+
+def sections(text: str, level: int) -> dict[str, str]:
+    """Heading text -> body up to the next heading of the same or a higher level."""
+    pattern = re.compile(rf"^{'#' * level} (.+?)\s*$", re.M)
+    matches = list(pattern.finditer(text))
+    out: dict[str, str] = {}
+    for i, match in enumerate(matches):
+        end = len(text)
+        higher = re.compile(rf"^#{{1,{level}}} ", re.M).search(text, match.end())
+        if higher is not None:
+            end = higher.start()
+        if i + 1 < len(matches):
+            end = min(end, matches[i + 1].start())
+        out[match.group(1)] = text[match.end() : end]
+    return out
+
+
+def normalized(text: str) -> str:
+    """Markdown-ish text with reST double backticks as single ones and white space collapsed."""
+    return " ".join(text.replace("``", "`").split())
+
+
+def is_sparkjet_module(name: str | None) -> bool:
+    return name == "sparkjet" or (name or "").startswith("sparkjet.")
+
+
+def hook_specs() -> dict[str, object]:
+    marker = f"{hookspecs.PROJECT}_spec"
+    return {
+        name: fn for name, fn in vars(hookspecs).items()
+        if inspect.isfunction(fn) and hasattr(fn, marker)
+    }
+
+
+def python_blocks() -> list[tuple[str, int, str]]:
+    """Every fenced ```python block in docs/: (file, line, code)."""
+    blocks = []
+    for name, text in all_docs().items():
+        for match in re.finditer(r"^```python\n(.*?)^```", text, re.M | re.S):
+            line = text.count("\n", 0, match.start()) + 2
+            blocks.append((name, line, match.group(1)))
+    return blocks
+
+
+# --- hooks ------------------------------------------------------------------------------
+
+
+def test_hookspecs_are_found() -> None:
+    assert "register_sources" in hook_specs()
+    assert "on_job_error" in hook_specs()
+
+
+@pytest.mark.parametrize("hook", sorted(hook_specs()))
+def test_every_hook_has_a_section_in_plugins_md(hook: str) -> None:
+    text = read_doc("plugins.md")
+    heading = f"`{hook}`"
+    found = sections(text, 3)
+    assert heading in found, (
+        f"hook {hook} (src/sparkjet/core/hookspecs.py) has no '### `{hook}`' heading "
+        "in docs/plugins.md"
+    )
+    body = found[heading]
+    assert re.search(rf"def {hook}\(", body), f"docs/plugins.md: give {hook}'s signature"
+    doc = inspect.getdoc(hook_specs()[hook]) or ""
+    summary = normalized(doc.split("\n\n")[0]) if doc else ""
+    assert summary and summary in normalized(body), (
+        f"docs/plugins.md, section {hook}: the hook's summary {summary!r} is missing"
+    )
+    for param in re.findall(r":param (\w+):", doc):
+        assert f"`{param}`" in body, f"docs/plugins.md, section {hook}: parameter {param}"
+
+
+def test_hook_reference_documents_only_real_hooks() -> None:
+    text = read_doc("plugins.md")
+    assert "## Hook reference" in text
+    reference = text.split("## Hook reference", 1)[1]
+    documented = set(re.findall(r"^### `(\w+)`", reference, re.M))
+    unknown = documented - set(hook_specs())
+    assert not unknown, f"docs/plugins.md documents hooks that do not exist: {sorted(unknown)}"
+
+
+# --- public names ---------------------------------------------------------------------
+
+
+PUBLIC_MODULES = [sparkjet, pipeline, job, aggregate, errors, plugin]
+
+
+@pytest.mark.parametrize("module", PUBLIC_MODULES, ids=lambda m: m.__name__)
+def test_every_public_name_is_documented(module: ModuleType) -> None:
+    text = "\n".join(all_docs().values())
+    missing = [
+        name for name in module.__all__
+        if not name.startswith("__") and not re.search(rf"\b{re.escape(name)}\b", text)
+    ]
+    assert not missing, f"{module.__name__}.__all__ names not mentioned in docs/: {missing}"
+
+
+def test_every_job_config_field_is_in_jobs_md() -> None:
+    text = read_doc("jobs.md")
+    missing = [
+        f.name for f in dataclasses.fields(job.JobConfig) if f"`{f.name}`" not in text
+    ]
+    assert not missing, f"JobConfig fields missing from docs/jobs.md: {missing}"
+
+
+@pytest.mark.parametrize("section", sorted(core_config._SCHEMA))
+def test_every_config_key_is_in_configuration_md(section: str) -> None:
+    text = read_doc("configuration.md")
+    found = {h: body for h, body in sections(text, 2).items() if f"`[{section}]`" in h}
+    assert found, f"docs/configuration.md has no '## `[{section}]`' section"
+    body = "\n".join(found.values())
+    missing = [key for key in core_config._SCHEMA[section] if f"`{key}`" not in body]
+    assert not missing, (
+        f"docs/configuration.md, section [{section}]: keys not documented: {missing}"
+    )
+
+
+def test_environment_variables_are_in_configuration_md() -> None:
+    from sparkjet.core import plugins as core_plugins
+
+    text = read_doc("configuration.md")
+    for var in (
+        core_config.ENV_CONFIG,
+        core_plugins.ENV_DISABLE_AUTOLOAD,
+        core_plugins.ENV_BLOCK,
+        core_plugins.ENV_TRACE,
+        "PYSPARK_PYTHON",
+    ):
+        assert f"`{var}`" in text, f"environment variable {var} missing from configuration.md"
+
+
+def test_spark_defaults_are_in_configuration_md() -> None:
+    from sparkjet.core.runtime.session import DEFAULT_CONF
+
+    text = read_doc("configuration.md")
+    for key, value in DEFAULT_CONF.items():
+        assert f"`{key}`" in text and f"`{value}`" in text, (
+            f"Spark default {key}={value} missing from docs/configuration.md"
+        )
+
+
+# --- code samples -----------------------------------------------------------------------
+
+
+def test_python_samples_parse() -> None:
+    blocks = python_blocks()
+    assert blocks
+    for name, line, code in blocks:
+        try:
+            ast.parse(code)
+        except SyntaxError as exc:
+            pytest.fail(f"docs/{name}, code block at line {line}: {exc}")
+
+
+def test_python_samples_import_only_existing_names() -> None:
+    for name, line, code in python_blocks():
+        for node in ast.walk(ast.parse(code)):
+            where = f"docs/{name}, code block at line {line}"
+            if isinstance(node, ast.ImportFrom) and is_sparkjet_module(node.module):
+                assert node.module is not None
+                module = importlib.import_module(node.module)
+                for alias in node.names:
+                    assert hasattr(module, alias.name), (
+                        f"{where}: {node.module} has no {alias.name}"
+                    )
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if is_sparkjet_module(alias.name):
+                        importlib.import_module(alias.name)
+
+
+# --- the site builds --------------------------------------------------------------------
+
+
+def test_mkdocs_nav_lists_every_page() -> None:
+    config = MKDOCS_YML.read_text(encoding="utf-8")
+    for page in all_docs():
+        assert re.search(rf":\s*{re.escape(page)}\s*$", config, re.M), (
+            f"docs/{page} is not in the nav of mkdocs.yml"
+        )
+
+
+def test_mkdocs_build_strict(tmp_path: Path) -> None:
+    if importlib.util.find_spec("mkdocs") is None:
+        pytest.skip("mkdocs is not installed (pip install -e '.[docs]'); the site was not built")
+    site = tmp_path / "site"
+    run = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict",
+         "--config-file", str(MKDOCS_YML), "--site-dir", str(site)],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )
+    assert run.returncode == 0, f"mkdocs build --strict failed:\n{run.stdout}\n{run.stderr}"
+    assert (site / "index.html").is_file()
