@@ -22,7 +22,7 @@ SPARK_VERSIONS = ["4.0", "4.1", "4.2", "4.3"]
 @nox.parametrize("spark", [nox.param(v, id=f"spark-{v}") for v in SPARK_VERSIONS])
 def tests(session: nox.Session, spark: str) -> None:
     """Run pytest against one pyspark minor version."""
-    session.install(f"pyspark=={spark}.*", "-e", ".[test]")
+    session.install(f"pyspark=={spark}.*", "-e", ".[test,docs]")
     session.run("python", "-c", "import pyspark; print('pyspark', pyspark.__version__)")
     session.run("pytest", *session.posargs)
 

@@ -166,3 +166,27 @@ def test_failed_job_leaves_sinks_as_they_were(client, store_url) -> None:  # typ
     data = Path(store_url) / "lists" / "kept" / "data"
     leftovers = list(data.iterdir()) if data.exists() else []
     assert leftovers == [], "aborted sinks must delete their staged segments"
+
+
+def test_naming_a_grouped_stage_names_its_aggregate(client) -> None:  # type: ignore[no-untyped-def]
+    from sparkjet.aggregate import counting
+
+    p = Pipeline.create()
+    grouped = p.read_from(source(["a", "bb", "cc"])).group_by(len).set_name("by-length")
+    assert grouped.name == "by-length"
+    grouped.aggregate(counting()).write_to(Pipeline.to_list("x"))
+    job = run_pipeline(client, p)
+    assert client.get_list("x").get_all() == [(1, 1), (2, 2)]
+    assert "by-length" in job.get_metrics()["stages"]
+
+
+def test_settings_this_version_cannot_honour_are_refused(jet) -> None:  # type: ignore[no-untyped-def]
+    from sparkjet.job import JobConfig
+
+    p = Pipeline.create()
+    p.read_from(source()).write_to(Pipeline.to_list("x"))
+    with pytest.raises(PipelineDefinitionError, match="initial_snapshot_name='snap'"):
+        jet.submit(p, JobConfig(initial_snapshot_name="snap"))
+    with pytest.raises(PipelineDefinitionError, match="suspend_on_failure"):
+        jet.submit(p, JobConfig(suspend_on_failure=True))
+    assert jet.get_jobs() == []

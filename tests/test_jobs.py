@@ -159,3 +159,16 @@ def test_cancel_before_spark_work_starts(client, jet) -> None:  # type: ignore[n
     assert time.monotonic() - started < 8, "200 items x 50 ms would take 10 s if not stopped"
     assert job.is_user_cancelled()
     assert client.get_list("early").get_all() == []
+
+
+def test_job_names_are_unique_across_clients(client, jet, store_url) -> None:  # type: ignore[no-untyped-def]
+    job = jet.submit(slow_pipeline(n=100, sink="held"), JobConfig(name="held"))
+    # Another client on the same store stands for another process.
+    other = sparkjet.connect(store={"url": store_url}, spark=TEST_SPARK).get_jet()
+    with pytest.raises(JobAlreadyExistsError, match="'held' is already active"):
+        other.submit(quick_pipeline(), JobConfig(name="held"))
+    assert other.new_job_if_absent(quick_pipeline(), JobConfig(name="held")).id == job.id
+    job.join(timeout=120)
+    again = other.submit(quick_pipeline("held2"), JobConfig(name="held"))
+    again.join(timeout=120)
+    assert again.status is JobStatus.COMPLETED

@@ -46,7 +46,7 @@ class AggregateOperation:
     accumulate: Callable[[Any, Any], Any]
     combine: Callable[[Any, Any], Any] | None = None
     finish: Callable[[Any], Any] = _identity
-    #: Name used in stage names and error messages.
+    #: A short name for messages and ``repr``.
     name: str = "aggregate"
     #: For built-ins only: ``("count", None)`` or ``("sum", get_value)``, which the
     #: runtime compiles into its loop instead of calling ``accumulate`` per item.

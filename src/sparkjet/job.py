@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 from sparkjet.errors import ConfigError
 
 if TYPE_CHECKING:
-    from sparkjet.core.jobs import Job
+    from sparkjet.core.jobs import Job, JobStatusEvent
 
-__all__ = ["Job", "JobConfig", "JobStatus", "ProcessingGuarantee"]
+__all__ = ["Job", "JobConfig", "JobStatus", "JobStatusEvent", "ProcessingGuarantee"]
 
 
 class ProcessingGuarantee(enum.Enum):
@@ -154,8 +154,8 @@ def _validate(key: str, value: Any) -> Any:
 def __getattr__(name: str) -> Any:
     # Job lives in the core (it needs the store and the runtime); importing it
     # lazily keeps this module light and free of import cycles.
-    if name == "Job":
-        from sparkjet.core.jobs import Job
+    if name in ("Job", "JobStatusEvent"):
+        from sparkjet.core import jobs
 
-        return Job
+        return getattr(jobs, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

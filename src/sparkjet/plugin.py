@@ -132,7 +132,7 @@ class TaskContext:
 
 
 class _Participant(ABC):
-    #: Registered name: unique among all plugins, used by ``Pipeline.source(kind)``.
+    #: Registered name: unique among all plugins of the same category.
     kind: ClassVar[str]
     #: The processing guarantees this participant can keep; checked at submit.
     guarantees: ClassVar[frozenset[ProcessingGuarantee]] = frozenset({ProcessingGuarantee.NONE})

@@ -11,6 +11,7 @@ from sparkjet.core.jobs import JetService
 from sparkjet.core.plugins import PluginHost
 from sparkjet.core.store import Store
 from sparkjet.core.structures import IList, IMap
+from sparkjet.errors import ConfigError
 
 
 class Client:
@@ -21,6 +22,11 @@ class Client:
     """
 
     def __init__(self, config: Config) -> None:
+        if config.spark_remote:
+            raise ConfigError(
+                f"{config.source or 'configuration'}: [spark] remote is set, but this sparkjet "
+                "runtime needs a classic Spark session (it uses RDDs); use [spark] master"
+            )
         self.config = config
         self.store = Store(config.store_url, config.store_options, config.redact)
         self.plugins = PluginHost(config.plugins_disable)

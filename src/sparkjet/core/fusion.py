@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import sys
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -241,7 +242,27 @@ class FusedPass:
 
 
 def _peek(stage: str, fn: Callable[[Any], Any], item: Any) -> None:
+    if not _peek_ready:
+        _prepare_peek_log()
     _peek_log.info("[%s] %s", stage, fn(item))
+
+
+_peek_ready = False
+
+
+def _prepare_peek_log() -> None:
+    """Make ``peek()`` output visible on Spark workers, where nobody configures logging.
+
+    Worker stderr reaches the executor's log (the console, in local mode).
+    """
+    global _peek_ready
+    if not _peek_log.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("peek %(message)s"))
+        _peek_log.addHandler(handler)
+        _peek_log.setLevel(logging.INFO)
+        _peek_log.propagate = False
+    _peek_ready = True
 
 
 # --- Python equality for distinct() -----------------------------------------

@@ -254,6 +254,28 @@ class GroupedStage(Stage):
         self._upstream = upstream
         self._key_fn = key_fn
         self._materialized: Transform | None = None
+        self._pending_name: str | None = None
+
+    @property
+    def name(self) -> str:
+        """The name the grouped stage gets (set with ``set_name``, else generated)."""
+        if self._materialized is not None:
+            return self._materialized.name
+        return self._pending_name or "group-by"
+
+    def set_name(self, name: str) -> GroupedStage:
+        """Name the stage this grouping becomes (its ``aggregate()``/``apply()``)."""
+        validated = validate_stage_name(name)
+        if self._materialized is not None:
+            self._materialized.explicit_name = validated
+        else:
+            self._pending_name = validated
+        return self
+
+    def _named(self, node: Transform) -> Transform:
+        if self._pending_name is not None:
+            node.explicit_name = self._pending_name
+        return node
 
     @property
     def _node(self) -> Transform:
@@ -261,10 +283,10 @@ class GroupedStage(Stage):
         if self._materialized is None:
             from sparkjet.aggregate import to_list
 
-            self._materialized = self._upstream._add(
+            self._materialized = self._named(self._upstream._add(
                 "group_aggregate", fn=self._key_fn,
                 params={"operation": to_list()}, default_name="group-by",
-            )
+            ))
         return self._materialized
 
     @_node.setter
@@ -286,7 +308,7 @@ class GroupedStage(Stage):
             "group_aggregate", fn=self._key_fn, params={"operation": op},
             default_name="group-aggregate",
         )
-        return Stage(node)
+        return Stage(self._named(node))
 
     def apply(self, transform: StatefulTransform) -> Stage:
         """Run a keyed :class:`~sparkjet.plugin.StatefulTransform` over each key's items."""
@@ -301,7 +323,7 @@ class GroupedStage(Stage):
             "group_apply", fn=self._key_fn, params={"transform": transform},
             default_name=transform.kind,
         )
-        return Stage(node)
+        return Stage(self._named(node))
 
 
 class SinkStage(_Handle):

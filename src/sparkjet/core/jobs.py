@@ -23,6 +23,7 @@ from sparkjet.core.graph import Transform
 from sparkjet.core.planner import Plan, plan
 from sparkjet.core.store import JobRecords
 from sparkjet.errors import (
+    ConfigError,
     JobAlreadyExistsError,
     JobCancelledError,
     JobFailedError,
@@ -206,6 +207,8 @@ class _Runner:
             self.job._record.update(changes)
         description = str(error) if error is not None else None
         self.set_status(status, description, user_requested=cancelled)
+        if self.job.name:
+            self.service.records.release_name(self.job.name, self.job.id)
 
 
 class Job:
@@ -443,13 +446,24 @@ class JetService:
     def new_job_if_absent(self, pipeline: Any, config: JobConfig) -> Job:
         """Like :meth:`submit`, but return the active job of the same name if there is one."""
         if not isinstance(config, JobConfig) or not config.name:
-            raise PipelineDefinitionError("new_job_if_absent() needs a JobConfig with a name")
+            raise ConfigError("new_job_if_absent() needs a JobConfig with a name")
         return self._submit(pipeline, config, if_absent=True)
 
     def _submit(self, pipeline: Any, config: JobConfig | None, if_absent: bool) -> Job:
         config = config if config is not None else JobConfig()
         if not isinstance(config, JobConfig):
             raise PipelineDefinitionError(f"submit() takes a JobConfig, got {config!r}")
+        if config.initial_snapshot_name is not None:
+            raise PipelineDefinitionError(
+                f"JobConfig.initial_snapshot_name={config.initial_snapshot_name!r}: starting from "
+                "a snapshot is not supported by this version of sparkjet"
+            )
+        if config.suspend_on_failure:
+            raise PipelineDefinitionError(
+                "JobConfig.suspend_on_failure=True: batch jobs cannot be suspended in this "
+                "version of sparkjet; a failed batch job leaves its sinks untouched, so submit "
+                "it again"
+            )
         validated = plan(pipeline, self.client.plugins, config.processing_guarantee)
         if validated.streaming:
             sources = ", ".join(
@@ -462,8 +476,9 @@ class JetService:
                 sources.split(", ")[0],
             )
         with self._lock:
+            job_id = new_job_id()
             if config.name:
-                active = self._active_by_name(config.name)
+                active = self._claim_name(config.name, job_id)
                 if active is not None:
                     if if_absent:
                         return active
@@ -472,7 +487,7 @@ class JetService:
                         f"({active.status.value}); cancel it or use new_job_if_absent()"
                     )
             record = {
-                "id": new_job_id(),
+                "id": job_id,
                 "name": config.name,
                 "status": JobStatus.NOT_RUNNING.value,
                 "config": config.to_dict(),
@@ -491,11 +506,21 @@ class JetService:
         runner.start()
         return job
 
-    def _active_by_name(self, name: str) -> Job | None:
-        for job in self.get_jobs():
-            if job.name == name and not job.is_terminal():
-                return job
-        return None
+    def _claim_name(self, name: str, job_id: str) -> Job | None:
+        """Take ``name`` for a new job, or return the active job that holds it.
+
+        The lock file is created only if absent, so two processes cannot both
+        take a name; a holder that ended (or whose driver died) is replaced.
+        """
+        for _ in range(3):
+            holder_id = self.records.claim_name(name, job_id)
+            if holder_id is None:
+                return None
+            holder = self.get_job(holder_id)
+            if holder is not None and not holder.is_terminal():
+                return holder
+            self.records.release_name(name, holder_id)
+        raise JobAlreadyExistsError(f"could not take the job name '{name}': another submit races")
 
     def get_job(self, job_id: str) -> Job | None:
         """The job with this id, or None."""

@@ -375,6 +375,30 @@ class JobRecords:
                 out.append(record)
         return out
 
+    # Names: one active job per name, across processes, by a create-only lock file.
+
+    def _name_lock(self, name: str) -> str:
+        return self.store.path("job-names", encode_name("job name", name))
+
+    def claim_name(self, name: str, job_id: str) -> str | None:
+        """Take ``name`` for ``job_id``; returns the holder's id if another job has it."""
+        path = self._name_lock(name)
+        if self.store.create_exclusive(path, job_id.encode()):
+            return None
+        try:
+            return self.store.read_bytes(path).decode()
+        except FileNotFoundError:  # released meanwhile: try once more
+            return None if self.store.create_exclusive(path, job_id.encode()) else "unknown"
+
+    def release_name(self, name: str, job_id: str) -> None:
+        """Give ``name`` up if ``job_id`` holds it."""
+        path = self._name_lock(name)
+        try:
+            if self.store.read_bytes(path).decode() == job_id:
+                self.store.remove(path)
+        except FileNotFoundError:
+            pass
+
     # Control requests: another process asks the job's driver to act.
 
     def request(self, job_id: str, action: str) -> None:

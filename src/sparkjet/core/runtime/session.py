@@ -10,7 +10,6 @@ from typing import Any
 
 from sparkjet.core.config import Config
 from sparkjet.core.plugins import PluginHost
-from sparkjet.errors import ConfigError
 
 log = logging.getLogger("sparkjet.spark")
 
@@ -34,12 +33,8 @@ def get_session(config: Config, host: PluginHost) -> Any:
     global _session
     with _lock:
         if _session is not None and _session.sparkContext._jsc is not None:
+            _warn_if_different(_session, config)
             return _session
-        if config.spark_remote:
-            raise ConfigError(
-                f"{config.source or 'configuration'}: [spark] remote is set, but this sparkjet "
-                "runtime needs a classic Spark session (RDDs); use [spark] master instead"
-            )
         # Workers must run this interpreter, or they miss sparkjet and its dependencies.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -76,6 +71,17 @@ def _quiet_task_failures(session: Any) -> None:
             configurator.setLevel(name, level)
     except Exception:  # a different logging backend: keep Spark's output
         log.debug("could not quiet executor logs", exc_info=True)
+
+
+def _warn_if_different(session: Any, config: Config) -> None:
+    conf = session.sparkContext.getConf()
+    wanted = {"spark.master": config.spark_master, **config.spark_conf}
+    differs = sorted(k for k, v in wanted.items() if conf.get(k, None) not in (None, v))
+    if differs:
+        log.warning(
+            "this process already runs a Spark session; its settings are kept and these "
+            "differ from the client's configuration: %s", ", ".join(differs)
+        )
 
 
 def active_session() -> Any:
