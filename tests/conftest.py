@@ -37,6 +37,16 @@ def _isolated_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.chdir(workdir)
 
 
+@pytest.fixture(params=["driver-reduce", "shuffle-reduce"])
+def reduce_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test through both ways keyed stages reduce: on the driver, or shuffled."""
+    from sparkjet.core.runtime import batch
+
+    if request.param == "shuffle-reduce":
+        monkeypatch.setattr(batch, "DRIVER_REDUCE_LIMIT", -1)
+    return str(request.param)
+
+
 @pytest.fixture
 def store_url(tmp_path: Path) -> str:
     return str(tmp_path / "store")

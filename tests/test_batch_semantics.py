@@ -20,6 +20,8 @@ from sparkjet.aggregate import (
 from sparkjet.pipeline import Pipeline
 from tests.conftest import run_pipeline
 
+pytestmark = pytest.mark.usefixtures("reduce_path")
+
 MIXED_KEYS = [1, 1.0, True, 2, 2.0, "a", 0, False, 0.0, "b", 1, "a"]
 RECORDS = [{"k": i % 7, "v": (i * 13) % 5, "i": i} for i in range(200)]
 

@@ -318,7 +318,14 @@ class CommitLog:
             return [("items", batch)]
         path = self.new_segment_path(writer)
         self.write_segment(path, batch)
+        if self.store.fs.exists(self._abort_marker(writer)):
+            # The job failed and aborted this writer while this task still ran:
+            # the abort may have listed the folder before this file existed.
+            self.store.remove(path)
         return [("segment", path)]
+
+    def _abort_marker(self, writer: str) -> str:
+        return f"{self.folder}/data/aborted-{writer}"
 
     def discard(self, parts: Iterable[tuple[str, Any]]) -> None:
         """Delete the segment files of parts that will never be committed."""
@@ -330,8 +337,11 @@ class CommitLog:
         """Delete every segment staged by ``writer`` (a token no commit has used).
 
         Catches segments of partitions that succeeded while the job failed, whose
-        commit messages never reached the driver.
+        commit messages never reached the driver. Tasks of the failed job may
+        still be running: the abort marker, written first, makes each of them
+        delete its own segment once written (see :meth:`stage`).
         """
+        self.store.write_bytes(self._abort_marker(writer), b"")
         folder = f"{self.folder}/data"
         for entry in self.store.listdir(folder):
             if entry.startswith(f"{writer}-"):

@@ -231,6 +231,17 @@ class ReduceTask:
         yield ((0, 0, 0), op.finish(acc))
 
 
+#: Up to this many map-side partial records are reduced on the driver.
+DRIVER_REDUCE_LIMIT = 100_000
+
+
+def _count_records(records: Iterator[Any]) -> Iterator[int]:
+    n = 0
+    for _ in records:
+        n += 1
+    yield n
+
+
 def _position(payload: tuple[Any, ...]) -> tuple[Any, Any]:
     return (payload[0], payload[1])
 
@@ -435,10 +446,28 @@ class BatchRun:
             PassTask(self._pass(flow, name, terminal), name, self.counts, flow.reader), True
         )
         params = {**node.params, "key_fn": node.fn}
-        reduced = mapped.partitionBy(self.parallelism).mapPartitions(
-            ReduceTask(node.op, name, params, self.counts)
-        )
-        return Flow(self._reorder(reduced, mapped.getNumPartitions()))
+        task = ReduceTask(node.op, name, params, self.counts)
+        return Flow(self._reduce(mapped, task, self.parallelism))
+
+    def _reduce(self, mapped: Any, task: ReduceTask, partitions: int) -> Any:
+        """Reduce map-side partials keyed by key; the result RDD is in encounter order.
+
+        The map side runs once, cached. When its partials are few (the usual
+        case for aggregations), the driver reduces them, which saves two
+        shuffle stages; otherwise they are shuffled to ``partitions`` reducers
+        and the results put back in order by a second shuffle.
+        """
+        from pyspark import StorageLevel
+
+        mapped = mapped.persist(StorageLevel.MEMORY_AND_DISK)
+        self._persisted.append(mapped)
+        if sum(mapped.mapPartitions(_count_records).collect()) <= DRIVER_REDUCE_LIMIT:
+            outputs = sorted(task(iter(mapped.collect())), key=_first)
+            items = [item for _, item in outputs]
+            slices = self.parallelism if len(items) > DRIVER_REDUCE_LIMIT // 10 else 1
+            return self.sc.parallelize(items, slices)
+        reduced = mapped.partitionBy(partitions).mapPartitions(task)
+        return self._reorder(reduced, mapped.getNumPartitions())
 
     def _reorder(self, tagged: Any, partitions: int) -> Any:
         """Put ``((pidx, pos, j), item)`` records back in encounter order."""
@@ -457,10 +486,8 @@ class BatchRun:
         mapped = flow.rdd.mapPartitionsWithIndex(
             PassTask(self._pass(flow, name, terminal), name, self.counts, flow.reader), True
         )
-        reduced = mapped.partitionBy(1, _constant_partition).mapPartitions(
-            ReduceTask("aggregate", name, node.params, self.counts)
-        )
-        return Flow(reduced.map(itemgetter(1), True))
+        task = ReduceTask("aggregate", name, node.params, self.counts)
+        return Flow(self._reduce(mapped, task, 1))
 
     def _sort(self, node: Transform, name: str, flow: Flow) -> Flow:
         from pyspark import StorageLevel
