@@ -18,6 +18,7 @@ from sparkjet.core.graph import GroupedStage, SinkStage, Stage
 from sparkjet.plugins.lists import ListSink, ListSource
 from sparkjet.plugins.logger import LoggerSink
 from sparkjet.plugins.maps import MapSink, MapSource
+from sparkjet.plugins.streams import StreamSink, StreamSource
 
 __all__ = [
     "GroupedStage",
@@ -29,6 +30,8 @@ __all__ = [
     "Pipeline",
     "SinkStage",
     "Stage",
+    "StreamSink",
+    "StreamSource",
 ]
 
 
@@ -54,6 +57,11 @@ class Pipeline(graph.Pipeline):
     def to_map(name: str) -> MapSink:
         """A sink upserting ``(key, value)`` items into the store's map ``name``."""
         return MapSink(name)
+
+    @staticmethod
+    def to_stream(name: str) -> StreamSink:
+        """A sink appending to the store's stream ``name`` (once per micro-batch)."""
+        return StreamSink(name)
 
     @staticmethod
     def to_logger(to_string: Callable[[Any], str] = str) -> LoggerSink:

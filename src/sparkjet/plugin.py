@@ -113,6 +113,14 @@ class JobContext:
     options: Mapping[str, Any] = field(default_factory=dict)
     #: The guarantee the job runs with.
     processing_guarantee: ProcessingGuarantee = ProcessingGuarantee.NONE
+    #: In a streaming job, the micro-batch being committed (None in batch jobs).
+    #: A sink that declares EXACTLY_ONCE must commit each batch id at most once.
+    batch_id: int | None = None
+
+    @property
+    def commit_token(self) -> str | None:
+        """A file-name-safe id of this job's micro-batch, for idempotent commits."""
+        return None if self.batch_id is None else f"{self.job_id}.b{self.batch_id}"
 
     @property
     def logger(self) -> logging.Logger:
@@ -163,11 +171,31 @@ class Source(_Participant):
 
     @abstractmethod
     def partitions(self, context: JobContext) -> Sequence[Any]:
-        """Runs on the driver: plan the read as picklable partition descriptors, in order."""
+        """Runs on the driver: plan the read as picklable partition descriptors, in order.
+
+        Batch sources only; streaming sources plan with :meth:`plan_range`.
+        """
 
     @abstractmethod
     def read(self, partition: Any, context: TaskContext) -> Iterable[Any]:
         """Runs on an executor: the items of one partition descriptor, in order."""
+
+    # Streaming sources (``streaming = True``) also implement the three below.
+    # Offsets are JSON-serialisable values; sparkjet records them in the job's
+    # checkpoint before each micro-batch and replays the same range after a
+    # failure, so a source that can re-read a range supports EXACTLY_ONCE.
+
+    def initial_offsets(self, context: JobContext) -> Any:
+        """Runs on the driver: where a job with no checkpoint starts reading."""
+        raise NotImplementedError(f"{type(self).__qualname__} is not a streaming source")
+
+    def latest_offsets(self, context: JobContext) -> Any:
+        """Runs on the driver: the offsets up to which data is available now."""
+        raise NotImplementedError(f"{type(self).__qualname__} is not a streaming source")
+
+    def plan_range(self, start: Any, end: Any, context: JobContext) -> Sequence[Any]:
+        """Runs on the driver: partition descriptors for the items in ``[start, end)``."""
+        raise NotImplementedError(f"{type(self).__qualname__} is not a streaming source")
 
 
 class Sink(_Participant):

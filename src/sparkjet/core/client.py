@@ -10,7 +10,7 @@ from sparkjet.core.config import Config, load_config
 from sparkjet.core.jobs import JetService
 from sparkjet.core.plugins import PluginHost
 from sparkjet.core.store import Store
-from sparkjet.core.structures import IList, IMap
+from sparkjet.core.structures import IList, IMap, IStream
 from sparkjet.errors import ConfigError
 
 
@@ -55,6 +55,13 @@ class Client:
     def get_map(self, name: str) -> IMap:
         """The store's map ``name`` (created on first write)."""
         return IMap(self.store, name)
+
+    def get_stream(self, name: str, partitions: int | None = None) -> IStream:
+        """The store's stream ``name``; created with ``partitions`` partitions if given.
+
+        Publishing to a stream that was never created is an error naming it.
+        """
+        return IStream(self.store, name, partitions)
 
     def register_plugin(self, plugin: object, name: str) -> None:
         """Register a plugin object (a module or instance with ``@hookimpl`` functions) now."""

@@ -19,9 +19,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import cloudpickle
+
 from sparkjet.core.graph import Transform
 from sparkjet.core.planner import Plan, plan
 from sparkjet.core.store import JobRecords
+from sparkjet.core.streaming import Checkpoint, StreamLoop, StreamProgress
 from sparkjet.errors import (
     ConfigError,
     JobAlreadyExistsError,
@@ -31,7 +34,7 @@ from sparkjet.errors import (
     PipelineDefinitionError,
     TimeoutException,
 )
-from sparkjet.job import JobConfig, JobStatus
+from sparkjet.job import JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.plugin import JobContext
 
 if TYPE_CHECKING:
@@ -48,6 +51,34 @@ REMOTE_POLL_SECONDS = 0.2
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _this_driver() -> dict[str, Any]:
+    return {"host": socket.gethostname(), "pid": os.getpid()}
+
+
+def _driver_alive(record: dict[str, Any]) -> bool:
+    """Whether the process that runs the job still does (heartbeat, and pid on this host)."""
+    driver = record.get("driver") or {}
+    if driver.get("host") == socket.gethostname() and isinstance(driver.get("pid"), int):
+        try:
+            os.kill(driver["pid"], 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+    return not _is_stale(record)
+
+
+#: JobConfig fields a suspended job may change (as Jet's updateConfig allows).
+UPDATABLE_FIELDS = frozenset({
+    "auto_scaling_enabled",
+    "split_brain_protection_enabled",
+    "suspend_on_failure",
+    "snapshot_interval_millis",
+    "metrics_enabled",
+    "store_metrics_after_job_completion",
+})
 
 
 def new_job_id() -> str:
@@ -69,7 +100,14 @@ class JobStatusEvent:
 
 
 class _Runner:
-    """Runs one job in this process; owns its record while it runs."""
+    """Runs one job in this process; owns its record while the job lives here.
+
+    The job thread runs the work; a watcher thread takes control requests
+    from other processes and writes heartbeats until the job is terminal. A
+    streaming job's thread ends when it is suspended and a new one starts on
+    resume, in this process or, after a driver died, in the process that
+    resumes it.
+    """
 
     def __init__(self, service: JetService, job: Job, plan_: Plan) -> None:
         self.service = service
@@ -83,10 +121,10 @@ class _Runner:
         self.execution_start = -1
         self.execution_completion = -1
         self.listeners: list[Callable[[JobStatusEvent], None]] = []
+        self.stop_request: str | None = None  # "suspend" | "restart", read between batches
+        self.progress = StreamProgress()
         self._record_lock = threading.Lock()
-        self.thread = threading.Thread(
-            target=self._run, name=f"sparkjet-job-{job.id}", daemon=False
-        )
+        self.thread: threading.Thread | None = None
         self.watcher = threading.Thread(
             target=self._watch, name=f"sparkjet-watch-{job.id}", daemon=True
         )
@@ -97,6 +135,7 @@ class _Runner:
         with self._record_lock:
             self.job._record.update(changes)
             self.job._record["heartbeat"] = time.time()
+            self.job._record["driver"] = _this_driver()
             self.service.records.write(self.job._record)
 
     def set_status(
@@ -116,9 +155,15 @@ class _Runner:
 
     # --- threads -------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, resuming: bool = False) -> None:
+        self.stop_request = None
+        self.thread = threading.Thread(
+            target=self._run, args=(resuming,), name=f"sparkjet-job-{self.job.id}",
+            daemon=False,
+        )
         self.thread.start()
-        self.watcher.start()
+        if not self.watcher.is_alive():
+            self.watcher.start()
 
     def _watch(self) -> None:
         last_beat = time.monotonic()
@@ -129,63 +174,197 @@ class _Runner:
                     # the runner sees the flag, so a job started meanwhile stops too.
                     self.cancel()
                 for action in self.service.records.take_requests(self.job.id):
-                    if action == "cancel":
-                        self.cancel()
-                    else:
-                        log.warning("job %s: ignoring unknown request %r", self.job.label, action)
+                    self._act(action)
                 if time.monotonic() - last_beat >= HEARTBEAT_SECONDS:
                     self.write_record()
                     last_beat = time.monotonic()
             except Exception:
                 log.exception("job %s: watcher failed", self.job.label)
 
+    def _act(self, action: str) -> None:
+        try:
+            if action == "cancel":
+                self.cancel()
+            elif action == "suspend":
+                self.suspend()
+            elif action == "resume":
+                self.resume()
+            elif action == "restart":
+                self.restart()
+            else:
+                log.warning("job %s: ignoring unknown request %r", self.job.label, action)
+        except JobStateError as exc:
+            log.warning("job %s: %s", self.job.label, exc)
+
+    @property
+    def running_here(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
     def cancel(self) -> None:
         self.cancel_requested.set()
         from sparkjet.core.runtime.session import cancel_job_group
 
         cancel_job_group(self.job.id)
+        if not self.running_here and not self.done.is_set():
+            # Suspended: nothing runs, end the job now.
+            self._end_suspended_by_cancel()
 
-    def _run(self) -> None:
-        from sparkjet.core.runtime.batch import BatchRun
-        from sparkjet.core.runtime.session import set_job_group
+    def suspend(self) -> None:
+        if not self.plan.streaming:
+            raise JobStateError(
+                f"cannot suspend job {self.job.label}: batch jobs cannot be suspended"
+            )
+        status = JobStatus(self.job._record["status"])
+        if status not in (JobStatus.RUNNING, JobStatus.STARTING):
+            raise JobStateError(f"cannot suspend job {self.job.label}: it is {status.value}")
+        self.stop_request = "suspend"
 
+    def restart(self) -> None:
+        status = JobStatus(self.job._record["status"])
+        if not self.plan.streaming or status is not JobStatus.RUNNING:
+            raise JobStateError(
+                f"cannot restart job {self.job.label}: only a RUNNING streaming job restarts "
+                f"(it is {status.value})"
+            )
+        self.stop_request = "restart"
+
+    def resume(self) -> None:
+        status = JobStatus(self.job._record["status"])
+        if status is not JobStatus.SUSPENDED:
+            raise JobStateError(
+                f"cannot resume job {self.job.label}: it is {status.value}, not SUSPENDED"
+            )
+        if self.running_here:
+            raise JobStateError(f"cannot resume job {self.job.label}: it is still stopping")
+        self.start(resuming=True)
+
+    def _end_suspended_by_cancel(self) -> None:
+        error = JobCancelledError(f"job {self.job.label} was cancelled")
+        self.error = error
+        self._discard_checkpoint()
+        self._finish(JobStatus.FAILED, error)
+        self.done.set()
+
+    # --- running -------------------------------------------------------------
+
+    def _run(self, resuming: bool) -> None:
         job = self.job
         try:
-            self.set_status(JobStatus.STARTING)
+            if not resuming:
+                self.set_status(JobStatus.STARTING)
             if self.cancel_requested.is_set():
                 raise JobCancelledError(f"job {job.label} was cancelled")
+            from sparkjet.core.runtime.session import set_job_group
+
             sc = self.service.client.spark.sparkContext
             set_job_group(sc, job.id, f"sparkjet job {job.label}")
             if self.cancel_requested.is_set():  # arrived while Spark was starting
                 raise JobCancelledError(f"job {job.label} was cancelled")
-            self.execution_start = _now_ms()
+            if self.execution_start < 0:
+                self.execution_start = _now_ms()
+                self.write_record(execution_start_time=self.execution_start)
             self.set_status(JobStatus.RUNNING)
-            self.batch = BatchRun(
-                self.plan,
-                sc,
-                self.service.job_context_factory(job),
-                metrics=job.config.metrics_enabled,
-                cancelled=self.cancel_requested.is_set,
-                on_commit=lambda: self.set_status(JobStatus.COMPLETING),
-            )
-            self.batch.run()
+            if self.plan.streaming:
+                if self._run_stream(sc) == "suspend":
+                    self.write_record(suspension_cause="Requested by user")
+                    self.set_status(JobStatus.SUSPENDED, "Requested by user", user_requested=True)
+                    return
+            else:
+                self._run_batch(sc)
             self.execution_completion = _now_ms()
             self._finish(JobStatus.COMPLETED, None)
-        except BaseException as exc:
-            self.execution_completion = _now_ms()
-            if self.cancel_requested.is_set():
-                error: BaseException = JobCancelledError(f"job {job.label} was cancelled")
-                error.__cause__ = exc if not isinstance(exc, JobCancelledError) else None
-            elif isinstance(exc, JobFailedError):
-                error = exc
-            else:
-                error = JobFailedError(f"job {job.label} failed: {type(exc).__name__}: {exc}")
-                error.__cause__ = exc
-            self.error = error
-            self.service.client.plugins.notify("on_job_error", job=job, error=error)
-            self._finish(JobStatus.FAILED, error)
-        finally:
             self.done.set()
+        except BaseException as exc:
+            self._failed(exc)
+
+    def _run_batch(self, sc: Any) -> None:
+        from sparkjet.core.runtime.batch import BatchRun
+
+        self.batch = BatchRun(
+            self.plan,
+            sc,
+            self.service.job_context_factory(self.job),
+            metrics=self.job.config.metrics_enabled,
+            cancelled=self.cancel_requested.is_set,
+            on_commit=lambda: self.set_status(JobStatus.COMPLETING),
+        )
+        self.batch.run()
+
+    def _checkpoint(self) -> Checkpoint:
+        store = self.service.client.store
+        folder = self.job._record.get("checkpoint")
+        if folder is None:
+            if self.job.config.processing_guarantee is ProcessingGuarantee.NONE:
+                folder = f"scratch-{secrets.token_hex(4)}"  # thrown away on restart
+            else:
+                folder = "checkpoint"
+            self.write_record(checkpoint=folder)
+        return Checkpoint(store, self.service.records.path(self.job.id, folder))
+
+    def _discard_checkpoint(self) -> None:
+        folder = self.job._record.get("checkpoint")
+        if folder is not None:
+            Checkpoint(
+                self.service.client.store, self.service.records.path(self.job.id, folder)
+            ).delete()
+            self.write_record(checkpoint=None)
+
+    def _run_stream(self, sc: Any) -> str:
+        config = self.job.config
+        while True:
+            guarantee = config.processing_guarantee
+            trigger = 0.0 if guarantee is ProcessingGuarantee.NONE else (
+                config.snapshot_interval_millis / 1000
+            )
+            loop = StreamLoop(
+                self.plan,
+                sc,
+                self.service.job_context_factory(self.job),
+                self._checkpoint(),
+                metrics=config.metrics_enabled,
+                trigger_seconds=trigger,
+                should_stop=lambda: "cancel" if self.cancel_requested.is_set()
+                else self.stop_request,
+                cancelled=self.cancel_requested.is_set,
+                progress=self.progress,
+                on_batch=self._after_batch,
+            )
+            reason = loop.run()
+            if reason == "cancel":
+                raise JobCancelledError(f"job {self.job.label} was cancelled")
+            if reason != "restart":
+                return reason
+            log.info("job %s: restarting", self.job.label)
+            self.stop_request = None
+            if guarantee is ProcessingGuarantee.NONE:
+                self._discard_checkpoint()  # NONE restarts from scratch
+
+    def _after_batch(self) -> None:
+        self.write_record(progress=self.progress.as_metrics())
+
+    def _failed(self, exc: BaseException) -> None:
+        job = self.job
+        self.execution_completion = _now_ms()
+        if self.cancel_requested.is_set():
+            error: BaseException = JobCancelledError(f"job {job.label} was cancelled")
+            error.__cause__ = exc if not isinstance(exc, JobCancelledError) else None
+        elif isinstance(exc, JobFailedError):
+            error = exc
+        else:
+            error = JobFailedError(f"job {job.label} failed: {type(exc).__name__}: {exc}")
+            error.__cause__ = exc
+        self.service.client.plugins.notify("on_job_error", job=job, error=error)
+        cancelled = isinstance(error, JobCancelledError)
+        if self.plan.streaming and job.config.suspend_on_failure and not cancelled:
+            cause = self.service.client.config.redact(str(error))
+            self.write_record(suspension_cause=cause)
+            self.set_status(JobStatus.SUSPENDED, cause)
+            return
+        self.error = error
+        if self.plan.streaming:
+            self._discard_checkpoint()
+        self._finish(JobStatus.FAILED, error)
+        self.done.set()
 
     def _finish(self, status: JobStatus, error: BaseException | None) -> None:
         self.final_counts = self.batch.stage_counts() if self.batch is not None else {}
@@ -270,8 +449,9 @@ class Job:
         """The current status (a driver that stopped sending heartbeats counts as FAILED)."""
         record = self._refresh()
         status = JobStatus(record["status"])
-        if self._runner is None and not status.is_terminal() and _is_stale(record):
-            return JobStatus.FAILED
+        if self._runner is None and not status.is_terminal() and not _driver_alive(record):
+            # The driver died. A streaming job can be resumed from its checkpoint.
+            return JobStatus.SUSPENDED if record.get("kind") == "stream" else JobStatus.FAILED
         return status
 
     def is_terminal(self) -> bool:
@@ -289,8 +469,21 @@ class Job:
         if failure:
             return str(failure["message"])
         if self.status is JobStatus.FAILED:
-            return "the driver process running the job stopped sending heartbeats"
+            return "the driver process running the job died"
         return None
+
+    def get_suspension_cause(self) -> str:
+        """Why the job is suspended: requested by a user, a failure, or a dead driver.
+
+        :raises JobStateError: the job is not suspended.
+        """
+        status = self.status
+        if status is not JobStatus.SUSPENDED:
+            raise JobStateError(f"job {self.label} is not suspended (it is {status.value})")
+        record = self._refresh()
+        if self._runner is None and not _driver_alive(record):
+            return "the driver process running the job died; resume() continues it here"
+        return str(record.get("suspension_cause") or "Requested by user")
 
     def add_status_listener(self, listener: Callable[[JobStatusEvent], None]) -> None:
         """Call ``listener(event)`` on every later status change.
@@ -356,6 +549,9 @@ class Job:
     def cancel(self) -> None:
         """Stop the job; it ends FAILED with ``is_user_cancelled()`` true.
 
+        A streaming job's checkpoint is deleted, as Jet deletes a cancelled
+        job's snapshots.
+
         :raises JobStateError: the job has already ended.
         """
         status = self.status
@@ -364,8 +560,80 @@ class Job:
         runner = self._runner
         if runner is not None:
             runner.cancel()
+        elif not _driver_alive(self._refresh()):
+            self._service._take_over(self).cancel()
         else:
             self._service.records.request(self.id, "cancel")
+
+    def _act(self, action: str, allowed: tuple[JobStatus, ...]) -> None:
+        status = self.status
+        if status not in allowed:
+            wanted = " or ".join(s.value for s in allowed)
+            raise JobStateError(
+                f"cannot {action} job {self.label}: it is {status.value}, not {wanted}"
+            )
+        if self._refresh().get("kind") != "stream":
+            raise JobStateError(f"cannot {action} job {self.label}: it is a batch job")
+        runner = self._runner
+        if runner is not None:
+            getattr(runner, action)()
+        elif action == "resume" and not _driver_alive(self._record):
+            self._service._take_over(self).resume()
+        else:
+            self._service.records.request(self.id, action)
+
+    def suspend(self) -> None:
+        """Stop a streaming job after its current micro-batch commits; status SUSPENDED.
+
+        Returns at once; the status changes when the batch has committed.
+        """
+        self._act("suspend", (JobStatus.RUNNING, JobStatus.STARTING))
+
+    def resume(self) -> None:
+        """Continue a SUSPENDED job from its last committed micro-batch.
+
+        If the process that ran the job died, the job continues in this process.
+        """
+        self._act("resume", (JobStatus.SUSPENDED,))
+
+    def restart(self) -> None:
+        """Stop a RUNNING streaming job and start it again.
+
+        With a processing guarantee it continues from its last committed
+        micro-batch; with NONE it starts from scratch.
+        """
+        self._act("restart", (JobStatus.RUNNING,))
+
+    def update_config(self, **changes: Any) -> JobConfig:
+        """Change a SUSPENDED job's configuration; returns the new one.
+
+        Only the fields Jet lets a suspended job change are accepted:
+        ``auto_scaling_enabled``, ``split_brain_protection_enabled``,
+        ``suspend_on_failure``, ``snapshot_interval_millis``,
+        ``metrics_enabled`` and ``store_metrics_after_job_completion``.
+        """
+        if self.status is not JobStatus.SUSPENDED:
+            raise JobStateError(
+                f"cannot update the configuration of job {self.label}: it is "
+                f"{self.status.value}, not SUSPENDED"
+            )
+        refused = sorted(set(changes) - UPDATABLE_FIELDS)
+        if refused:
+            raise ConfigError(
+                f"job {self.label}: {', '.join(refused)} cannot change after submit "
+                f"(changeable: {', '.join(sorted(UPDATABLE_FIELDS))})"
+            )
+        config = self.config
+        for key, value in changes.items():
+            setattr(config, key, value)  # validates
+        runner = self._runner
+        if runner is not None:
+            runner.write_record(config=config.to_dict())
+        else:
+            record = self._refresh()
+            record["config"] = config.to_dict()
+            self._service.records.write(record)
+        return config
 
     # --- metrics -------------------------------------------------------------
 
@@ -385,22 +653,34 @@ class Job:
                 "executionStartTime": self._record.get("execution_start_time", -1),
                 "executionCompletionTime": self._record.get("completion_time", -1),
                 "stages": {},
+                **(self._record.get("progress") or {}),
             }
-        counts = runner.final_counts
-        if counts is None:
-            counts = runner.batch.stage_counts() if runner.batch is not None else {}
+        streaming = runner.plan.streaming
+        if streaming:
+            counts = runner.progress.stage_totals
+        else:
+            counts = runner.final_counts or (
+                runner.batch.stage_counts() if runner.batch is not None else {}
+            )
         stages: dict[str, dict[str, int]] = {}
         if self.config.metrics_enabled:
             names = runner.plan.names
             for node in runner.plan.nodes:
                 received = sum(counts.get(names[i], 0) for i in node.inputs)
                 emitted = 0 if node.op == "sink" else counts.get(names[node], 0)
-                stages[names[node]] = {"receivedCount": received, "emittedCount": emitted}
-        return {
+                stage = {"receivedCount": received, "emittedCount": emitted}
+                if streaming and names[node] in runner.progress.state:
+                    keys, size = runner.progress.state[names[node]]
+                    stage.update(snapshotKeys=keys, snapshotBytes=size)
+                stages[names[node]] = stage
+        metrics: dict[str, Any] = {
             "executionStartTime": runner.execution_start,
             "executionCompletionTime": runner.execution_completion,
             "stages": stages,
         }
+        if streaming:
+            metrics.update(runner.progress.as_metrics())
+        return metrics
 
 
 def _is_stale(record: dict[str, Any]) -> bool:
@@ -458,23 +738,13 @@ class JetService:
                 f"JobConfig.initial_snapshot_name={config.initial_snapshot_name!r}: starting from "
                 "a snapshot is not supported by this version of sparkjet"
             )
-        if config.suspend_on_failure:
-            raise PipelineDefinitionError(
-                "JobConfig.suspend_on_failure=True: batch jobs cannot be suspended in this "
-                "version of sparkjet; a failed batch job leaves its sinks untouched, so submit "
-                "it again"
-            )
         validated = plan(pipeline, self.client.plugins, config.processing_guarantee)
-        if validated.streaming:
-            sources = ", ".join(
-                validated.name(n) for n in validated.nodes
-                if n.op == "source" and n.params["source"].streaming
-            )
+        if config.suspend_on_failure and not validated.streaming:
             raise PipelineDefinitionError(
-                f"stage(s) {sources} read a stream; streaming jobs are not supported by this "
-                "version of sparkjet yet, only batch jobs",
-                sources.split(", ")[0],
+                "JobConfig.suspend_on_failure=True: batch jobs cannot be suspended; a failed "
+                "batch job leaves its sinks untouched, so submit it again"
             )
+        frozen = cloudpickle.dumps(pipeline) if validated.streaming else None
         with self._lock:
             job_id = new_job_id()
             if config.name:
@@ -495,16 +765,48 @@ class JetService:
                 "completion_time": -1,
                 "execution_start_time": -1,
                 "user_cancelled": False,
-                "kind": "batch",
-                "driver": {"host": socket.gethostname(), "pid": os.getpid()},
+                "kind": "stream" if validated.streaming else "batch",
+                "driver": _this_driver(),
                 "stages": list(validated.names.values()),
             }
             job = Job(self, record)
             runner = _Runner(self, job, validated)
             self._runners[job.id] = runner
+            if frozen is not None:
+                # A streaming job outlives its driver: resume() elsewhere needs the pipeline.
+                self.client.store.write_bytes(self.records.path(job.id, "pipeline.pkl"), frozen)
             runner.write_record()
         runner.start()
         return job
+
+    def _take_over(self, job: Job) -> _Runner:
+        """Adopt a job whose driver died, so it can be resumed or cancelled here."""
+        with self._lock:
+            runner = self._runners.get(job.id)
+            if runner is not None:
+                return runner
+            try:
+                pipeline = cloudpickle.loads(
+                    self.client.store.read_bytes(self.records.path(job.id, "pipeline.pkl"))
+                )
+            except FileNotFoundError:
+                raise JobStateError(
+                    f"job {job.label} cannot continue here: its pipeline was not stored"
+                ) from None
+            config = job.config
+            validated = plan(pipeline, self.client.plugins, config.processing_guarantee)
+            record = dict(job._record)
+            if record["status"] != JobStatus.SUSPENDED.value:
+                record["suspension_cause"] = "the driver process running the job died"
+            record["status"] = JobStatus.SUSPENDED.value
+            adopted = Job(self, record)
+            runner = _Runner(self, adopted, validated)
+            runner.execution_start = int(record.get("execution_start_time", -1))
+            self._runners[job.id] = runner
+            runner.write_record()
+            runner.watcher.start()
+            job._record = adopted._record
+            return runner
 
     def _claim_name(self, name: str, job_id: str) -> Job | None:
         """Take ``name`` for a new job, or return the active job that holds it.

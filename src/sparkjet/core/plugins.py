@@ -36,6 +36,7 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "list": "sparkjet.plugins.lists",
     "map": "sparkjet.plugins.maps",
     "logger": "sparkjet.plugins.logger",
+    "stream": "sparkjet.plugins.streams",
 }
 
 #: Registration hook -> (base class path, label).

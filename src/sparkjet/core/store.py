@@ -189,6 +189,12 @@ class Store:
     def map_log(self, name: str) -> CommitLog:
         return CommitLog(self, self.path("maps", encode_name("map", name)), f"map {name!r}")
 
+    def stream_log(self, name: str) -> Any:
+        """The stream ``name`` (:class:`sparkjet.core.streams.StreamLog`)."""
+        from sparkjet.core.streams import StreamLog
+
+        return StreamLog(self, name)
+
     def names(self, kind: str) -> list[str]:
         """Names of the data structures of ``kind`` ("lists", "maps")."""
         return [decode_name(n) for n in self.listdir(self.path(kind))]
@@ -271,6 +277,28 @@ class CommitLog:
             if self.store.create_exclusive(f"{self.log_dir}/{seq:0{_SEQ_WIDTH}d}.rec", payload):
                 return seq
             # Another writer took that number: read the folder again and retry.
+
+    def commit_once(
+        self, op: str, parts: list[tuple[str, Any]], *, token: str, writer: str
+    ) -> int | None:
+        """Commit unless a record with ``token`` already exists; None if it did.
+
+        For replayed micro-batches: ``writers/<writer>.json`` remembers the
+        sequence number of the writer's last commit, so only records written
+        since are read to look for the token.
+        """
+        index = f"{self.folder}/writers/{encode_name('writer', writer)}.json"
+        try:
+            after = int(json.loads(self.store.read_bytes(index))["seq"])
+        except FileNotFoundError:
+            after = 0
+        for record in self.records(after=after):
+            if record.writer == token:
+                self.store.write_bytes(index, json.dumps({"seq": record.seq}).encode())
+                return None
+        seq = self.commit(op, parts, writer=token)
+        self.store.write_bytes(index, json.dumps({"seq": seq}).encode())
+        return seq
 
     def records(self, after: int = 0) -> Iterator[Record]:
         """Records with sequence numbers greater than ``after``, oldest first."""
@@ -359,6 +387,10 @@ class JobRecords:
 
     def _dir(self, job_id: str) -> str:
         return self.store.path("jobs", encode_name("job id", job_id))
+
+    def path(self, job_id: str, *parts: str) -> str:
+        """A path in the job's folder."""
+        return "/".join([self._dir(job_id), *parts])
 
     def write(self, record: dict[str, Any]) -> None:
         self.store.write_bytes(

@@ -140,3 +140,54 @@ class IMap:
     def clear(self) -> None:
         """Remove every entry (one atomic commit)."""
         self._log.commit("clear")
+
+
+class IStream:
+    """A named stream in the store: an append-only, partitioned log.
+
+    Safe for several publishers at once, in any processes sharing the store:
+    each ``publish_all`` lands whole, and no item is lost or duplicated.
+    """
+
+    def __init__(self, store: Store, name: str, partitions: int | None = None) -> None:
+        from sparkjet.core.streams import StreamLog
+
+        self.name = name
+        self._log = StreamLog(store, name)
+        if partitions is not None:
+            self._log.create(partitions)
+            if self._log.partitions != partitions:
+                raise StoreError(
+                    f"stream {name!r} already exists with {self._log.partitions} partitions, "
+                    f"not {partitions}"
+                )
+
+    def __repr__(self) -> str:
+        return f"IStream({self.name!r})"
+
+    @property
+    def partition_count(self) -> int:
+        """Number of partitions (set when the stream was created)."""
+        return self._log.partitions
+
+    def publish(self, item: Any) -> None:
+        """Append one item."""
+        self._log.publish_all([item])
+
+    def publish_all(self, items: Iterable[Any]) -> None:
+        """Append ``items``: each partition receives its share as one atomic chunk."""
+        self._log.publish_all(items)
+
+    def size(self) -> int:
+        """Number of items published so far."""
+        return self._log.size()
+
+    def __len__(self) -> int:
+        return self.size()
+
+    def read_all(self) -> list[Any]:
+        """Every item, partition by partition (for tests and tools; streams are for jobs)."""
+        out: list[Any] = []
+        for partition, end in enumerate(self._log.end_offsets()):
+            out.extend(self._log.read(partition, 0, end))
+        return out

@@ -76,7 +76,11 @@ class ListSink(Sink):
     def commit(self, state: Any, messages: list[Any], context: JobContext) -> None:
         """Runs on the driver: one record naming every partition's items, in order."""
         parts = [part for message in messages for part in message]
-        context.store.list_log(self.name).commit("append", parts, writer=context.job_id)
+        log = context.store.list_log(self.name)
+        if context.commit_token is None:
+            log.commit("append", parts, writer=context.job_id)
+        else:  # a micro-batch: commit it once, even when replayed after a failure
+            log.commit_once("append", parts, token=context.commit_token, writer=context.job_id)
 
     def abort(self, state: Any, messages: list[Any], context: JobContext) -> None:
         """Runs on the driver: delete staged segment files, also of lost messages."""

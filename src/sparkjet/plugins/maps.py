@@ -78,7 +78,11 @@ class MapSink(Sink):
     def commit(self, state: Any, messages: list[Any], context: JobContext) -> None:
         """Runs on the driver: one record upserting every partition's pairs, in order."""
         parts = [part for message in messages for part in message]
-        context.store.map_log(self.name).commit("put", parts, writer=context.job_id)
+        log = context.store.map_log(self.name)
+        if context.commit_token is None:
+            log.commit("put", parts, writer=context.job_id)
+        else:  # a micro-batch: commit it once, even when replayed after a failure
+            log.commit_once("put", parts, token=context.commit_token, writer=context.job_id)
 
     def abort(self, state: Any, messages: list[Any], context: JobContext) -> None:
         """Runs on the driver: delete staged segment files, also of lost messages."""

@@ -404,7 +404,7 @@ class BatchRun:
         source = node.params["source"]
         ctx = self.job_context(node)
         try:
-            descriptors = list(source.partitions(ctx))
+            descriptors = list(self._descriptors(node, source, ctx))
         except Exception as exc:
             raise JobFailedError(
                 f"stage '{name}': source {source.describe()} failed to plan its partitions: "
@@ -414,6 +414,9 @@ class BatchRun:
         task_ctx = TaskContext(ctx.job_id, 0, ctx.store, ctx.options)
         rdd = self.sc.parallelize(descriptors, max(1, len(descriptors)))
         return Flow(rdd, reader=ReadTask(source, name, task_ctx, self.counts))
+
+    def _descriptors(self, node: Transform, source: Any, ctx: JobContext) -> Iterable[Any]:
+        return source.partitions(ctx)  # type: ignore[no-any-return]
 
     def _pass(self, flow: Flow, stage: str, terminal: Terminal | None = None) -> FusedPass:
         return FusedPass(list(flow.ops), terminal or Terminal("yield"), self.metrics)

@@ -1,0 +1,246 @@
+"""The micro-batch loop of a streaming job, and its checkpoint.
+
+Each micro-batch is one consistent cut. Before running batch ``b`` the driver
+writes its plan (every source's start and end offsets) to
+``offsets/<b>`` (a write-ahead log); after the Spark work and the sinks'
+idempotent commits it writes ``commits/<b>``. After a failure the job starts
+from the last commit: a planned but uncommitted batch is replayed with the
+same offsets from the same state, and the sinks skip what already landed, so
+EXACTLY_ONCE holds with sinks that commit idempotently per batch id.
+
+Checkpoint layout (``jobs/<id>/checkpoint`` in the store; a throw-away
+``jobs/<id>/scratch-<n>`` for NONE)::
+
+    meta.json              shards, stage names
+    offsets/<batch>.json   planned ranges (write-ahead)
+    commits/<batch>.json   committed batches: end offsets, time, duration
+    state/<stage>/<shard>/<batch>-<keys>.state
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparkjet.core.graph import Transform
+from sparkjet.core.planner import Plan
+from sparkjet.core.store import Store
+from sparkjet.plugin import JobContext
+
+log = logging.getLogger("sparkjet.streaming")
+
+_WIDTH = 20
+#: How long an idle job waits before looking for new data again.
+IDLE_POLL_SECONDS = 0.05
+_KEEP_LOG = 10  # committed batches whose offsets/commit files are kept
+
+
+class Checkpoint:
+    """A streaming job's checkpoint folder in the store."""
+
+    def __init__(self, store: Store, root: str) -> None:
+        self.store = store
+        self.root = root
+
+    def _json(self, path: str) -> Any:
+        try:
+            return json.loads(self.store.read_bytes(f"{self.root}/{path}"))
+        except FileNotFoundError:
+            return None
+
+    def meta(self) -> dict[str, Any] | None:
+        meta: dict[str, Any] | None = self._json("meta.json")
+        return meta
+
+    def write_meta(self, meta: dict[str, Any]) -> None:
+        self.store.write_bytes(f"{self.root}/meta.json", json.dumps(meta).encode())
+
+    def _batches(self, folder: str) -> list[int]:
+        return sorted(
+            int(e[:-5]) for e in self.store.listdir(f"{self.root}/{folder}")
+            if e.endswith(".json") and e[:-5].isdigit()
+        )
+
+    def last_commit(self) -> int:
+        batches = self._batches("commits")
+        return batches[-1] if batches else -1
+
+    def commit_record(self, batch: int) -> dict[str, Any]:
+        record: dict[str, Any] = self._json(f"commits/{batch:0{_WIDTH}d}.json")
+        return record
+
+    def planned(self, batch: int) -> dict[str, Any] | None:
+        planned: dict[str, Any] | None = self._json(f"offsets/{batch:0{_WIDTH}d}.json")
+        return planned
+
+    def write_plan(self, batch: int, plan: dict[str, Any]) -> None:
+        self.store.write_bytes(
+            f"{self.root}/offsets/{batch:0{_WIDTH}d}.json", json.dumps(plan).encode()
+        )
+
+    def write_commit(self, batch: int, record: dict[str, Any]) -> None:
+        self.store.write_bytes(
+            f"{self.root}/commits/{batch:0{_WIDTH}d}.json", json.dumps(record).encode()
+        )
+        for folder in ("offsets", "commits"):
+            for old in self._batches(folder):
+                if old <= batch - _KEEP_LOG:
+                    self.store.remove(f"{self.root}/{folder}/{old:0{_WIDTH}d}.json")
+
+    def commit_count(self) -> int:
+        return len(self._batches("commits"))
+
+    @property
+    def state_root(self) -> str:
+        return f"{self.root}/state"
+
+    def delete(self) -> None:
+        self.store.remove(self.root, recursive=True)
+
+
+@dataclass
+class StreamProgress:
+    """What the loop reports for metrics."""
+
+    last_committed: int = -1
+    snapshots: int = 0
+    durations_ms: list[int] = field(default_factory=list)
+    input_rows: list[int] = field(default_factory=list)
+    stage_totals: dict[str, int] = field(default_factory=dict)
+    state: dict[str, tuple[int, int]] = field(default_factory=dict)  # stage -> (keys, bytes)
+    last_batch_end_ms: int = -1
+
+    def as_metrics(self) -> dict[str, Any]:
+        recent = self.durations_ms[-100:]
+        last_rows = self.input_rows[-1] if self.input_rows else 0
+        last_ms = recent[-1] if recent else 0
+        return {
+            "lastCommittedBatch": self.last_committed,
+            "snapshotCount": self.snapshots,
+            "batchDurationsMillis": recent,
+            "lastBatchDurationMillis": last_ms,
+            "processingRate": (last_rows * 1000 / last_ms) if last_ms else 0.0,
+        }
+
+
+class StreamLoop:
+    """Runs micro-batches until asked to stop; returns why it stopped."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        sc: Any,
+        job_context: Callable[[Transform], JobContext],
+        checkpoint: Checkpoint,
+        *,
+        metrics: bool,
+        trigger_seconds: float,
+        should_stop: Callable[[], str | None],
+        cancelled: Callable[[], bool],
+        progress: StreamProgress,
+        on_batch: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.plan = plan
+        self.sc = sc
+        self.job_context = job_context
+        self.checkpoint = checkpoint
+        self.metrics = metrics
+        self.trigger_seconds = trigger_seconds
+        self.should_stop = should_stop
+        self.cancelled = cancelled
+        self.progress = progress
+        self.on_batch = on_batch
+        self.sources = [n for n in plan.nodes if n.op == "source"]
+
+    def _shards(self) -> int:
+        meta = self.checkpoint.meta()
+        if meta is None:
+            meta = {
+                "format": 1,
+                "shards": max(1, int(self.sc.defaultParallelism)),
+                "stages": sorted(self.plan.names.values()),
+            }
+            self.checkpoint.write_meta(meta)
+        return int(meta["shards"])
+
+    def run(self) -> str:
+        from sparkjet.core.runtime.stream import MicroBatch, StatePaths
+
+        shards = self._shards()
+        committed = self.checkpoint.last_commit()
+        if committed >= 0:
+            ends = self.checkpoint.commit_record(committed)["ends"]
+        else:
+            ends = {
+                self.plan.name(n): n.params["source"].initial_offsets(self.job_context(n))
+                for n in self.sources
+            }
+        self.progress.last_committed = committed
+        self.progress.snapshots = self.checkpoint.commit_count()
+        paths = StatePaths(self.checkpoint.store, self.checkpoint.state_root)
+        batch = committed + 1
+        while True:
+            reason = self.should_stop()
+            if reason is not None:
+                return reason
+            started = time.monotonic()
+            planned = self.checkpoint.planned(batch)
+            if planned is None:
+                latest = {
+                    self.plan.name(n): n.params["source"].latest_offsets(self.job_context(n))
+                    for n in self.sources
+                }
+                if latest == ends:
+                    time.sleep(IDLE_POLL_SECONDS)
+                    continue
+                planned = {"batch": batch, "starts": ends, "ends": latest,
+                           "time": int(time.time() * 1000)}
+                self.checkpoint.write_plan(batch, planned)
+            else:
+                log.info("replaying micro-batch %d with its recorded offsets", batch)
+            ranges = {
+                name: (planned["starts"][name], planned["ends"][name]) for name in planned["ends"]
+            }
+            micro = MicroBatch(
+                self.plan, self.sc, self.job_context, self.metrics,
+                batch=batch, committed=batch - 1, source_ranges=ranges, state=paths,
+                shards=shards, cancelled=self.cancelled,
+            )
+            micro.run()
+            duration_ms = int((time.monotonic() - started) * 1000)
+            self.checkpoint.write_commit(
+                batch, {"ends": planned["ends"], "time": int(time.time() * 1000),
+                        "duration_ms": duration_ms},
+            )
+            self._record(micro, batch, duration_ms)
+            ends = planned["ends"]
+            batch += 1
+            self.on_batch()
+            rest = self.trigger_seconds - (time.monotonic() - started)
+            while rest > 0 and self.should_stop() is None:
+                time.sleep(min(rest, IDLE_POLL_SECONDS))
+                rest = self.trigger_seconds - (time.monotonic() - started)
+
+    def _record(self, micro: Any, batch: int, duration_ms: int) -> None:
+        counts = micro.stage_counts()
+        p = self.progress
+        p.last_committed = batch
+        p.snapshots += 1
+        p.durations_ms.append(duration_ms)
+        del p.durations_ms[:-1000]
+        rows = sum(counts.get(self.plan.name(n), 0) for n in self.sources)
+        p.input_rows.append(rows)
+        del p.input_rows[:-1000]
+        for key, value in counts.items():
+            if "\x00" in key:
+                stage, what = key.split("\x00")
+                keys, size = p.state.get(stage, (0, 0))
+                p.state[stage] = (value, size) if what == "keys" else (keys, value)
+            else:
+                p.stage_totals[key] = p.stage_totals.get(key, 0) + value
+        p.last_batch_end_ms = int(time.time() * 1000)
+

@@ -1,0 +1,187 @@
+"""Named streams in the store: append-only, partitioned logs with offsets.
+
+A stream is a folder ``streams/<name>/`` with ``meta.json`` (partition count)
+and one folder per partition holding *chunks*. A chunk is created with a
+create-only write under the name of its first offset, so concurrent
+publishers never overwrite or interleave: one who loses the race for an offset
+lists the partition again and takes the next one. A chunk file is::
+
+    8 bytes   item count (big-endian)
+    2 bytes   length of the writer token
+    n bytes   writer token (utf-8; empty for plain publishers)
+    rest      pickle of the list of items
+
+The token lets an exactly-once writer (a sink replaying a micro-batch) find
+out whether its chunk already landed.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import random
+import struct
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sparkjet.core.store import PICKLE_PROTOCOL, Store, encode_name
+from sparkjet.errors import StoreError
+
+_HEADER = struct.Struct(">QH")
+_WIDTH = 20
+_MAX_PARTITIONS = 4096
+
+
+def chunk_name(start: int) -> str:
+    return f"{start:0{_WIDTH}d}.chunk"
+
+
+class StreamLog:
+    """One stream's files; picklable (executors read chunks directly)."""
+
+    def __init__(self, store: Store, name: str) -> None:
+        self.store = store
+        self.name = name
+        self.folder = store.path("streams", encode_name("stream", name))
+        self._partitions: int | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"store": self.store, "name": self.name, "folder": self.folder,
+                "_partitions": self._partitions}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    # --- metadata -------------------------------------------------------------
+
+    def exists(self) -> bool:
+        return bool(self.store.fs.exists(f"{self.folder}/meta.json"))
+
+    def create(self, partitions: int) -> bool:
+        """Create the stream with ``partitions`` partitions; False if it already exists."""
+        if isinstance(partitions, bool) or not isinstance(partitions, int) or not (
+            1 <= partitions <= _MAX_PARTITIONS
+        ):
+            raise StoreError(
+                f"stream {self.name!r}: partitions must be an int from 1 to {_MAX_PARTITIONS}, "
+                f"got {partitions!r}"
+            )
+        meta = json.dumps({"format": 1, "partitions": partitions}).encode()
+        return self.store.create_exclusive(f"{self.folder}/meta.json", meta)
+
+    @property
+    def partitions(self) -> int:
+        """Number of partitions; StoreError naming the stream if it does not exist."""
+        if self._partitions is None:
+            try:
+                meta = json.loads(self.store.read_bytes(f"{self.folder}/meta.json"))
+            except FileNotFoundError:
+                raise StoreError(
+                    f"stream {self.name!r} does not exist in store {self.store.shown_url!r}: "
+                    "create it with client.get_stream(name, partitions=N) first"
+                ) from None
+            self._partitions = int(meta["partitions"])
+        return self._partitions
+
+    def _pdir(self, partition: int) -> str:
+        return f"{self.folder}/p{partition:04d}"
+
+    def chunk_starts(self, partition: int) -> list[int]:
+        return sorted(
+            int(entry[: -len(".chunk")])
+            for entry in self.store.listdir(self._pdir(partition))
+            if entry.endswith(".chunk") and entry[: -len(".chunk")].isdigit()
+        )
+
+    def _header(self, partition: int, start: int) -> tuple[int, str]:
+        path = f"{self._pdir(partition)}/{chunk_name(start)}"
+        head = self.store.fs.cat_file(path, start=0, end=_HEADER.size + 512)
+        count, token_len = _HEADER.unpack_from(head)
+        token = head[_HEADER.size : _HEADER.size + token_len].decode()
+        return count, token
+
+    # --- offsets --------------------------------------------------------------
+
+    def end_offset(self, partition: int) -> int:
+        """The offset after the last item of ``partition``."""
+        starts = self.chunk_starts(partition)
+        if not starts:
+            return 0
+        count, _ = self._header(partition, starts[-1])
+        return starts[-1] + count
+
+    def end_offsets(self) -> list[int]:
+        return [self.end_offset(p) for p in range(self.partitions)]
+
+    def size(self) -> int:
+        return sum(self.end_offsets())
+
+    # --- writing --------------------------------------------------------------
+
+    def append(self, partition: int, items: list[Any], token: str = "") -> int:
+        """Append ``items`` as one chunk; returns its first offset."""
+        if not items:
+            return self.end_offset(partition)
+        payload = pickle.dumps(items, protocol=PICKLE_PROTOCOL)
+        encoded = token.encode()
+        data = _HEADER.pack(len(items), len(encoded)) + encoded + payload
+        while True:
+            start = self.end_offset(partition)
+            path = f"{self._pdir(partition)}/{chunk_name(start)}"
+            if self.store.create_exclusive(path, data):
+                return start
+            # Another publisher took this offset: look again.
+
+    def publish_all(self, items: Iterable[Any], partition_of: Any = None) -> None:
+        """Spread ``items`` over the partitions, one chunk per partition touched.
+
+        Without ``partition_of`` items go round-robin from a random partition.
+        """
+        batch = list(items)
+        n = self.partitions
+        buckets: list[list[Any]] = [[] for _ in range(n)]
+        if partition_of is None:
+            first = random.randrange(n)
+            for i, item in enumerate(batch):
+                buckets[(first + i) % n].append(item)
+        else:
+            for item in batch:
+                buckets[partition_of(item) % n].append(item)
+        for partition, bucket in enumerate(buckets):
+            if bucket:
+                self.append(partition, bucket)
+
+    def find_token(self, partition: int, token: str, from_offset: int) -> bool:
+        """True if a chunk at or after ``from_offset`` carries ``token``."""
+        return any(
+            self._header(partition, start)[1] == token
+            for start in self.chunk_starts(partition)
+            if start >= from_offset
+        )
+
+    # --- reading --------------------------------------------------------------
+
+    def read(self, partition: int, start: int, end: int) -> list[Any]:
+        """Items at offsets ``start`` (inclusive) to ``end`` (exclusive) of ``partition``."""
+        out: list[Any] = []
+        if end <= start:
+            return out
+        starts = self.chunk_starts(partition)
+        for i, chunk_start in enumerate(starts):
+            chunk_end = starts[i + 1] if i + 1 < len(starts) else None
+            if chunk_end is not None and chunk_end <= start:
+                continue
+            if chunk_start >= end:
+                break
+            raw = self.store.read_bytes(f"{self._pdir(partition)}/{chunk_name(chunk_start)}")
+            count, token_len = _HEADER.unpack_from(raw)
+            items = pickle.loads(raw[_HEADER.size + token_len :])
+            lo = max(start - chunk_start, 0)
+            hi = min(end - chunk_start, count)
+            out.extend(items[lo:hi])
+        return out
+
+
+def ranges(start: Sequence[int], end: Sequence[int]) -> list[tuple[int, int, int]]:
+    """``(partition, start, end)`` for every partition with items in ``[start, end)``."""
+    return [(p, s, e) for p, (s, e) in enumerate(zip(start, end, strict=True)) if e > s]

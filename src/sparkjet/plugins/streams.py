@@ -1,0 +1,119 @@
+"""The stream source and sink: named streams in the store (Jet's event journal)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from sparkjet.plugin import ALL_GUARANTEES, JobContext, Sink, Source, TaskContext, hookimpl
+
+_POSITIONS = ("oldest", "latest")
+
+
+class StreamSource(Source):
+    """Reads the store's stream ``name`` as an unbounded source, replayable by offset.
+
+    ``initial_position`` says where a job without a checkpoint starts:
+    ``"oldest"`` (every item in the stream) or ``"latest"`` (only items
+    published after the job started). A missing stream is created with
+    ``partitions`` partitions (default: Spark's parallelism) when the job starts.
+    """
+
+    kind = "stream"
+    guarantees = ALL_GUARANTEES
+    streaming = True
+
+    def __init__(
+        self, name: str, initial_position: str = "oldest", partitions: int | None = None
+    ) -> None:
+        super().__init__(name)
+        if initial_position not in _POSITIONS:
+            raise ValueError(
+                f"StreamSource({name!r}): initial_position must be 'oldest' or 'latest', "
+                f"got {initial_position!r}"
+            )
+        self.initial_position = initial_position
+        self.partitions_wanted = partitions
+
+    def _log(self, context: JobContext | TaskContext) -> Any:
+        return context.store.stream_log(self.name)
+
+    def initial_offsets(self, context: JobContext) -> Any:
+        """Runs on the driver: zeros, or the current ends for ``latest``."""
+        log = self._log(context)
+        if not log.exists():
+            log.create(self.partitions_wanted or context.parallelism)
+        if self.initial_position == "latest":
+            return log.end_offsets()
+        return [0] * log.partitions
+
+    def latest_offsets(self, context: JobContext) -> Any:
+        """Runs on the driver: the end offset of every partition."""
+        return self._log(context).end_offsets()
+
+    def plan_range(self, start: Any, end: Any, context: JobContext) -> Sequence[Any]:
+        """Runs on the driver: one descriptor per partition with new items."""
+        from sparkjet.core.streams import ranges
+
+        return ranges(start, end)
+
+    def partitions(self, context: JobContext) -> Sequence[Any]:
+        """A stream has no batch plan: streaming jobs call :meth:`plan_range`."""
+        raise NotImplementedError("StreamSource is read by streaming jobs only")
+
+    def read(self, partition: Any, context: TaskContext) -> Iterable[Any]:
+        """Runs on an executor: the items of one partition's offset range."""
+        p, start, end = partition
+        return self._log(context).read(p, start, end)  # type: ignore[no-any-return]
+
+
+class StreamSink(Sink):
+    """Appends the job's output to the store's stream ``name``.
+
+    In a streaming job each micro-batch is appended once, even when a batch is
+    replayed after a failure: chunks carry the batch's token, and a replayed
+    commit skips the partitions that already hold it.
+    """
+
+    kind = "stream"
+    guarantees = ALL_GUARANTEES
+
+    def write(self, state: Any, items: Iterator[Any], context: TaskContext) -> Any:
+        """Runs on an executor: this partition's items, to publish at commit."""
+        return list(items)
+
+    def commit(self, state: Any, messages: list[Any], context: JobContext) -> None:
+        """Runs on the driver: append each partition's share, idempotently per batch."""
+        log = context.store.stream_log(self.name)
+        if not log.exists():
+            log.create(context.parallelism)
+        items = [item for message in messages for item in message]
+        n = log.partitions
+        token = context.commit_token or ""
+        index_path = f"{log.folder}/writers/{context.job_id}.json"
+        try:
+            ends = json.loads(context.store.read_bytes(index_path))["ends"]
+        except FileNotFoundError:
+            ends = [0] * n
+        for partition in range(n):
+            bucket = items[partition::n]  # deterministic, so a replay picks the same partitions
+            if not bucket:
+                continue
+            if token and log.find_token(partition, token, ends[partition]):
+                continue  # this batch already landed here before a failure
+            log.append(partition, bucket, token)
+        if token:
+            context.store.write_bytes(index_path, json.dumps({"ends": log.end_offsets()}).encode())
+
+
+@hookimpl
+def register_sources(register: Any) -> None:
+    """Register the stream source."""
+    register(StreamSource)
+
+
+@hookimpl
+def register_sinks(register: Any) -> None:
+    """Register the stream sink."""
+    register(StreamSink)
