@@ -28,8 +28,9 @@ import pytest
 
 import sparkjet
 from sparkjet.core.planner import plan
-from sparkjet.core.plugins import PluginHost
+from sparkjet.core.plugins import BUILTIN_PLUGINS, PluginHost
 from sparkjet.errors import (
+    JobCancelledError,
     JobFailedError,
     PipelineDefinitionError,
     PluginError,
@@ -50,7 +51,7 @@ from tests.conftest import TEST_SPARK, run_pipeline
 
 DIST = Path(__file__).parent / "plugin_dist" / "sparkjet-example-plugin"
 DIST_NAME = "sparkjet-example-plugin"
-BUILTINS = {"list", "map", "logger"}
+BUILTINS = set(BUILTIN_PLUGINS)  # list, map, logger, stream
 
 NONE = ProcessingGuarantee.NONE
 AT_LEAST_ONCE = ProcessingGuarantee.AT_LEAST_ONCE
@@ -745,10 +746,30 @@ def test_submit_checks_guarantees_before_refusing_streams(
         jet.submit(pipeline, JobConfig(processing_guarantee=EXACTLY_ONCE))
     assert len(info.value.offenders) == 2
 
-    with pytest.raises(PipelineDefinitionError, match="streaming jobs are not supported") as info2:
-        jet.submit(pipeline)
-    assert info2.value.stage == "from-ticker(ticks)"
     assert jet.get_jobs() == []
+    job = jet.submit(pipeline)  # NONE: every participant keeps it, so the stream runs
+    try:
+        assert job.status is not JobStatus.FAILED
+    finally:
+        job.cancel()
+    with pytest.raises(JobCancelledError):
+        job.join(timeout=60)
+
+
+def test_streaming_source_without_offsets_is_refused(
+    client: sparkjet.Client, example: ModuleType, tmp_path: Path
+) -> None:
+    class NoOffsets(example.TickerSource):  # type: ignore[name-defined,misc]
+        initial_offsets = Source.initial_offsets
+        latest_offsets = Source.latest_offsets
+        plan_range = Source.plan_range
+
+    client.register_plugin(example, "example")
+    p = Pipeline.create()
+    p.read_from(NoOffsets("ticks")).write_to(Pipeline.to_list("out"))
+    with pytest.raises(PipelineDefinitionError, match="does not implement initial_offsets") as info:
+        client.get_jet().submit(p)
+    assert info.value.stage == "from-ticker(ticks)"
 
 
 def test_source_of_an_unregistered_plugin_is_refused(

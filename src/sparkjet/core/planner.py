@@ -60,6 +60,7 @@ def plan(pipeline: Any, host: PluginHost, guarantee: ProcessingGuarantee) -> Pla
     for node in nodes:
         _check_picklable(node, names[node])
     if streaming:
+        _check_streaming_sources(nodes, names)
         for node in nodes:
             reason = _NOT_IN_STREAMS.get(node.op)
             if reason:
@@ -69,6 +70,25 @@ def plan(pipeline: Any, host: PluginHost, guarantee: ProcessingGuarantee) -> Pla
                 )
         _check_guarantee(participants, names, guarantee)
     return Plan(pipeline, names, nodes, streaming, participants)
+
+
+def _check_streaming_sources(nodes: list[Transform], names: dict[Transform, str]) -> None:
+    from sparkjet.plugin import Source
+
+    for node in nodes:
+        if node.op != "source" or not node.params["source"].streaming:
+            continue
+        cls = type(node.params["source"])
+        missing = [
+            m for m in ("initial_offsets", "latest_offsets", "plan_range")
+            if getattr(cls, m) is getattr(Source, m)
+        ]
+        if missing:
+            raise PipelineDefinitionError(
+                f"stage '{names[node]}': {cls.__qualname__} is declared streaming but does not "
+                f"implement {', '.join(missing)}, which a streaming job reads offsets with",
+                names[node],
+            )
 
 
 def _check_unique_names(nodes: list[Transform], names: dict[Transform, str]) -> None:

@@ -74,10 +74,13 @@ class RangeSource(Source):
 
 
 class TickerSource(Source):
-    """An unbounded stream of ``(partition, sequence)`` ticks; it cannot replay.
+    """An unbounded stream of ``(partition, sequence)`` ticks, one per ``interval`` seconds.
 
-    Declared ``streaming``, so a pipeline reading it is a streaming job; with
-    ``limit`` each partition stops after that many ticks (handy for tests).
+    Declared ``streaming``, so a pipeline reading it is a streaming job. Its
+    offsets count ticks since the source was created, so a range reads the
+    same ticks again; it declares NONE only, to serve as a participant that
+    cannot keep a guarantee. With ``limit`` each partition stops after that
+    many ticks (handy for tests).
     """
 
     kind = "ticker"
@@ -91,18 +94,31 @@ class TickerSource(Source):
         self.interval = interval
         self.count = partitions
         self.limit = limit
+        self.started = time.time()
 
     def partitions(self, context: JobContext) -> Sequence[Any]:
-        """Runs on the driver: one descriptor per ticking partition."""
-        return list(range(self.count))
+        """A stream has no batch plan: streaming jobs call :meth:`plan_range`."""
+        raise NotImplementedError("TickerSource is read by streaming jobs only")
+
+    def initial_offsets(self, context: JobContext) -> Any:
+        """Runs on the driver: start at the first tick."""
+        return [0] * self.count
+
+    def latest_offsets(self, context: JobContext) -> Any:
+        """Runs on the driver: ticks elapsed so far (capped by ``limit``)."""
+        ticks = int((time.time() - self.started) / self.interval)
+        if self.limit is not None:
+            ticks = min(ticks, self.limit)
+        return [ticks] * self.count
+
+    def plan_range(self, start: Any, end: Any, context: JobContext) -> Sequence[Any]:
+        """Runs on the driver: one descriptor per partition."""
+        return [(p, s, e) for p, (s, e) in enumerate(zip(start, end, strict=True)) if e > s]
 
     def read(self, partition: Any, context: TaskContext) -> Iterable[Any]:
-        """Runs on an executor: tick every ``interval`` seconds."""
-        seq = 0
-        while self.limit is None or seq < self.limit:
-            yield (partition, seq)
-            seq += 1
-            time.sleep(self.interval)
+        """Runs on an executor: the ticks of one range."""
+        p, start, end = partition
+        return [(p, seq) for seq in range(start, end)]
 
 
 class JsonLinesSink(Sink):
