@@ -201,3 +201,20 @@ def test_settings_this_version_cannot_honour_are_refused(jet) -> None:  # type: 
     with pytest.raises(PipelineDefinitionError, match="suspend_on_failure"):
         jet.submit(p, JobConfig(suspend_on_failure=True))
     assert jet.get_jobs() == []
+
+
+def test_worker_import_failure_is_summarised(client, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import sys
+
+    (tmp_path / "only_on_driver.py").write_text("def double(x):\n    return x * 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import only_on_driver  # type: ignore[import-not-found]
+
+    p = Pipeline.create()
+    p.read_from(source()).map(only_on_driver.double).write_to(Pipeline.to_list("x"))
+    try:
+        with pytest.raises(JobFailedError, match=r"ModuleNotFoundError: No module named "
+                           r"'only_on_driver'.*cannot import it"):
+            run_pipeline(client, p)
+    finally:
+        sys.modules.pop("only_on_driver", None)

@@ -19,7 +19,9 @@ if TYPE_CHECKING:
 #: Operations that keep no state: fused into one Python pass per partition.
 STATELESS = frozenset({"map", "filter", "flat_map", "peek"})
 #: Operations that need all (or all of a key's) items: they end a fused pass.
-STATEFUL = frozenset({"aggregate", "group_aggregate", "group_apply", "distinct", "sort"})
+STATEFUL = frozenset(
+    {"aggregate", "group_aggregate", "group_apply", "map_stateful", "distinct", "sort"}
+)
 
 _MAX_NAME = 200
 
@@ -195,14 +197,20 @@ class Stage(_Handle):
         op = _operation(self.name, operation, accumulator, initial, combiner, finisher)
         return Stage(self._add("aggregate", params={"operation": op}))
 
-    def distinct(self, key_fn: Callable[[Any], Any] | None = None) -> Stage:
+    def distinct(
+        self, key_fn: Callable[[Any], Any] | None = None, *, ttl_millis: int | None = None
+    ) -> Stage:
         """Keep the first item of each group of equal items (or of equal ``key_fn(item)``).
 
-        Equality is Python's ``==``: dicts, lists and sets compare by value.
+        Equality is Python's ``==``: dicts, lists and sets compare by value. In
+        a streaming job the stage remembers every key it has seen; with
+        ``ttl_millis`` a key is forgotten that long after it was last seen (a
+        later equal item passes again), which bounds the state. Batch jobs see
+        all items at once and ignore ``ttl_millis``.
         """
         if key_fn is not None:
             self._fn("distinct", key_fn)
-        return Stage(self._add("distinct", fn=key_fn))
+        return Stage(self._add("distinct", fn=key_fn, params={"ttl_ms": _ttl(ttl_millis)}))
 
     def sort(self, key_fn: Callable[[Any], Any] | None = None, reverse: bool = False) -> Stage:
         """Order items as ``sorted(items, key=key_fn, reverse=reverse)`` would (stable)."""
@@ -310,6 +318,36 @@ class GroupedStage(Stage):
         )
         return Stage(self._named(node))
 
+    def map_stateful(
+        self,
+        create_fn: Callable[[], Any],
+        map_fn: Callable[[Any, Any, Any], Any],
+        *,
+        ttl_millis: int | None = None,
+    ) -> Stage:
+        """Jet's ``mapStateful``: per key, a state object and a function of it.
+
+        ``create_fn()`` makes a key's state when the key is first seen;
+        ``map_fn(state, key, item)`` runs for each of the key's items in
+        encounter order, may change ``state`` in place, and returns the item to
+        emit (``None`` emits nothing). In a streaming job the state lives in
+        the job's checkpoint; with ``ttl_millis`` a key's state is dropped that
+        long after its last item.
+        """
+        for label, fn in (("create_fn", create_fn), ("map_fn", map_fn)):
+            if not callable(fn):
+                raise PipelineDefinitionError(
+                    f"map_stateful() after stage '{self._upstream.name}': {label} must be "
+                    f"callable, got {fn!r}",
+                    self._upstream.name,
+                )
+        node = self._upstream._add(
+            "map_stateful", fn=self._key_fn,
+            params={"create_fn": create_fn, "map_fn": map_fn, "ttl_ms": _ttl(ttl_millis)},
+            default_name="map-stateful",
+        )
+        return Stage(self._named(node))
+
     def apply(self, transform: StatefulTransform) -> Stage:
         """Run a keyed :class:`~sparkjet.plugin.StatefulTransform` over each key's items."""
         from sparkjet.plugin import StatefulTransform
@@ -324,6 +362,14 @@ class GroupedStage(Stage):
             default_name=transform.kind,
         )
         return Stage(self._named(node))
+
+
+def _ttl(ttl_millis: Any) -> int | None:
+    if ttl_millis is None:
+        return None
+    if isinstance(ttl_millis, bool) or not isinstance(ttl_millis, int) or ttl_millis <= 0:
+        raise PipelineDefinitionError(f"ttl_millis must be a positive int, got {ttl_millis!r}")
+    return ttl_millis
 
 
 class SinkStage(_Handle):

@@ -122,6 +122,7 @@ class _Runner:
         self.execution_completion = -1
         self.listeners: list[Callable[[JobStatusEvent], None]] = []
         self.stop_request: str | None = None  # "suspend" | "restart", read between batches
+        self._future_jobs_cancelled = False
         self.progress = StreamProgress()
         self._record_lock = threading.Lock()
         self.thread: threading.Thread | None = None
@@ -169,7 +170,7 @@ class _Runner:
         last_beat = time.monotonic()
         while not self.done.wait(CONTROL_POLL_SECONDS):
             try:
-                if self.cancel_requested.is_set():
+                if self.cancel_requested.is_set() and not self._future_jobs_cancelled:
                     # cancelJobGroup stops running Spark jobs only: repeat it until
                     # the runner sees the flag, so a job started meanwhile stops too.
                     self.cancel()
@@ -204,7 +205,7 @@ class _Runner:
         self.cancel_requested.set()
         from sparkjet.core.runtime.session import cancel_job_group
 
-        cancel_job_group(self.job.id)
+        self._future_jobs_cancelled = cancel_job_group(self.job.id)
         if not self.running_here and not self.done.is_set():
             # Suspended: nothing runs, end the job now.
             self._end_suspended_by_cancel()

@@ -136,7 +136,7 @@ def _check_picklable(node: Transform, name: str) -> None:
                 (f"aggregate operation's {part}", getattr(value, part))
                 for part in ("create", "accumulate", "combine", "finish")
             )
-        elif key in ("source", "sink", "transform"):
+        elif key in ("source", "sink", "transform", "create_fn", "map_fn"):
             things.append((key, value))
     for label, thing in things:
         try:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -212,6 +213,16 @@ class ReduceTask:
                 )
                 for j, output in enumerate(outputs):
                     yield ((parts[0][0], parts[0][1], j), output)
+            elif self.op == "map_stateful":
+                key = parts[0][3]
+                state = self.params["create_fn"]()
+                map_fn = self.params["map_fn"]
+                j = 0
+                for part in parts:
+                    output = map_fn(state, key, part[2])
+                    if output is not None:
+                        yield ((part[0], part[1], j), output)
+                        j += 1
             elif self.op == "distinct":
                 yield ((parts[0][0], parts[0][1], 0), parts[0][2])
             elif self.op == "aggregate":
@@ -229,6 +240,33 @@ class ReduceTask:
             for part in parts:  # (pidx, pos, item)
                 acc = op.accumulate(acc, part[2])
         yield ((0, 0, 0), op.finish(acc))
+
+
+_PYTHON_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit)): (.*)$")
+
+
+def _spark_failure_summary(exc: BaseException) -> str:
+    """The Python error a Spark worker raised outside sparkjet's tasks, in one line.
+
+    Spark's message starts with a generic line and buries the worker's own
+    traceback in a JVM stack trace; its last ``SomethingError: ...`` line is
+    what a user needs (typically a module the workers cannot import).
+    """
+    text = str(exc)
+    found = None
+    for line in text.splitlines():
+        match = _PYTHON_ERROR_LINE.match(line.strip())
+        if match and not match.group(1).startswith(("org.", "java.", "py4j.", "scala.")):
+            found = line.strip()
+    if found is None:
+        first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+        return first
+    if found.startswith("ModuleNotFoundError"):
+        found += (
+            " (Spark's Python workers cannot import it: install the module where the "
+            "workers run, or define the function in the submitted script)"
+        )
+    return found
 
 
 #: Up to this many map-side partial records are reduced on the driver.
@@ -392,7 +430,7 @@ class BatchRun:
         if node.op == "sink":
             self._sink(node, name, flows[node.inputs[0]])
             return None
-        if node.op in ("group_aggregate", "group_apply", "distinct"):
+        if node.op in ("group_aggregate", "group_apply", "map_stateful", "distinct"):
             return self._keyed(node, name, flows[node.inputs[0]])
         if node.op == "aggregate":
             return self._global_aggregate(node, name, flows[node.inputs[0]])
@@ -576,8 +614,7 @@ class BatchRun:
             return error
         if isinstance(exc, KeyboardInterrupt):
             return exc
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        error = JobFailedError(f"the job failed in Spark: {first}")
+        error = JobFailedError(f"the job failed in Spark: {_spark_failure_summary(exc)}")
         error.__cause__ = exc
         return error
 

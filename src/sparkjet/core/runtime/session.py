@@ -94,7 +94,18 @@ def set_job_group(sc: Any, group: str, description: str) -> None:
     sc.setJobGroup(group, description, interruptOnCancel=True)
 
 
-def cancel_job_group(group: str) -> None:
-    """Cancel every running Spark job of ``group`` (no-op without a session)."""
-    if _session is not None:
-        _session.sparkContext.cancelJobGroup(group)
+def cancel_job_group(group: str) -> bool:
+    """Cancel the Spark jobs of ``group``, running and future ones if Spark can.
+
+    Returns False when only running jobs could be cancelled (then the caller
+    must cancel again if a job of the group may still start).
+    """
+    if _session is None:
+        return True
+    sc = _session.sparkContext
+    try:
+        sc._jsc.sc().cancelJobGroupAndFutureJobs(group)  # Spark 4.0+
+        return True
+    except Exception:
+        sc.cancelJobGroup(group)
+        return False

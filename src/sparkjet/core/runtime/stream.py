@@ -136,15 +136,15 @@ class StateTask:
             path = f"{self.paths.shard_dir(self.stage, shard)}/{versions[-1][2]}"
             return [], versions[-1][1], int(self.paths.store.fs.size(path))
         values, touched, older, _ = self._load(shard)
-        outputs: list[Any] = []
-        for group_key, parts in groups.items():
-            parts.sort(key=_position)
-            self._fold(group_key, parts, values, touched, outputs)
-        if ttl:
+        if ttl:  # forget expired keys first, so this batch sees them as new
             horizon = self.now_ms - int(ttl)
             for key in [k for k, t in touched.items() if t < horizon]:
                 values.pop(key, None)
                 del touched[key]
+        outputs: list[Any] = []
+        for group_key, parts in groups.items():
+            parts.sort(key=_position)
+            self._fold(group_key, parts, values, touched, outputs)
         data = cloudpickle.dumps({"values": values, "touched": touched})
         folder = self.paths.shard_dir(self.stage, shard)
         self.paths.store.write_bytes(f"{folder}/{self.batch:0{_WIDTH}d}-{len(values)}.state", data)
@@ -189,6 +189,16 @@ class StateTask:
             state, outputs = transform.process(state, key, [part[2] for part in parts])
             values[key] = (key, state)
             out.extend(outputs)
+        elif self.op == "map_stateful":
+            key = parts[0][3]
+            old = values.get(key)
+            key, state = old if old is not None else (key, self.params["create_fn"]())
+            map_fn = self.params["map_fn"]
+            for part in parts:
+                output = map_fn(state, key, part[2])
+                if output is not None:
+                    out.append(output)
+            values[key] = (key, state)
         elif self.op == "distinct":
             key = group_key  # the item (or its key), frozen if unhashable
             if key not in values:
