@@ -123,6 +123,9 @@ class _Runner:
         self.listeners: list[Callable[[JobStatusEvent], None]] = []
         self.stop_request: str | None = None  # "suspend" | "restart", read between batches
         self._future_jobs_cancelled = False
+        self._stop_cause: str | None = None
+        self._started_executors: int | None = None
+        self._last_cluster_check = 0.0
         self.progress = StreamProgress()
         self._record_lock = threading.Lock()
         self.thread: threading.Thread | None = None
@@ -267,8 +270,12 @@ class _Runner:
             self.set_status(JobStatus.RUNNING)
             if self.plan.streaming:
                 if self._run_stream(sc) == "suspend":
-                    self.write_record(suspension_cause="Requested by user")
-                    self.set_status(JobStatus.SUSPENDED, "Requested by user", user_requested=True)
+                    cause = self._stop_cause or "Requested by user"
+                    by_user = self._stop_cause is None
+                    self._stop_cause = None
+                    self._started_executors = None  # resuming re-counts what it has
+                    self.write_record(suspension_cause=cause)
+                    self.set_status(JobStatus.SUSPENDED, cause, user_requested=by_user)
                     return
             else:
                 self._run_batch(sc)
@@ -310,6 +317,54 @@ class _Runner:
             ).delete()
             self.write_record(checkpoint=None)
 
+    def _cluster_check(self, sc: Any) -> str | None:
+        """Jet's auto-scaling and split-brain rules, applied to Spark executors.
+
+        Checked between micro-batches (at most once a second). A lost executor
+        is Spark's business while auto-scaling is on: its tasks are retried
+        on the executors left, or wait for a new one. With auto-scaling off the
+        job suspends (a guarantee keeps its state) or fails (NONE); with
+        split-brain protection it suspends when fewer than half-plus-one of
+        the executors it started with are left.
+        """
+        now = time.monotonic()
+        if now - self._last_cluster_check < 1.0:
+            return None
+        self._last_cluster_check = now
+        from sparkjet.core.runtime.session import executor_count
+
+        count = executor_count(sc)
+        if count is None:
+            return None
+        if self._started_executors is None:
+            self._started_executors = count if count > 0 else None
+            return None
+        started = self._started_executors
+        config = self.job.config
+        quorum = started // 2 + 1
+        if config.split_brain_protection_enabled and count < quorum:
+            self._stop_cause = (
+                f"split-brain protection: {count} of the {started} executors the job started "
+                f"with are left, fewer than the {quorum} it needs"
+            )
+            return "suspend"
+        if count < started and not config.auto_scaling_enabled:
+            cause = (
+                f"an executor was lost ({count} of {started} left) and auto-scaling is off"
+            )
+            if config.processing_guarantee is ProcessingGuarantee.NONE:
+                raise JobFailedError(f"job {self.job.label} failed: {cause}")
+            self._stop_cause = cause
+            return "suspend"
+        return None
+
+    def _should_stop(self, sc: Any) -> str | None:
+        if self.cancel_requested.is_set():
+            return "cancel"
+        if self.stop_request is not None:
+            return self.stop_request
+        return self._cluster_check(sc)
+
     def _run_stream(self, sc: Any) -> str:
         config = self.job.config
         while True:
@@ -324,8 +379,7 @@ class _Runner:
                 self._checkpoint(),
                 metrics=config.metrics_enabled,
                 trigger_seconds=trigger,
-                should_stop=lambda: "cancel" if self.cancel_requested.is_set()
-                else self.stop_request,
+                should_stop=lambda: self._should_stop(sc),
                 cancelled=self.cancel_requested.is_set,
                 progress=self.progress,
                 on_batch=self._after_batch,

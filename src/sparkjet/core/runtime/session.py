@@ -84,6 +84,14 @@ def _warn_if_different(session: Any, config: Config) -> None:
         )
 
 
+def executor_count(sc: Any) -> int | None:
+    """How many executors the application has now; None in local mode (nothing to watch)."""
+    if str(sc.master).startswith("local"):
+        return None
+    infos = sc._jsc.sc().statusTracker().getExecutorInfos()
+    return max(0, len(infos) - 1)  # the driver is listed too
+
+
 def active_session() -> Any:
     """The session if one was built, else None."""
     return _session
