@@ -475,17 +475,26 @@ class BatchRun:
         self._persisted.append(rdd)
         return Flow(rdd)
 
-    def _keyed(self, node: Transform, name: str, flow: Flow) -> Flow:
+    def _map_side(self, node: Transform, name: str, flow: Flow) -> Any:
+        """The map side of a keyed stage, fused into the pass that feeds it.
+
+        Yields ``(key, partial)`` records: a partial accumulator per key when
+        the operation combines, the first item per key for ``distinct``, and
+        every item otherwise (not combinable, or stateful transforms).
+        """
         op: Any = node.params.get("operation")
         if node.op == "group_aggregate" and op.combine is not None:
             terminal = Terminal("group", name, node.fn, op.create, op.accumulate, inline=op.inline)
         elif node.op == "distinct":
             terminal = Terminal("distinct", name, node.fn)
-        else:  # not combinable, or a stateful transform: all items meet per key
+        else:
             terminal = Terminal("keyed", name, node.fn)
-        mapped = flow.rdd.mapPartitionsWithIndex(
+        return flow.rdd.mapPartitionsWithIndex(
             PassTask(self._pass(flow, name, terminal), name, self.counts, flow.reader), True
         )
+
+    def _keyed(self, node: Transform, name: str, flow: Flow) -> Flow:
+        mapped = self._map_side(node, name, flow)
         params = {**node.params, "key_fn": node.fn}
         task = ReduceTask(node.op, name, params, self.counts)
         return Flow(self._reduce(mapped, task, self.parallelism))

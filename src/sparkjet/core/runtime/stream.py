@@ -27,10 +27,9 @@ from typing import Any
 
 import cloudpickle
 
-from sparkjet.core.fusion import Terminal
 from sparkjet.core.graph import Transform
 from sparkjet.core.planner import Plan
-from sparkjet.core.runtime.batch import BatchRun, Flow, PassTask, _fail
+from sparkjet.core.runtime.batch import BatchRun, Flow, _fail
 from sparkjet.core.store import Store, encode_name
 from sparkjet.plugin import JobContext
 
@@ -254,16 +253,7 @@ class MicroBatch(BatchRun):
         return source.plan_range(start, end, ctx)  # type: ignore[no-any-return]
 
     def _keyed(self, node: Transform, name: str, flow: Flow) -> Flow:
-        op: Any = node.params.get("operation")
-        if node.op == "group_aggregate" and op.combine is not None:
-            terminal = Terminal("group", name, node.fn, op.create, op.accumulate, inline=op.inline)
-        elif node.op == "distinct":
-            terminal = Terminal("distinct", name, node.fn)
-        else:
-            terminal = Terminal("keyed", name, node.fn)
-        mapped = flow.rdd.mapPartitionsWithIndex(
-            PassTask(self._pass(flow, name, terminal), name, self.counts, flow.reader), True
-        )
+        mapped = self._map_side(node, name, flow)
         params = {**node.params, "key_fn": node.fn}
         task = StateTask(
             node.op, name, params, self.state, self.batch, self.committed, self.now_ms,
