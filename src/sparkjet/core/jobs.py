@@ -125,6 +125,7 @@ class _Runner:
         self._future_jobs_cancelled = False
         self._stop_cause: str | None = None
         self._started_executors: int | None = None
+        self._known_executors: set[str] = set()
         self._last_cluster_check = 0.0
         self.progress = StreamProgress()
         self._record_lock = threading.Lock()
@@ -331,26 +332,33 @@ class _Runner:
         if now - self._last_cluster_check < 1.0:
             return None
         self._last_cluster_check = now
-        from sparkjet.core.runtime.session import executor_count
+        from sparkjet.core.runtime.session import executor_ids
 
-        count = executor_count(sc)
-        if count is None:
+        now_ids = executor_ids(sc)
+        if now_ids is None:
             return None
-        if self._started_executors is None:
-            self._started_executors = count if count > 0 else None
+        if self._started_executors is None:  # the baseline: what the job starts with
+            if now_ids:
+                self._started_executors = len(now_ids)
+                self._known_executors = set(now_ids)
             return None
         started = self._started_executors
+        lost = self._known_executors - now_ids  # by id: a replaced executor counts as lost
+        self._known_executors |= now_ids
+        self._known_executors -= lost
         config = self.job.config
         quorum = started // 2 + 1
+        count = len(now_ids)
         if config.split_brain_protection_enabled and count < quorum:
             self._stop_cause = (
                 f"split-brain protection: {count} of the {started} executors the job started "
                 f"with are left, fewer than the {quorum} it needs"
             )
             return "suspend"
-        if count < started and not config.auto_scaling_enabled:
+        if lost and not config.auto_scaling_enabled:
             cause = (
-                f"an executor was lost ({count} of {started} left) and auto-scaling is off"
+                f"executor(s) {', '.join(sorted(lost))} were lost ({count} of "
+                f"{count + len(lost)} left) and auto-scaling is off"
             )
             if config.processing_guarantee is ProcessingGuarantee.NONE:
                 raise JobFailedError(f"job {self.job.label} failed: {cause}")

@@ -84,12 +84,16 @@ def _warn_if_different(session: Any, config: Config) -> None:
         )
 
 
-def executor_count(sc: Any) -> int | None:
-    """How many executors the application has now; None in local mode (nothing to watch)."""
+def executor_ids(sc: Any) -> set[str] | None:
+    """The ids of the application's executors now; None in local mode (nothing to watch)."""
     if str(sc.master).startswith("local"):
         return None
-    infos = sc._jsc.sc().statusTracker().getExecutorInfos()
-    return max(0, len(infos) - 1)  # the driver is listed too
+    ids = sc._jsc.sc().getExecutorIds()  # a Scala Seq, driver excluded
+    out = set()
+    it = ids.iterator()
+    while it.hasNext():
+        out.add(str(it.next()))
+    return out
 
 
 def active_session() -> Any:

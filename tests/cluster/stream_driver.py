@@ -1,0 +1,133 @@
+"""A streaming-job driver on a standalone cluster, started by ``tests/test_stream_cluster.py``.
+
+    python stream_driver.py STORE MASTER_URL JOB_NAME --auto-scaling on|off
+        [--guarantee EXACTLY_ONCE] [--interval MS] [--executors N] [--stream NAME]
+
+It connects to ``MASTER_URL`` (2 executors of 1 core), waits until N executors
+have registered (the job's executor baseline is the count at its first check),
+creates the stream (2 partitions), submits ``stream -> group_by(key_of) ->
+aggregate(counting()) -> map "counts"`` and then watches the job until it ends
+(the test cancels it, or kills this process).
+
+Progress goes to stdout, one line each, flushed::
+
+    EXECUTORS <n>
+    SUBMITTED <job id>
+    STATUS <status> executors=<n> committed=<last committed batch>   (on every change)
+    ENDED <status> <failure or ->
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import os
+import signal
+import sys
+import time
+
+
+def spark_settings(master: str) -> dict[str, object]:
+    return {
+        "master": master,
+        "app_name": "sparkjet-cluster-driver",
+        "conf": {
+            "spark.ui.enabled": "false",
+            "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1",
+            "spark.driver.memory": "768m",
+            "spark.executor.memory": "1g",
+            "spark.executor.cores": "1",
+            "spark.cores.max": "2",
+            "spark.task.maxFailures": "8",
+            "spark.default.parallelism": "2",
+            "spark.sql.shuffle.partitions": "2",
+        },
+    }
+
+
+def key_of(event: dict[str, object]) -> object:
+    """The grouping key; an item with ``pause`` holds its task (on an executor) that long.
+
+    Before sleeping it creates ``<mark>/<seq>-<pid>``, so the test knows which
+    executor's Python worker runs it, and can kill that worker's machine mid-task.
+    """
+    if "pause" in event:
+        with open(os.path.join(str(event["mark"]), f"{event['seq']}-{os.getpid()}"), "w"):
+            pass
+        time.sleep(float(event["pause"]))  # type: ignore[arg-type]
+    return event["key"]
+
+
+def build_pipeline(stream: str):  # type: ignore[no-untyped-def]
+    from sparkjet.aggregate import counting
+    from sparkjet.pipeline import Pipeline, StreamSource
+
+    p = Pipeline.create()
+    (
+        p.read_from(StreamSource(stream)).set_name("events")
+        .group_by(key_of).aggregate(counting()).set_name("count-per-key")
+        .write_to(Pipeline.to_map("counts"))
+    )
+    return p
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("store")
+    parser.add_argument("master")
+    parser.add_argument("name")
+    parser.add_argument("--auto-scaling", choices=["on", "off"], required=True)
+    parser.add_argument("--guarantee", default="EXACTLY_ONCE")
+    parser.add_argument("--interval", type=int, default=300)
+    parser.add_argument("--executors", type=int, default=2)
+    parser.add_argument("--stream", default="events")
+    parser.add_argument("--wait-executors", type=float, default=90.0)
+    args = parser.parse_args()
+    # The test sends SIGUSR1 before it gives up on the driver: every thread's stack to stderr.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+    import sparkjet
+    from sparkjet.core.runtime.session import executor_ids
+
+    def executor_count(sc: object) -> int:
+        return len(executor_ids(sc) or ())
+    from sparkjet.job import JobConfig, ProcessingGuarantee
+
+    client = sparkjet.connect(store={"url": args.store}, spark=spark_settings(args.master))
+    sc = client.spark.sparkContext
+    deadline = time.monotonic() + args.wait_executors
+    while (executor_count(sc) or 0) < args.executors:
+        if time.monotonic() > deadline:
+            print(f"NO-EXECUTORS {executor_count(sc)}", flush=True)
+            return 2
+        time.sleep(0.2)
+    print(f"EXECUTORS {executor_count(sc)}", flush=True)
+
+    client.get_stream(args.stream, partitions=2)
+    job = client.get_jet().submit(build_pipeline(args.stream), JobConfig(
+        name=args.name,
+        processing_guarantee=ProcessingGuarantee[args.guarantee],
+        snapshot_interval_millis=args.interval,
+        auto_scaling_enabled=args.auto_scaling == "on",
+    ))
+    print(f"SUBMITTED {job.id}", flush=True)
+
+    last = None
+    while True:
+        status = job.status
+        now = (status.value, executor_count(sc), job.get_metrics().get("lastCommittedBatch"))
+        if now != last:
+            print(f"STATUS {now[0]} executors={now[1]} committed={now[2]}", flush=True)
+            last = now
+        if status.is_terminal():
+            break
+        time.sleep(0.2)
+    failure = job.get_failure() or "-"
+    print(f"ENDED {job.status.value} {failure}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
