@@ -116,11 +116,27 @@ class JobContext:
     #: In a streaming job, the micro-batch being committed (None in batch jobs).
     #: A sink that declares EXACTLY_ONCE must commit each batch id at most once.
     batch_id: int | None = None
+    #: The name of the stage this context is for (sources, sinks, transforms).
+    stage: str = ""
+    #: Which checkpoint the batch ids count in: a job with NONE starts a new one
+    #: (and counts from 0 again) when it restarts.
+    checkpoint_id: str = ""
+
+    @property
+    def writer_id(self) -> str:
+        """Identifies this job's stage as a writer: the same across its micro-batches."""
+        return f"{self.job_id}.{self.stage}"
 
     @property
     def commit_token(self) -> str | None:
-        """A file-name-safe id of this job's micro-batch, for idempotent commits."""
-        return None if self.batch_id is None else f"{self.job_id}.b{self.batch_id}"
+        """Identifies this stage's commit of this micro-batch, for idempotent commits.
+
+        Unique per job, stage and batch, so two sinks of one job writing the
+        same target never mistake each other's commits for their own.
+        """
+        if self.batch_id is None:
+            return None
+        return f"{self.writer_id}.{self.checkpoint_id}.b{self.batch_id}"
 
     @property
     def logger(self) -> logging.Logger:

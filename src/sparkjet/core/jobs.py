@@ -9,6 +9,7 @@ whose heartbeat has stopped belongs to a driver that died.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
@@ -178,8 +179,13 @@ class _Runner:
                     # cancelJobGroup stops running Spark jobs only: repeat it until
                     # the runner sees the flag, so a job started meanwhile stops too.
                     self.cancel()
-                for action in self.service.records.take_requests(self.job.id):
-                    self._act(action)
+                for action, payload in self.service.records.take_requests_with_payload(
+                    self.job.id
+                ):
+                    if action == "update_config" and payload:
+                        self.write_record(config=JobConfig.from_dict(payload).to_dict())
+                    else:
+                        self._act(action)
                 if time.monotonic() - last_beat >= HEARTBEAT_SECONDS:
                     self.write_record()
                     last_beat = time.monotonic()
@@ -239,8 +245,12 @@ class _Runner:
             raise JobStateError(
                 f"cannot resume job {self.job.label}: it is {status.value}, not SUSPENDED"
             )
+        old = self.thread
+        if old is not None and old.is_alive() and old is not threading.current_thread():
+            old.join(timeout=30)  # it wrote SUSPENDED and is running listeners and hooks
         if self.running_here:
             raise JobStateError(f"cannot resume job {self.job.label}: it is still stopping")
+        self.set_status(JobStatus.STARTING)
         self.start(resuming=True)
 
     def _end_suspended_by_cancel(self) -> None:
@@ -399,6 +409,8 @@ class _Runner:
                 return reason
             log.info("job %s: restarting", self.job.label)
             self.stop_request = None
+            self.set_status(JobStatus.STARTING, "restart requested", user_requested=True)
+            self.set_status(JobStatus.RUNNING)
             if guarantee is ProcessingGuarantee.NONE:
                 self._discard_checkpoint()  # NONE restarts from scratch
 
@@ -692,10 +704,11 @@ class Job:
         runner = self._runner
         if runner is not None:
             runner.write_record(config=config.to_dict())
+        elif not _driver_alive(self._refresh()):
+            self._service._take_over(self).write_record(config=config.to_dict())
         else:
-            record = self._refresh()
-            record["config"] = config.to_dict()
-            self._service.records.write(record)
+            # The live driver owns the record: ask it, or its next heartbeat undoes this.
+            self._service.records.request(self.id, "update_config", config.to_dict())
         return config
 
     # --- metrics -------------------------------------------------------------
@@ -770,6 +783,7 @@ class JetService:
             return JobContext(
                 job_id=job.id,
                 job_name=job.name,
+                stage=runner.plan.names[node],
                 store=self.client.store,
                 parallelism=parallelism,
                 options=options,
@@ -859,6 +873,15 @@ class JetService:
             config = job.config
             validated = plan(pipeline, self.client.plugins, config.processing_guarantee)
             record = dict(job._record)
+            epoch = int(record.get("epoch", 0)) + 1
+            claim = self.records.path(job.id, f"owner-{epoch:06d}")
+            if not self.client.store.create_exclusive(claim, json.dumps(_this_driver()).encode()):
+                raise JobStateError(
+                    f"job {job.label}: another process is taking it over already"
+                )
+            record["epoch"] = epoch
+            for stale in self.records.take_requests(job.id):
+                log.info("job %s: dropping request %r left for its dead driver", job.label, stale)
             if record["status"] != JobStatus.SUSPENDED.value:
                 record["suspension_cause"] = "the driver process running the job died"
             record["status"] = JobStatus.SUSPENDED.value

@@ -292,7 +292,9 @@ class CommitLog:
             after = int(json.loads(self.store.read_bytes(index))["seq"])
         except FileNotFoundError:
             after = 0
-        for record in self.records(after=after):
+        # From the writer's own last record on: a replay finds its batch's record
+        # whether or not the index was updated after it.
+        for record in self.records(after=max(0, after - 1)):
             if record.writer == token:
                 self.store.write_bytes(index, json.dumps({"seq": record.seq}).encode())
                 return None
@@ -443,15 +445,22 @@ class JobRecords:
 
     # Control requests: another process asks the job's driver to act.
 
-    def request(self, job_id: str, action: str) -> None:
+    def request(self, job_id: str, action: str, payload: Any = None) -> None:
         path = f"{self._dir(job_id)}/control/{time.time_ns():020d}-{action}.req"
-        self.store.write_bytes(path, json.dumps({"action": action}).encode())
+        self.store.write_bytes(path, json.dumps({"action": action, "payload": payload}).encode())
 
-    def take_requests(self, job_id: str) -> list[str]:
+    def take_requests_with_payload(self, job_id: str) -> list[tuple[str, Any]]:
         folder = f"{self._dir(job_id)}/control"
-        actions = []
+        taken = []
         for entry in self.store.listdir(folder):
             if entry.endswith(".req"):
-                actions.append(entry[:-4].split("-", 1)[1])
+                try:
+                    payload = json.loads(self.store.read_bytes(f"{folder}/{entry}")).get("payload")
+                except (FileNotFoundError, ValueError):
+                    payload = None
+                taken.append((entry[:-4].split("-", 1)[1], payload))
                 self.store.remove(f"{folder}/{entry}")
-        return actions
+        return taken
+
+    def take_requests(self, job_id: str) -> list[str]:
+        return [action for action, _ in self.take_requests_with_payload(job_id)]

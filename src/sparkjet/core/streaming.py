@@ -180,7 +180,7 @@ class StreamLoop:
                 for n in self.sources
             }
         self.progress.last_committed = committed
-        self.progress.snapshots = self.checkpoint.commit_count()
+        self.progress.snapshots = committed + 1  # batches are numbered from 0
         paths = StatePaths(self.checkpoint.store, self.checkpoint.state_root)
         batch = committed + 1
         while True:
@@ -208,7 +208,7 @@ class StreamLoop:
             micro = MicroBatch(
                 self.plan, self.sc, self.job_context, self.metrics,
                 batch=batch, committed=batch - 1, source_ranges=ranges, state=paths,
-                shards=shards, cancelled=self.cancelled,
+                shards=shards, cancelled=self.cancelled, now_ms=int(planned["time"]),
             )
             micro.run()
             duration_ms = int((time.monotonic() - started) * 1000)

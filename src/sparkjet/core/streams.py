@@ -151,6 +151,10 @@ class StreamLog:
             if bucket:
                 self.append(partition, bucket)
 
+    def writer_index_path(self, writer: str) -> str:
+        """Where an idempotent writer remembers the offsets its last batch started at."""
+        return f"{self.folder}/writers/{encode_name('writer', writer)}.json"
+
     def find_token(self, partition: int, token: str, from_offset: int) -> bool:
         """True if a chunk at or after ``from_offset`` carries ``token``."""
         return any(

@@ -82,7 +82,7 @@ class MapSink(Sink):
         if context.commit_token is None:
             log.commit("put", parts, writer=context.job_id)
         else:  # a micro-batch: commit it once, even when replayed after a failure
-            log.commit_once("put", parts, token=context.commit_token, writer=context.job_id)
+            log.commit_once("put", parts, token=context.commit_token, writer=context.writer_id)
 
     def abort(self, state: Any, messages: list[Any], context: JobContext) -> None:
         """Runs on the driver: delete staged segment files, also of lost messages."""

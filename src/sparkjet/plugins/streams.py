@@ -91,20 +91,26 @@ class StreamSink(Sink):
         items = [item for message in messages for item in message]
         n = log.partitions
         token = context.commit_token or ""
-        index_path = f"{log.folder}/writers/{context.job_id}.json"
-        try:
-            ends = json.loads(context.store.read_bytes(index_path))["ends"]
-        except FileNotFoundError:
-            ends = [0] * n
+        index_path = log.writer_index_path(context.writer_id)
+        if token:
+            # Where this writer's last batch may start: the ends before its appends.
+            try:
+                ends = json.loads(context.store.read_bytes(index_path))["ends"]
+            except FileNotFoundError:
+                ends = [0] * n
+            done = [log.find_token(p, token, ends[p]) for p in range(n)]
+            if not any(done):
+                # Before appending, remember where this batch starts, so a replay
+                # after a crash in the middle finds the chunks that landed.
+                context.store.write_bytes(
+                    index_path, json.dumps({"ends": log.end_offsets()}).encode()
+                )
+        else:
+            done = [False] * n
         for partition in range(n):
             bucket = items[partition::n]  # deterministic, so a replay picks the same partitions
-            if not bucket:
-                continue
-            if token and log.find_token(partition, token, ends[partition]):
-                continue  # this batch already landed here before a failure
-            log.append(partition, bucket, token)
-        if token:
-            context.store.write_bytes(index_path, json.dumps({"ends": log.end_offsets()}).encode())
+            if bucket and not done[partition]:
+                log.append(partition, bucket, token)
 
 
 @hookimpl

@@ -146,6 +146,9 @@ class StateTask:
             self._fold(group_key, parts, values, touched, outputs)
         data = cloudpickle.dumps({"values": values, "touched": touched})
         folder = self.paths.shard_dir(self.stage, shard)
+        for version, _, name in self.paths.versions(self.stage, shard):
+            if version >= self.batch:  # left by a failed attempt of this batch
+                self.paths.store.remove(f"{folder}/{name}")
         self.paths.store.write_bytes(f"{folder}/{self.batch:0{_WIDTH}d}-{len(values)}.state", data)
         for name in older:  # keep the version this batch started from, for a replay
             self.paths.store.remove(f"{folder}/{name}")
@@ -236,9 +239,14 @@ class MicroBatch(BatchRun):
         state: StatePaths,
         shards: int,
         cancelled: Callable[[], bool] = lambda: False,
+        now_ms: int | None = None,
     ) -> None:
+        checkpoint_id = state.root.rstrip("/").rsplit("/", 2)[-2]  # .../<checkpoint>/state
+
         def with_batch(node: Transform) -> JobContext:
-            return dataclasses.replace(job_context(node), batch_id=batch)
+            return dataclasses.replace(
+                job_context(node), batch_id=batch, checkpoint_id=checkpoint_id
+            )
 
         super().__init__(plan, sc, with_batch, metrics, cancelled)
         self.batch = batch
@@ -246,7 +254,8 @@ class MicroBatch(BatchRun):
         self.source_ranges = source_ranges
         self.state = state
         self.shards = shards
-        self.now_ms = int(time.time() * 1000)
+        # The batch's planned time, so a replay expires exactly what the first run did.
+        self.now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
 
     def _descriptors(self, node: Transform, source: Any, ctx: JobContext) -> Iterable[Any]:
         start, end = self.source_ranges[self.plan.name(node)]
