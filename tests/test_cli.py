@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +22,8 @@ import pytest
 
 import sparkjet
 from sparkjet.cli import main
-from sparkjet.job import JobConfig, JobStatus
-from sparkjet.pipeline import Pipeline
+from sparkjet.job import JobConfig, JobStatus, ProcessingGuarantee
+from sparkjet.pipeline import Pipeline, StreamSource
 
 SECRET = "s3cr3t-t0ken-9f27"
 
@@ -374,7 +380,9 @@ def test_plugins_lists_builtins_with_their_guarantees(
     assert ("source", "map", "sparkjet.plugins.maps.MapSource", all_three) in rows
     assert ("sink", "map", "sparkjet.plugins.maps.MapSink", all_three) in rows
     assert ("sink", "logger", "sparkjet.plugins.logger.LoggerSink", "NONE, AT_LEAST_ONCE") in rows
-    for plugin in ("list", "map", "logger"):
+    assert ("source", "stream", "sparkjet.plugins.streams.StreamSource", all_three) in rows
+    assert ("sink", "stream", "sparkjet.plugins.streams.StreamSink", all_three) in rows
+    for plugin in ("list", "map", "logger", "stream"):
         assert f"\n{plugin} (built-in)\n" in out
     assert "Blocked" not in out
 
@@ -437,6 +445,10 @@ def test_cancel_of_a_job_running_in_this_process(
     job = client.get_jet().submit(load_pipeline("slow.py", [str(marker)]), JobConfig(name="slow"))
     try:
         wait_for(marker.exists, 120, "the job's first item")
+        assert main(["suspend", "slow"]) == 1
+        assert capsys.readouterr().err == (
+            f"ERROR: cannot suspend job 'slow' ({job.id}): it is a batch job\n"
+        )
         assert main(["cancel", "slow", "--timeout", "60"]) == 0
         out = capsys.readouterr().out
         assert f"Cancelling job 'slow' ({job.id})" in out
@@ -505,3 +517,416 @@ def test_cancel_of_a_job_submitted_by_another_process(
     assert job.status is JobStatus.FAILED
     assert job.is_user_cancelled()
     assert client.get_list("slow-out").get_all() == []
+
+
+# --- publish ------------------------------------------------------------------------
+
+
+def test_publish_appends_json_lines_to_a_stream(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    config_file: Path,
+    client: sparkjet.Client,
+    no_spark: None,
+) -> None:
+    write_file("events.jsonl", """\
+        {"k": "a", "v": 1}
+
+        [1, 2.5, null]
+        "text"
+    """)
+    assert main(["publish", "--partitions", "2", "events", "events.jsonl"]) == 0
+    assert capsys.readouterr().out == "Published 3 items to stream 'events'\n"
+    stream = client.get_stream("events")
+    assert stream.partition_count == 2
+    assert sorted(map(json.dumps, stream.read_all())) == sorted(
+        map(json.dumps, [{"k": "a", "v": 1}, [1, 2.5, None], "text"])
+    )
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO('{"k": "b"}\n'))
+    assert main(["publish", "events", "-"]) == 0  # exists: no --partitions needed
+    assert capsys.readouterr().out == "Published 1 item to stream 'events'\n"
+    assert stream.size() == 4
+
+    assert main(["publish", "-p", "3", "events", "events.jsonl"]) == 1
+    err = capsys.readouterr().err
+    assert err == "ERROR: stream 'events' already exists with 2 partitions, not 3\n"
+    assert stream.size() == 4
+
+
+def test_publish_of_a_bad_line_publishes_nothing(
+    capsys: pytest.CaptureFixture[str],
+    config_file: Path,
+    client: sparkjet.Client,
+    no_spark: None,
+) -> None:
+    write_file("bad.jsonl", """\
+        {"ok": 1}
+        {"ok": 2}
+        {"ok": 3,}
+        {"ok": 4}
+    """)
+    assert main(["publish", "--partitions", "2", "events", "bad.jsonl"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == (
+        "ERROR: bad.jsonl: invalid JSON (line 3, column 10): Expecting property name enclosed "
+        "in double quotes\n"
+    )
+    assert captured.out == ""
+    assert not client.store.stream_log("events").exists()  # not even created
+
+    client.get_stream("events", partitions=1).publish("before")
+    assert main(["publish", "events", "bad.jsonl"]) == 2
+    assert client.get_stream("events").read_all() == ["before"]
+
+    assert main(["publish", "events", "missing.jsonl"]) == 2
+    assert capsys.readouterr().err.endswith("ERROR: missing.jsonl: no such file\n")
+    Path("latin1.jsonl").write_bytes(b'"ok"\n"caf\xe9"\n')
+    assert main(["publish", "events", "latin1.jsonl"]) == 2
+    assert capsys.readouterr().err == "ERROR: latin1.jsonl: not UTF-8 text (line 2)\n"
+    assert client.get_stream("events").read_all() == ["before"]
+
+
+def test_publish_to_a_missing_stream_needs_partitions(
+    capsys: pytest.CaptureFixture[str],
+    config_file: Path,
+    client: sparkjet.Client,
+    no_spark: None,
+) -> None:
+    write_file("one.jsonl", "1\n")
+    assert main(["publish", "ghost", "one.jsonl"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("ERROR: stream 'ghost' does not exist in store '")
+    assert err.endswith("': pass --partitions N to create it\n")
+    assert not client.store.stream_log("ghost").exists()
+
+    assert main(["publish", "--partitions", "0", "ghost", "one.jsonl"]) == 2
+    assert "expected a positive integer, got '0'" in capsys.readouterr().err
+
+
+# --- streaming jobs: suspend, resume, restart -------------------------------------------
+
+#: A streaming pipeline: the stream "events", times ten, to the list "tens".
+STREAM_PIPELINE = """
+    from sparkjet.pipeline import Pipeline, StreamSource
+
+    pipeline = Pipeline.create()
+    pipeline.read_from(StreamSource("events")) \\
+        .map(lambda x: x * 10).set_name("times-ten") \\
+        .write_to(Pipeline.to_list("tens"))
+"""
+
+
+def stream_pipeline() -> Pipeline:
+    p = Pipeline.create()
+    p.read_from(StreamSource("events")).map(lambda x: x * 10).set_name("times-ten") \
+        .write_to(Pipeline.to_list("tens"))
+    return p
+
+
+@pytest.fixture
+def control_requests(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """Every (job id, action) written to a job's control folder in this process."""
+    from sparkjet.core.store import JobRecords
+
+    seen: list[tuple[str, str]] = []
+    original = JobRecords.request
+
+    def request(self: JobRecords, job_id: str, action: str) -> None:
+        seen.append((job_id, action))
+        original(self, job_id, action)
+
+    monkeypatch.setattr(JobRecords, "request", request)
+    return seen
+
+
+def stop_job(job: Any) -> None:
+    if not job.is_terminal():
+        job.cancel()
+        wait_for(job.is_terminal, 60, "the job to stop")
+
+
+def test_suspend_resume_restart_of_a_streaming_job(
+    capsys: pytest.CaptureFixture[str],
+    config_file: Path,
+    client: sparkjet.Client,
+    control_requests: list[tuple[str, str]],
+) -> None:
+    stream = client.get_stream("events", partitions=1)
+    tens = client.get_list("tens")
+    job = client.get_jet().submit(stream_pipeline(), JobConfig(name="tens"))  # guarantee NONE
+    label = f"'tens' ({job.id})"
+    try:
+        wait_for(lambda: job.status is JobStatus.RUNNING, 120, "the job to run")
+        stream.publish_all([1, 2, 3])
+        wait_for(lambda: tens.size() == 3, 60, "the first items")
+        assert main(["list-jobs"]) == 0
+        assert [(r[0], r[1], r[3]) for r in job_rows(capsys.readouterr().out)] == [
+            (job.id, "RUNNING", "tens")
+        ]
+
+        assert main(["suspend", "tens"]) == 0
+        out = capsys.readouterr().out
+        assert out == f"Suspending job {label}\nJob {label} is SUSPENDED (Requested by user)\n"
+        assert job.status is JobStatus.SUSPENDED
+        stream.publish(4)
+        time.sleep(0.5)
+        assert tens.size() == 3  # nothing runs while suspended
+        assert main(["list-jobs"]) == 0
+        assert [r[1] for r in job_rows(capsys.readouterr().out)] == ["SUSPENDED"]
+        for command, message in (
+            ("suspend", "it is SUSPENDED, not RUNNING or STARTING"),
+            ("restart", "it is SUSPENDED, not RUNNING"),
+        ):
+            assert main([command, "tens"]) == 1
+            assert capsys.readouterr().err == f"ERROR: cannot {command} job {label}: {message}\n"
+
+        assert main(["resume", job.id]) == 0
+        assert capsys.readouterr().out == f"Resuming job {label}\nJob {label} is RUNNING\n"
+        wait_for(lambda: tens.size() == 4, 60, "the item published while suspended")
+        assert main(["resume", "tens"]) == 1
+        assert capsys.readouterr().err == (
+            f"ERROR: cannot resume job {label}: it is RUNNING, not SUSPENDED\n"
+        )
+
+        assert main(["restart", "tens"]) == 0
+        assert capsys.readouterr().out == f"Restarting job {label}\nJob {label} is RUNNING\n"
+        # NONE keeps no checkpoint: the restarted job reads the stream from the start again.
+        wait_for(lambda: tens.size() == 8, 60, "the replay after the restart")
+        assert sorted(tens.get_all()) == [10, 10, 20, 20, 30, 30, 40, 40]
+        assert job.status is JobStatus.RUNNING
+        # The CLI ran in this process but acted like another one: through the control folder.
+        assert control_requests == [
+            (job.id, "suspend"), (job.id, "resume"), (job.id, "restart")
+        ]
+    finally:
+        stop_job(job)
+
+
+def test_suspend_resume_restart_of_an_unknown_or_ended_job(
+    capsys: pytest.CaptureFixture[str], config_file: Path, client: sparkjet.Client
+) -> None:
+    for command in ("suspend", "resume", "restart"):
+        assert main([command, "ghost"]) == 1
+        assert capsys.readouterr().err == "ERROR: no job with id or name 'ghost'\n"
+    pipeline = Pipeline.create()
+    pipeline.read_from(Pipeline.from_list("in", [1])).write_to(Pipeline.to_list("out"))
+    job = client.get_jet().submit(pipeline, JobConfig(name="done"))
+    job.join(timeout=120)
+    for command, wanted in (
+        ("suspend", "RUNNING or STARTING"), ("resume", "SUSPENDED"), ("restart", "RUNNING")
+    ):
+        assert main([command, "done"]) == 1
+        assert capsys.readouterr().err == (
+            f"ERROR: cannot {command} job 'done' ({job.id}): it is COMPLETED, not {wanted}\n"
+        )
+
+
+@pytest.fixture
+def sparkjet_logger_kept() -> Iterator[None]:
+    """Restore the ``sparkjet`` logger after ``main()`` calls that overlap in threads."""
+    logger = logging.getLogger("sparkjet")
+    saved = (logger.level, logger.propagate, list(logger.handlers))
+    yield
+    logger.setLevel(saved[0])
+    logger.propagate = saved[1]
+    logger.handlers[:] = saved[2]
+
+
+def test_submit_of_a_streaming_pipeline_runs_until_suspended(
+    capsys: pytest.CaptureFixture[str],
+    config_file: Path,
+    client: sparkjet.Client,
+    sparkjet_logger_kept: None,
+) -> None:
+    write_file("tens.py", STREAM_PIPELINE)
+    stream = client.get_stream("events", partitions=2)
+    stream.publish_all([1, 2, 3])
+    result: list[int] = []
+    submit = threading.Thread(
+        target=lambda: result.append(main([
+            "submit", "-n", "fg", "-g", "exactly-once", "--snapshot-interval", "100", "tens.py",
+        ])),
+        daemon=True,
+    )
+    submit.start()
+    job = None
+    try:
+        job = wait_for_job(client, "fg", JobStatus.RUNNING)
+        assert job.config.processing_guarantee is ProcessingGuarantee.EXACTLY_ONCE
+        assert job.config.snapshot_interval_millis == 100
+        wait_for(lambda: client.get_list("tens").size() == 3, 60, "the first items")
+        assert submit.is_alive()  # a streaming job keeps `submit` in the foreground
+
+        assert main(["suspend", "fg"]) == 0
+        submit.join(timeout=60)
+        assert result == [0]
+        lines = capsys.readouterr().out.splitlines()
+        label = f"'fg' ({job.id})"
+        assert f"Submitted job {job.id}, name: fg" in lines
+        assert lines.count(f"Job {label} is SUSPENDED (Requested by user)") == 2  # both print
+        assert f"Resume it with: sparkjet resume {job.id}" in lines
+        assert sorted(client.get_list("tens").get_all()) == [10, 20, 30]
+    finally:
+        if job is not None and not job.is_terminal():
+            assert main(["cancel", "fg"]) == 0
+        submit.join(timeout=60)
+
+
+@pytest.mark.parametrize(
+    ("guarantee", "outcome"),
+    [("exactly_once", "suspended"), ("none", "cancelled")],
+)
+def test_interrupted_submit_suspends_a_job_with_a_guarantee_else_cancels(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    config_file: Path,
+    client: sparkjet.Client,
+    guarantee: str,
+    outcome: str,
+) -> None:
+    import types
+
+    from sparkjet import cli
+
+    write_file("tens.py", STREAM_PIPELINE)
+    client.get_stream("events", partitions=1).publish_all([1, 2, 3])
+    tens = client.get_list("tens")
+
+    class CtrlC(threading.Event):
+        """Ctrl-C, as `submit` waits in the foreground, once the first items are out."""
+
+        def wait(self, timeout: float | None = None) -> bool:
+            if tens.size() == 3:
+                raise KeyboardInterrupt
+            return super().wait(timeout)
+
+    fake = types.SimpleNamespace(
+        Event=CtrlC, current_thread=threading.current_thread, main_thread=threading.main_thread
+    )
+    monkeypatch.setattr(cli, "threading", fake)
+    assert main(["submit", "-n", "fg", "-g", guarantee, "--snapshot-interval", "100",
+                 "tens.py"]) == 130
+    monkeypatch.setattr(cli, "threading", threading)
+    captured = capsys.readouterr()
+    job = client.get_jet().get_job_by_name("fg")
+    assert job is not None
+    label = f"'fg' ({job.id})"
+    try:
+        if outcome == "suspended":
+            assert f"ERROR: interrupted: suspending job {label} after its current micro-batch" \
+                in captured.err
+            assert f"Job {label} is SUSPENDED (Requested by user)\n" in captured.out
+            assert f"Resume it with: sparkjet resume {job.id}\n" in captured.out
+            assert job.status is JobStatus.SUSPENDED
+        else:
+            assert f"ERROR: interrupted: cancelling job {label}\n" in captured.err
+            assert f"Job {label} finished: FAILED (cancelled by user)\n" in captured.out
+            assert job.is_user_cancelled()
+    finally:
+        stop_job(job)
+
+
+def wait_for_job(client: sparkjet.Client, name: str, status: JobStatus) -> Any:
+    def found() -> Any:
+        job = client.get_jet().get_job_by_name(name)
+        return job if job is not None and job.status is status else None
+
+    wait_for(found, 120, f"job {name} to be {status.value}")
+    return found()
+
+
+@pytest.mark.slow
+def test_interrupted_submit_suspends_and_resume_takes_over_in_another_process(
+    capsys: pytest.CaptureFixture[str],
+    config_file: Path,
+    client: sparkjet.Client,
+    tmp_path: Path,
+) -> None:
+    """submit (process A) -> SIGTERM: suspended -> resume (process B) takes the job over.
+
+    Then ``sparkjet suspend`` from this process suspends it in B, whose resume
+    command exits 0, and ``cancel`` ends it (its driver is gone: taken over here).
+    """
+    write_file("counts.py", """
+        from sparkjet.aggregate import counting
+        from sparkjet.pipeline import Pipeline, StreamSource
+
+        pipeline = Pipeline.create()
+        pipeline.read_from(StreamSource("events")) \\
+            .group_by(lambda e: e["k"]).aggregate(counting()).set_name("per-key") \\
+            .write_to(Pipeline.to_map("counts"))
+    """)
+    events = [{"k": f"k{i % 7}"} for i in range(300)]
+    write_file("first.jsonl", "".join(json.dumps(e) + "\n" for e in events[:200]))
+    write_file("second.jsonl", "".join(json.dumps(e) + "\n" for e in events[200:]))
+    assert main(["publish", "--partitions", "2", "events", "first.jsonl"]) == 0
+    assert capsys.readouterr().out == "Published 200 items to stream 'events'\n"
+    counts = client.get_map("counts")
+
+    def oracle(n: int) -> dict[str, int]:
+        return dict(Counter(e["k"] for e in events[:n]))
+
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def sparkjet_process(*args: str) -> tuple[subprocess.Popen[bytes], Path, Path]:
+        index = len(procs)
+        out, err = tmp_path / f"cli-{index}.out", tmp_path / f"cli-{index}.err"
+        env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+        with out.open("wb") as out_fh, err.open("wb") as err_fh:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "sparkjet.cli", *args],
+                stdout=out_fh, stderr=err_fh, env=env,
+            )
+        procs.append(proc)
+        return proc, out, err
+
+    def counted(n: int, proc: subprocess.Popen[bytes], err: Path) -> Any:
+        def check() -> bool:
+            if proc.poll() is not None:
+                pytest.fail(f"the command exited early ({proc.returncode}):\n{err.read_text()}")
+            return dict(counts.entry_set()) == oracle(n)
+
+        return check
+
+    try:
+        a, a_out, a_err = sparkjet_process(
+            "submit", "-n", "counter", "-g", "exactly_once", "--snapshot-interval", "200",
+            "counts.py",
+        )
+        wait_for(counted(200, a, a_err), 180, "process A to count the first events")
+        a.send_signal(signal.SIGTERM)
+        assert a.wait(timeout=90) == 130
+        assert "ERROR: interrupted: suspending job 'counter'" in a_err.read_text()
+        assert "is SUSPENDED (Requested by user)" in a_out.read_text()
+        job = client.get_jet().get_job_by_name("counter")
+        assert job is not None
+        assert job.status is JobStatus.SUSPENDED
+
+        assert main(["list-jobs"]) == 0
+        assert [(r[1], r[3]) for r in job_rows(capsys.readouterr().out)] == [
+            ("SUSPENDED", "counter")
+        ]
+        assert main(["publish", "events", "second.jsonl"]) == 0
+        capsys.readouterr()
+
+        b, b_out, b_err = sparkjet_process("resume", "counter")
+        wait_for(counted(300, b, b_err), 180, "process B to count the rest")
+        assert f"Resuming job 'counter' ({job.id}) in this process: the process that ran it " \
+            "is gone\n" in b_out.read_text()
+        assert f"Job 'counter' ({job.id}) is RUNNING" in b_out.read_text()
+
+        assert main(["suspend", "counter"]) == 0
+        # "... (Requested by user; the process that ran it has exited)" if B was quicker
+        assert "is SUSPENDED (Requested by user" in capsys.readouterr().out
+        assert b.wait(timeout=90) == 0, b_err.read_text()
+        assert f"Resume it with: sparkjet resume {job.id}" in b_out.read_text()
+        assert dict(counts.entry_set()) == oracle(300)  # every event counted exactly once
+
+        assert main(["cancel", "counter"]) == 0
+        assert "finished: FAILED (cancelled by user)" in capsys.readouterr().out
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)

@@ -232,3 +232,98 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     )
     assert run.returncode == 0, f"mkdocs build --strict failed:\n{run.stdout}\n{run.stderr}"
     assert (site / "index.html").is_file()
+
+
+# --- the command line, jobs and streaming -----------------------------------------------
+
+
+def cli_commands() -> dict[str, list[str]]:
+    """Every ``sparkjet`` subcommand with its long options."""
+    import argparse
+
+    from sparkjet.cli import build_parser
+
+    parser = build_parser()
+    subparsers = next(
+        a for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+    )
+    return {
+        name: [
+            opt for action in sub._actions for opt in action.option_strings
+            if opt.startswith("--") and opt != "--help"
+        ]
+        for name, sub in subparsers.choices.items()
+    }
+
+
+def test_cli_commands_are_found() -> None:
+    assert {"submit", "cancel", "suspend", "resume", "restart", "publish"} <= set(cli_commands())
+
+
+@pytest.mark.parametrize("command", sorted(cli_commands()))
+def test_every_cli_command_and_option_is_in_cli_md(command: str) -> None:
+    text = read_doc("cli.md")
+    found = sections(text, 2)
+    assert f"`{command}`" in found, f"docs/cli.md has no '## `{command}`' section"
+    assert f"sparkjet [--config FILE] [-v] {command}" in text, (
+        f"docs/cli.md: the synopsis at the top does not list {command}"
+    )
+    body = found[f"`{command}`"]
+    missing = [opt for opt in cli_commands()[command] if opt not in body]
+    assert not missing, f"docs/cli.md, section {command}: options not documented: {missing}"
+
+
+def test_every_job_method_is_in_jobs_md() -> None:
+    from sparkjet.core.jobs import Job
+
+    text = read_doc("jobs.md")
+    public = [name for name in vars(Job) if not name.startswith("_") and name != "label"]
+    missing = [name for name in public if f"`job.{name}" not in text]
+    assert not missing, f"Job members missing from docs/jobs.md (as `job.<name>`): {missing}"
+
+
+def test_updatable_config_fields_are_documented() -> None:
+    from sparkjet.core.jobs import UPDATABLE_FIELDS
+
+    for page in ("jobs.md", "streaming.md"):
+        text = read_doc(page)
+        missing = sorted(f for f in UPDATABLE_FIELDS if f"`{f}`" not in text)
+        assert not missing, f"docs/{page}: fields update_config() accepts not listed: {missing}"
+
+
+def test_streaming_metrics_are_in_streaming_md() -> None:
+    from sparkjet.core.streaming import StreamProgress
+
+    text = read_doc("streaming.md")
+    keys = [*StreamProgress().as_metrics(), "snapshotKeys", "snapshotBytes"]
+    missing = [key for key in keys if f"`{key}`" not in text]
+    assert not missing, f"streaming metrics missing from docs/streaming.md: {missing}"
+
+
+def test_streaming_plugin_api_is_in_plugins_md() -> None:
+    text = read_doc("plugins.md")
+    for method in ("initial_offsets", "latest_offsets", "plan_range"):
+        assert f"`{method}(" in text, f"docs/plugins.md: Source.{method} is not documented"
+    context_fields = [f.name for f in dataclasses.fields(plugin.JobContext)]
+    properties = [n for n, v in vars(plugin.JobContext).items() if isinstance(v, property)]
+    missing = [n for n in [*context_fields, *properties] if f"| `{n}` |" not in text]
+    assert not missing, f"docs/plugins.md: JobContext members missing from its table: {missing}"
+
+
+def test_stream_handle_is_documented() -> None:
+    from sparkjet.core.structures import IStream
+
+    members = [n for n in vars(IStream) if not n.startswith("_")]
+    for page in ("streaming.md", "store.md"):
+        text = read_doc(page)
+        missing = [n for n in members if f"`{n}" not in text]
+        assert not missing, f"docs/{page}: IStream members not documented: {missing}"
+
+
+def test_checkpoint_layout_matches_the_code() -> None:
+    from sparkjet.core import streaming
+
+    text = read_doc("streaming.md")
+    layout = (streaming.__doc__ or "").split("::", 1)[1]
+    for entry in re.findall(r"^\s+(\S+)", layout, re.M):
+        assert entry in text, f"docs/streaming.md: checkpoint entry {entry!r} is not described"

@@ -3,27 +3,38 @@
 Commands::
 
     sparkjet --version
-    sparkjet [--config FILE] [-v] submit [-n NAME] FILE.py [ARGS...]
+    sparkjet [--config FILE] [-v] submit [-n NAME] [-g GUARANTEE] [--snapshot-interval MILLIS]
+                                        [--suspend-on-failure] FILE.py [ARGS...]
     sparkjet [--config FILE] list-jobs [-a]
     sparkjet [--config FILE] cancel [--timeout SECONDS] JOB
+    sparkjet [--config FILE] suspend [--timeout SECONDS] JOB
+    sparkjet [--config FILE] resume [--timeout SECONDS] JOB
+    sparkjet [--config FILE] restart [--timeout SECONDS] JOB
+    sparkjet [--config FILE] publish [--partitions N] STREAM FILE
     sparkjet [--config FILE] plugins
 
 The configuration is found as ``sparkjet.connect()`` finds it (``--config``,
 ``SPARKJET_CONFIG``, ``./sparkjet.toml``, ``[tool.sparkjet]`` in
-``./pyproject.toml``). Only ``submit`` starts Spark; the other commands read
-the store and the plugins.
+``./pyproject.toml``). Only ``submit`` starts Spark, and ``resume`` when the
+job's driver died and the job continues in this process; the other commands
+read and write the store and load the plugins.
 
 ``submit`` loads ``FILE.py`` (as ``python FILE.py`` would, but without running
 its ``if __name__ == "__main__"`` block) and takes its module-level
 ``pipeline``: a :class:`~sparkjet.pipeline.Pipeline`, or a function returning
 one, which is given the list of ``ARGS`` if it takes a parameter. The job runs
-in this process; ``sparkjet cancel`` from another shell stops it.
+in this process, in the foreground, until it ends; a streaming job runs until
+it is cancelled or suspended. Interrupted (Ctrl-C, SIGTERM), ``submit``
+suspends a streaming job that has a processing guarantee, so that ``sparkjet
+resume`` continues it later, and cancels any other job. ``sparkjet cancel``,
+``suspend`` and ``restart`` from another shell act on it through the store.
 
-Exit status: 0 on success; 1 when a job failed or was cancelled, or an action
-on a job could not be done (unknown job, wrong status, timeout); 2 when the
-command line, the configuration, a plugin or the pipeline file is wrong; 130
-when interrupted. Expected errors print ``ERROR: <message>`` on stderr,
-without a traceback, and never a configured secret.
+Exit status: 0 on success (also when a foreground streaming job is suspended);
+1 when a job failed or was cancelled, or an action on a job or stream could
+not be done (unknown job or stream, wrong status, timeout); 2 when the command
+line, the configuration, a plugin, the pipeline file or the file to publish is
+wrong; 130 when interrupted. Expected errors print ``ERROR: <message>`` on
+stderr, without a traceback, and never a configured secret.
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import inspect
+import json
 import logging
 import runpy
 import signal
@@ -49,6 +61,7 @@ if TYPE_CHECKING:
     from sparkjet.core.client import Client
     from sparkjet.core.graph import Pipeline
     from sparkjet.core.jobs import JetService, Job
+    from sparkjet.job import JobStatus, ProcessingGuarantee
 
 __all__ = ["CliError", "load_pipeline", "main"]
 
@@ -57,11 +70,14 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
-#: How long ``cancel`` waits for the job to stop, unless ``--timeout`` says otherwise.
-DEFAULT_CANCEL_TIMEOUT = 60.0
-#: How often ``cancel`` reads the job's status while it waits.
-CANCEL_POLL_SECONDS = 0.2
-#: How long an interrupted ``submit`` waits for its cancelled job to stop.
+#: How long ``cancel``, ``suspend``, ``resume`` and ``restart`` wait for the job's new
+#: status, unless ``--timeout`` says otherwise.
+DEFAULT_TIMEOUT = 60.0
+DEFAULT_CANCEL_TIMEOUT = DEFAULT_TIMEOUT
+#: How often a command reads the status of a job while it waits.
+POLL_SECONDS = 0.2
+CANCEL_POLL_SECONDS = POLL_SECONDS
+#: How long an interrupted ``submit`` waits for its job to stop (cancelled) or suspend.
 INTERRUPT_GRACE_SECONDS = 30.0
 
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%S"
@@ -312,7 +328,6 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 
 
 def _cmd_submit(args: argparse.Namespace, client: Client) -> int:
-    from sparkjet.errors import JobFailedError, SparkjetError
     from sparkjet.job import JobConfig
 
     job_args = list(args.args)
@@ -320,25 +335,159 @@ def _cmd_submit(args: argparse.Namespace, client: Client) -> int:
         job_args = job_args[1:]
     pipeline = load_pipeline(args.file, job_args)
     config = JobConfig(name=args.name, arguments=job_args)
+    if args.guarantee is not None:
+        config.processing_guarantee = args.guarantee
+    if args.snapshot_interval is not None:
+        config.snapshot_interval_millis = args.snapshot_interval
+    if args.suspend_on_failure:
+        config.suspend_on_failure = True
     job = client.get_jet().submit(pipeline, config)
     _out(f"Submitted job {job.id}, name: {job.name or 'N/A'}")
+    return _follow(job, client)
+
+
+def _runs_here(job: Job) -> bool:
+    """Whether this process runs ``job`` (it submitted it, or took it over on resume)."""
+    return job._runner is not None
+
+
+def _driver_gone(job: Job) -> bool:
+    """Whether the process that ran ``job`` (not this one) has died."""
+    from sparkjet.core.jobs import _driver_alive
+
+    return not _runs_here(job) and not _driver_alive(job._refresh())
+
+
+def _suspension_cause(job: Job, client: Client) -> str:
+    from sparkjet.errors import JobStateError
+    from sparkjet.job import JobStatus
+
+    try:
+        cause = job.get_suspension_cause()
+    except JobStateError:  # it changed status meanwhile
+        return "no longer suspended"
+    record = job._refresh()
+    recorded = record.get("suspension_cause")
+    if recorded and record.get("status") == JobStatus.SUSPENDED.value and cause != recorded:
+        # Suspended first, then its process exited (as `sparkjet submit` does): say both.
+        cause = f"{recorded}; the process that ran it has exited"
+    return client.config.redact(cause)
+
+
+def _state_line(job: Job, client: Client) -> str:
+    """``Job <label> finished: <status>``, or ``Job <label> is <status>`` while it lives."""
+    from sparkjet.job import JobStatus
+
+    status = job.status
+    if status.is_terminal():
+        return f"Job {job.label} finished: {_status_text(job)}"
+    if status is JobStatus.SUSPENDED:
+        return f"Job {job.label} is SUSPENDED ({_suspension_cause(job, client)})"
+    return f"Job {job.label} is {status.value}"
+
+
+def _follow(job: Job, client: Client, resumed: bool = False) -> int:
+    """Keep a job that runs in this process in the foreground until it ends or is suspended.
+
+    ``resumed``: the job was SUSPENDED and has just been resumed here, so
+    SUSPENDED counts only once it has run again (RUNNING is printed then).
+    """
+    from sparkjet.errors import JobFailedError
+    from sparkjet.job import JobStatus
+
+    changed = threading.Event()
+    job.add_status_listener(lambda event: changed.set())
+    waiting_to_run = resumed
     try:
         with _sigterm_as_interrupt():
-            job.join()
+            while True:
+                changed.clear()
+                status = job.status
+                if status.is_terminal():
+                    break
+                if status is JobStatus.SUSPENDED and not waiting_to_run:
+                    _out(_state_line(job, client))
+                    _out(f"Resume it with: sparkjet resume {job.id}")
+                    return EXIT_OK
+                if waiting_to_run and status is not JobStatus.SUSPENDED:
+                    waiting_to_run = False
+                    _out(_state_line(job, client))
+                changed.wait(POLL_SECONDS)
     except KeyboardInterrupt:
+        return _interrupted(job, client, starting=waiting_to_run)
+    try:
+        job.join()
+    except JobFailedError as exc:
+        _out(_state_line(job, client))
+        _error(client.config.redact(str(exc)))
+        return EXIT_FAILED
+    _out(_state_line(job, client))
+    return EXIT_OK
+
+
+def _settled(job: Job) -> bool:
+    from sparkjet.job import JobStatus
+
+    status = job.status
+    return status.is_terminal() or status is JobStatus.SUSPENDED
+
+
+def _ended(job: Job) -> bool:
+    return job.is_terminal()
+
+
+def _is_streaming(job: Job) -> bool:
+    return job._refresh().get("kind") == "stream"
+
+
+def _interrupted(job: Job, client: Client, starting: bool = False) -> int:
+    """Ctrl-C or SIGTERM in the foreground: suspend a job with a guarantee, else cancel it.
+
+    Only a streaming job can be suspended; it keeps its checkpoint, so
+    ``sparkjet resume`` continues it. One that has not started running yet
+    (``starting``: still SUSPENDED while it resumes here) is suspended as soon
+    as it runs. A second interrupt cancels the job.
+    """
+    from sparkjet.errors import JobStateError, SparkjetError
+    from sparkjet.job import JobStatus, ProcessingGuarantee
+
+    suspending = (
+        _is_streaming(job) and job.config.processing_guarantee is not ProcessingGuarantee.NONE
+    )
+    if suspending:
+        _error(
+            f"interrupted: suspending job {job.label} after its current micro-batch "
+            "(interrupt again to cancel it)"
+        )
+    else:
         _error(f"interrupted: cancelling job {job.label}")
+        with contextlib.suppress(SparkjetError):
+            job.cancel()
+    try:
+        with _sigterm_as_interrupt():
+            while suspending:
+                status = job.status
+                if status in (JobStatus.RUNNING, JobStatus.STARTING):
+                    with contextlib.suppress(JobStateError):  # it stopped meanwhile
+                        job.suspend()
+                    break
+                if status.is_terminal() or (status is JobStatus.SUSPENDED and not starting):
+                    break
+                time.sleep(POLL_SECONDS)  # not running yet: suspend it once it is
+            deadline = time.monotonic() + INTERRUPT_GRACE_SECONDS
+            done: Callable[[Job], bool] = _settled if suspending else _ended
+            while not done(job) and time.monotonic() < deadline:
+                time.sleep(POLL_SECONDS)
+    except KeyboardInterrupt:
+        _error(f"interrupted again: cancelling job {job.label}")
         with contextlib.suppress(SparkjetError):
             job.cancel()
         with contextlib.suppress(SparkjetError):
             job.join(timeout=INTERRUPT_GRACE_SECONDS)
-        _out(f"Job {job.label} finished: {_status_text(job)}")
-        return EXIT_INTERRUPTED
-    except JobFailedError as exc:
-        _out(f"Job {job.label} finished: {_status_text(job)}")
-        _error(client.config.redact(str(exc)))
-        return EXIT_FAILED
-    _out(f"Job {job.label} finished: {_status_text(job)}")
-    return EXIT_OK
+    _out(_state_line(job, client))
+    if suspending and not job.is_terminal():
+        _out(f"Resume it with: sparkjet resume {job.id}")
+    return EXIT_INTERRUPTED
 
 
 def _status_text(job: Job) -> str:
@@ -392,6 +541,152 @@ def _cmd_cancel(args: argparse.Namespace, client: Client) -> int:
     )
 
 
+def _await_status(
+    job: Job,
+    wanted: JobStatus,
+    timeout: float,
+    client: Client,
+    refuse: tuple[JobStatus, ...] = (),
+    retake: Callable[[], bool] | None = None,
+) -> None:
+    """Wait until ``job`` reads ``wanted``; CliError (exit 1) if it ends, or times out first.
+
+    ``refuse``: statuses that mean the action did not take (reported at once).
+    ``retake``: called on every poll; returning True stops the wait successfully.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        status = job.status
+        if status is wanted:
+            return
+        if status.is_terminal():
+            failure = job.get_failure()
+            detail = f": {client.config.redact(failure)}" if failure else ""
+            raise CliError(
+                f"job {job.label} ended {_status_text(job)} before it was {wanted.value}"
+                f"{detail}",
+                EXIT_FAILED,
+            )
+        if status in refuse:
+            raise CliError(
+                f"job {job.label} is {status.value}, not {wanted.value}: "
+                f"{_suspension_cause(job, client)}",
+                EXIT_FAILED,
+            )
+        if retake is not None and retake():
+            return
+        if time.monotonic() >= deadline:
+            raise CliError(
+                f"job {job.label} did not become {wanted.value} within {timeout:g} s (status "
+                f"{status.value}); it may still do so later",
+                EXIT_FAILED,
+            )
+        time.sleep(POLL_SECONDS)
+
+
+def _cmd_suspend(args: argparse.Namespace, client: Client) -> int:
+    from sparkjet.job import JobStatus
+
+    job = _find_job(client.get_jet(), args.job)
+    job.suspend()
+    _out(f"Suspending job {job.label}")
+    _await_status(job, JobStatus.SUSPENDED, args.timeout, client)
+    _out(_state_line(job, client))
+    return EXIT_OK
+
+
+def _cmd_resume(args: argparse.Namespace, client: Client) -> int:
+    from sparkjet.job import JobStatus
+
+    job = _find_job(client.get_jet(), args.job)
+    job.resume()
+    taken_over = False
+
+    def take_over_if_orphaned() -> bool:
+        # The driver asked to resume died before it did: continue the job here.
+        nonlocal taken_over
+        if job.status is JobStatus.SUSPENDED and _driver_gone(job):
+            job.resume()
+            taken_over = _runs_here(job)
+        return taken_over
+
+    if _runs_here(job):
+        _out(f"Resuming job {job.label} in this process: the process that ran it is gone")
+    else:
+        _out(f"Resuming job {job.label}")
+        _await_status(job, JobStatus.RUNNING, args.timeout, client, retake=take_over_if_orphaned)
+        if not taken_over:
+            _out(_state_line(job, client))
+            return EXIT_OK
+        _out(f"The process that ran job {job.label} is gone: it resumes in this process")
+    # The job runs here now: stay in the foreground, as `submit` does.
+    return _follow(job, client, resumed=True)
+
+
+def _cmd_restart(args: argparse.Namespace, client: Client) -> int:
+    from sparkjet.job import JobStatus
+
+    job = _find_job(client.get_jet(), args.job)
+    job.restart()
+    _out(f"Restarting job {job.label}")
+    _await_status(job, JobStatus.RUNNING, args.timeout, client, refuse=(JobStatus.SUSPENDED,))
+    _out(_state_line(job, client))
+    return EXIT_OK
+
+
+def _read_json_lines(file: str) -> list[Any]:
+    """Every item of a JSON-lines file (``-``: stdin); blank lines are skipped.
+
+    :raises CliError: the file cannot be read, is not UTF-8, or a line is not
+        JSON (the line is named).
+    """
+    shown = "stdin" if file == "-" else file
+    items: list[Any] = []
+    try:
+        with contextlib.ExitStack() as stack:
+            if file == "-":
+                lines: Any = getattr(sys.stdin, "buffer", sys.stdin)
+            else:
+                lines = stack.enter_context(open(file, "rb"))
+            for lineno, raw in enumerate(lines, 1):
+                try:
+                    line = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+                except UnicodeDecodeError:
+                    raise CliError(f"{shown}: not UTF-8 text (line {lineno})") from None
+                if lineno == 1:
+                    line = line.removeprefix("\ufeff")  # a byte order mark
+                if not line.strip():
+                    continue
+                try:
+                    items.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise CliError(
+                        f"{shown}: invalid JSON (line {lineno}, column {exc.colno}): {exc.msg}"
+                    ) from None
+    except FileNotFoundError:
+        raise CliError(f"{shown}: no such file") from None
+    except IsADirectoryError:
+        raise CliError(f"{shown}: is a directory, expected a file of JSON lines") from None
+    except OSError as exc:
+        raise CliError(f"{shown}: cannot read: {exc.strerror or exc}") from None
+    return items
+
+
+def _cmd_publish(args: argparse.Namespace, client: Client) -> int:
+    items = _read_json_lines(args.file)  # all of it first: a bad line publishes nothing
+    if args.partitions is None and not client.store.stream_log(args.stream).exists():
+        raise CliError(
+            f"stream '{args.stream}' does not exist in store '{client.store.shown_url}': "
+            "pass --partitions N to create it",
+            EXIT_FAILED,
+        )
+    stream = client.get_stream(args.stream, args.partitions)
+    stream.publish_all(items)
+    noun = "item" if len(items) == 1 else "items"
+    _out(f"Published {len(items)} {noun} to stream '{args.stream}'")
+    return EXIT_OK
+
+
 def _cmd_plugins(args: argparse.Namespace, client: Client) -> int:
     host = client.plugins
     rows: list[tuple[str, str, str, str]] = []
@@ -439,6 +734,44 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _guarantee(text: str) -> ProcessingGuarantee:
+    from sparkjet.job import ProcessingGuarantee
+
+    try:
+        return ProcessingGuarantee.parse(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected none, at_least_once or exactly_once, got {text!r}"
+        ) from None
+
+
+def _add_job_action(
+    commands: Any,
+    name: str,
+    handler: Callable[[argparse.Namespace, Client], int],
+    summary: str,
+    description: str,
+    waits_for: str,
+) -> None:
+    command = commands.add_parser(name, help=summary, description=description)
+    command.add_argument("job", metavar="JOB", help="the job's id or name")
+    command.add_argument(
+        "-t", "--timeout", type=_positive_seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+        help=f"how long to wait for the job {waits_for} (default {DEFAULT_TIMEOUT:g})",
+    )
+    command.set_defaults(handler=handler)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Build the argument parser of the ``sparkjet`` command."""
     parser = _Parser(
@@ -459,12 +792,29 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     submit = commands.add_parser(
-        "submit", help="run the pipeline defined in a Python file as a job and wait for it",
+        "submit", help="run the pipeline defined in a Python file as a job, in the foreground",
         description="Load FILE.py, submit its module-level 'pipeline' (a Pipeline, or a "
-        "function returning one, given the list of ARGS if it takes a parameter) and wait "
-        "for the job to end. Exits 1 if the job fails or is cancelled.",
+        "function returning one, given the list of ARGS if it takes a parameter) and run the "
+        "job in this process until it ends; a streaming job runs until it is cancelled or "
+        "suspended (exit 0). Exits 1 if the job fails or is cancelled. Interrupted, it "
+        "suspends a streaming job with a processing guarantee and cancels any other job.",
     )
     submit.add_argument("-n", "--name", help="the job's name")
+    submit.add_argument(
+        "-g", "--guarantee", type=_guarantee, metavar="GUARANTEE",
+        help="the job's processing guarantee: none (the default), at_least_once or "
+        "exactly_once; a streaming job with a guarantee is suspended, not cancelled, when "
+        "this command is interrupted",
+    )
+    submit.add_argument(
+        "--snapshot-interval", type=_positive_int, metavar="MILLIS",
+        help="JobConfig.snapshot_interval_millis: a streaming job's micro-batch interval with "
+        "a guarantee (default 10000)",
+    )
+    submit.add_argument(
+        "--suspend-on-failure", action="store_true",
+        help="suspend a failing streaming job instead of failing it (it can be resumed)",
+    )
     submit.add_argument("file", metavar="FILE.py", help="Python file defining 'pipeline'")
     submit.add_argument(
         "args", metavar="ARGS", nargs=argparse.REMAINDER,
@@ -489,11 +839,51 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cancel.add_argument("job", metavar="JOB", help="the job's id or name")
     cancel.add_argument(
-        "-t", "--timeout", type=_positive_seconds, default=DEFAULT_CANCEL_TIMEOUT,
+        "-t", "--timeout", type=_positive_seconds, default=DEFAULT_TIMEOUT,
         metavar="SECONDS",
-        help=f"how long to wait for the job to stop (default {DEFAULT_CANCEL_TIMEOUT:g})",
+        help=f"how long to wait for the job to stop (default {DEFAULT_TIMEOUT:g})",
     )
     cancel.set_defaults(handler=_cmd_cancel)
+
+    _add_job_action(
+        commands, "suspend", _cmd_suspend,
+        "suspend a running streaming job and wait until it is SUSPENDED",
+        "Ask the streaming job with this id or name to stop after its current micro-batch "
+        "commits (through the store if another process runs it) and wait until it is "
+        "SUSPENDED. Its checkpoint is kept; 'sparkjet resume' continues it.",
+        "to be SUSPENDED",
+    )
+    _add_job_action(
+        commands, "resume", _cmd_resume,
+        "resume a suspended streaming job and wait until it is RUNNING",
+        "Continue the SUSPENDED streaming job with this id or name from its last committed "
+        "micro-batch and wait until it is RUNNING. If the process that ran it has died, the "
+        "job continues in this process, in the foreground, as with 'submit'.",
+        "to be RUNNING",
+    )
+    _add_job_action(
+        commands, "restart", _cmd_restart,
+        "restart a running streaming job",
+        "Stop the RUNNING streaming job with this id or name after its current micro-batch "
+        "and start it again: from its last committed micro-batch with a processing "
+        "guarantee, from scratch with NONE.",
+        "to be RUNNING",
+    )
+
+    publish = commands.add_parser(
+        "publish", help="append the JSON lines of a file to a stream",
+        description="Parse every line of FILE ('-' for stdin) as JSON and append the values "
+        "to the store's stream STREAM, spread over its partitions. Blank lines are skipped; "
+        "a line that is not JSON is an error and nothing is published.",
+    )
+    publish.add_argument("stream", metavar="STREAM", help="the stream's name")
+    publish.add_argument("file", metavar="FILE", help="a file of JSON lines, or - for stdin")
+    publish.add_argument(
+        "-p", "--partitions", type=_positive_int, metavar="N",
+        help="create the stream with N partitions if it does not exist (an existing stream "
+        "must have N partitions)",
+    )
+    publish.set_defaults(handler=_cmd_publish)
 
     plugins = commands.add_parser(
         "plugins", help="list loaded plugins, what they register and the guarantees supported",
