@@ -1,0 +1,117 @@
+"""A streaming-job driver the fault tests start as a subprocess and SIGKILL.
+
+    python stream_driver.py STORE JOB_NAME GUARANTEE [--interval MS] [--pause-at BATCH]
+
+The first run submits the job (``events`` stream -> counts per key into map
+``counts``, and every raw item into list ``seen``); a later run finds the job by
+name and resumes it (its previous driver died, so the job reads SUSPENDED and
+``resume()`` takes it over). Then it joins until killed.
+
+Progress goes to stdout, one line each, flushed: ``SUBMITTED <id>`` or
+``RESUMED <id>`` (or ``REFUSED <why>`` and exit status 3 when ``resume()``
+raises JobStateError), and ``PAUSED <batch>``. SIGUSR1 dumps every thread's
+stack to stderr.
+
+``--pause-at BATCH`` injects the worst moment for a crash: the driver stops
+for good after micro-batch BATCH's sinks have committed and before its
+checkpoint commit is written (the first time only: a marker file next to the
+store remembers it), so the test can SIGKILL it right there and the next
+driver must replay a batch that already landed in the sinks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import os
+import signal
+import sys
+import time
+
+#: Spark settings of the driver (small, like the test session).
+SPARK = {
+    "master": "local[2]",
+    "app_name": "sparkjet-fault-driver",
+    "conf": {
+        "spark.ui.enabled": "false",
+        "spark.default.parallelism": "2",
+        "spark.sql.shuffle.partitions": "2",
+        "spark.driver.memory": "512m",
+    },
+}
+
+
+def build_pipeline():  # type: ignore[no-untyped-def]
+    from sparkjet.aggregate import counting
+    from sparkjet.pipeline import Pipeline, StreamSource
+
+    p = Pipeline.create()
+    events = p.read_from(StreamSource("events")).set_name("events")
+    (
+        events.group_by(lambda e: e["key"]).aggregate(counting())
+        .set_name("count-per-key").write_to(Pipeline.to_map("counts"))
+    )
+    events.map(lambda e: e).set_name("raw").write_to(Pipeline.to_list("seen"))
+    return p
+
+
+def _install_pause(batch: int, marker: str) -> None:
+    """Block the loop between the sinks' commits and the checkpoint commit of ``batch``."""
+    from sparkjet.core import streaming
+
+    original = streaming.Checkpoint.write_commit
+
+    def write_commit(self, b, record):  # type: ignore[no-untyped-def]
+        if b >= batch and not os.path.exists(marker):
+            with open(marker, "w") as fh:
+                fh.write(str(b))
+            print(f"PAUSED {b}", flush=True)
+            while True:  # wait for SIGKILL
+                time.sleep(1)
+        return original(self, b, record)
+
+    streaming.Checkpoint.write_commit = write_commit
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("store")
+    parser.add_argument("name")
+    parser.add_argument("guarantee", choices=["EXACTLY_ONCE", "AT_LEAST_ONCE"])
+    parser.add_argument("--interval", type=int, default=200)
+    parser.add_argument("--pause-at", type=int, default=None)
+    args = parser.parse_args()
+    # The test sends SIGUSR1 before it gives up on a driver: every thread's stack to stderr.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+    import sparkjet
+    from sparkjet.errors import JobStateError
+    from sparkjet.job import JobConfig, ProcessingGuarantee
+
+    if args.pause_at is not None:
+        _install_pause(args.pause_at, f"{args.store}.paused-{args.pause_at}")
+    client = sparkjet.connect(store={"url": args.store}, spark=SPARK)
+    jet = client.get_jet()
+    job = jet.get_job_by_name(args.name)
+    if job is None or job.is_terminal():
+        job = jet.submit(build_pipeline(), JobConfig(
+            name=args.name,
+            processing_guarantee=ProcessingGuarantee[args.guarantee],
+            snapshot_interval_millis=args.interval,
+        ))
+        print(f"SUBMITTED {job.id}", flush=True)
+    else:
+        try:
+            job.resume()
+        except JobStateError as exc:  # e.g. another process resumed it first
+            print(f"REFUSED {exc}", flush=True)
+            return 3
+        print(f"RESUMED {job.id}", flush=True)
+    job.join()
+    print("ENDED", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
