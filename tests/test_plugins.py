@@ -703,7 +703,8 @@ def test_guarantee_check_lists_every_offender(
     ]
     assert "asks for EXACTLY_ONCE" in str(error)
     assert all(offender in str(error) for offender in error.offenders)
-    assert error.stage == error.offenders[0]
+    assert error.stage == "from-ticker(ticks)"
+    assert error.stages == ["from-ticker(ticks)", "to-jsonl(out)"]
 
 
 def test_guarantee_check_lists_only_offenders(

@@ -360,17 +360,11 @@ def _driver_gone(job: Job) -> bool:
 
 def _suspension_cause(job: Job, client: Client) -> str:
     from sparkjet.errors import JobStateError
-    from sparkjet.job import JobStatus
 
     try:
         cause = job.get_suspension_cause()
     except JobStateError:  # it changed status meanwhile
         return "no longer suspended"
-    record = job._refresh()
-    recorded = record.get("suspension_cause")
-    if recorded and record.get("status") == JobStatus.SUSPENDED.value and cause != recorded:
-        # Suspended first, then its process exited (as `sparkjet submit` does): say both.
-        cause = f"{recorded}; the process that ran it has exited"
     return client.config.redact(cause)
 
 

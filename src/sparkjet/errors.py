@@ -52,10 +52,15 @@ class ProcessingGuaranteeError(PipelineDefinitionError):
     The message lists every offender with the guarantees it supports.
     """
 
-    def __init__(self, message: str, offenders: list[str]) -> None:
-        super().__init__(message, offenders[0] if offenders else None)
+    def __init__(
+        self, message: str, offenders: list[str], stages: list[str] | None = None
+    ) -> None:
+        stages = stages or []
+        super().__init__(message, stages[0] if stages else None)
         #: One line per participant that cannot keep the guarantee.
         self.offenders = offenders
+        #: The names of the offending stages, in the same order.
+        self.stages = stages
 
 
 class JobAlreadyExistsError(SparkjetError):

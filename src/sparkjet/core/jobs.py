@@ -556,9 +556,12 @@ class Job:
         if status is not JobStatus.SUSPENDED:
             raise JobStateError(f"job {self.label} is not suspended (it is {status.value})")
         record = self._refresh()
+        cause = str(record.get("suspension_cause") or "Requested by user")
         if self._runner is None and not _driver_alive(record):
+            if record["status"] == JobStatus.SUSPENDED.value:
+                return f"{cause}; the process that ran it has exited, resume() continues it here"
             return "the driver process running the job died; resume() continues it here"
-        return str(record.get("suspension_cause") or "Requested by user")
+        return cause
 
     def add_status_listener(self, listener: Callable[[JobStatusEvent], None]) -> None:
         """Call ``listener(event)`` on every later status change.

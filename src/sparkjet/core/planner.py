@@ -155,6 +155,7 @@ def _check_guarantee(
     guarantee: ProcessingGuarantee,
 ) -> None:
     offenders = []
+    stages = []
     for node, entry in participants.items():
         supported = entry.cls.guarantees
         if guarantee not in supported:
@@ -163,11 +164,13 @@ def _check_guarantee(
                 f"stage '{names[node]}' ({entry.category} '{entry.kind}' from plugin "
                 f"'{entry.plugin}') supports {listed}"
             )
+            stages.append(names[node])
     if offenders:
         raise ProcessingGuaranteeError(
             f"the job asks for {guarantee.value}, which these participants cannot keep:\n  "
             + "\n  ".join(offenders),
             offenders,
+            stages,
         )
 
 

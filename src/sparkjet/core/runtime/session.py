@@ -18,7 +18,9 @@ _session: Any = None
 
 #: Settings sparkjet applies unless the configuration sets them.
 DEFAULT_CONF = {
-    # Stateful Python operators need RocksDB (streaming jobs).
+    # sparkjet's streaming jobs keep their own state; Structured Streaming queries
+    # run in the same session (by plugins or users) get RocksDB, which Spark's
+    # stateful Python operators need.
     "spark.sql.streaming.stateStore.providerClass": (
         "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
     ),
