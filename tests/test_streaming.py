@@ -86,6 +86,7 @@ def test_rolling_aggregate_matches_oracle_across_batches(client) -> None:  # typ
         assert metrics["stages"]["per-key"]["snapshotKeys"] == len(oracle)
         assert metrics["stages"]["per-key"]["receivedCount"] == 700
         assert metrics["snapshotCount"] == metrics["lastCommittedBatch"] + 1
+        assert metrics["processingRate"] > 0 and metrics["inputRate"] > 0
     finally:
         stop(job)
 

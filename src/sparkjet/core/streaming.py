@@ -113,17 +113,26 @@ class StreamProgress:
     stage_totals: dict[str, int] = field(default_factory=dict)
     state: dict[str, tuple[int, int]] = field(default_factory=dict)  # stage -> (keys, bytes)
     last_batch_end_ms: int = -1
+    previous_batch_end_ms: int = -1
 
     def as_metrics(self) -> dict[str, Any]:
+        """Jet-style names: rates are items per second of the last micro-batch.
+
+        ``processingRate`` divides its items by its duration; ``inputRate`` by
+        the time since the batch before it ended (how fast data arrived).
+        """
         recent = self.durations_ms[-100:]
         last_rows = self.input_rows[-1] if self.input_rows else 0
         last_ms = recent[-1] if recent else 0
+        span = self.last_batch_end_ms - self.previous_batch_end_ms
         return {
             "lastCommittedBatch": self.last_committed,
             "snapshotCount": self.snapshots,
             "batchDurationsMillis": recent,
             "lastBatchDurationMillis": last_ms,
             "processingRate": (last_rows * 1000 / last_ms) if last_ms else 0.0,
+            "inputRate": (last_rows * 1000 / span)
+            if self.previous_batch_end_ms > 0 and span > 0 else 0.0,
         }
 
 
@@ -242,5 +251,6 @@ class StreamLoop:
                 p.state[stage] = (value, size) if what == "keys" else (keys, value)
             else:
                 p.stage_totals[key] = p.stage_totals.get(key, 0) + value
+        p.previous_batch_end_ms = p.last_batch_end_ms
         p.last_batch_end_ms = int(time.time() * 1000)
 
