@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,6 +64,21 @@ def client(store_url: str) -> sparkjet.Client:
 @pytest.fixture
 def jet(client: sparkjet.Client):  # type: ignore[no-untyped-def]
     return client.get_jet()
+
+
+def wait_until(
+    predicate: Callable[[], Any], timeout: float = 60, what: str = "condition",
+    interval: float = 0.1,
+) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
 
 
 def run_pipeline(client: sparkjet.Client, pipeline, name: str | None = None):  # type: ignore[no-untyped-def]

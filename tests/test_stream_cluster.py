@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ import pytest
 import sparkjet
 from sparkjet.job import Job, JobStatus
 from tests.cluster.standalone import Proc, StandaloneCluster, descendants
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -49,17 +50,6 @@ ROUND = 1500
 # --- helpers -----------------------------------------------------------------------
 
 
-def wait_until(
-    predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.2
-) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 class Feed:

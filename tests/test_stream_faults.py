@@ -36,6 +36,7 @@ from sparkjet.errors import (
 )
 from sparkjet.job import Job, JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.pipeline import Pipeline, StreamSource
+from tests.conftest import wait_until
 from tests.faults import flaky_sink
 
 FAULTS = Path(__file__).parent / "faults"
@@ -49,18 +50,6 @@ N_KEYS = 97
 # --- helpers -----------------------------------------------------------------------
 
 
-def wait_until(
-    predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1
-) -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 def item(i: int) -> dict[str, Any]:

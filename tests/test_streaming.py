@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -24,18 +23,11 @@ from sparkjet.job import JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.pipeline import Pipeline, StreamSource
 from sparkjet.plugin import ALL_GUARANTEES, StatefulTransform, hookimpl
 from tests.conftest import TEST_SPARK
+from tests.conftest import wait_until as wait_for
 
 EXACTLY_ONCE = ProcessingGuarantee.EXACTLY_ONCE
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 60, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def start(client, pipeline, name, guarantee=EXACTLY_ONCE, **config):  # type: ignore[no-untyped-def]
@@ -107,6 +99,7 @@ def test_order_sensitive_fold_without_combiner(client) -> None:  # type: ignore[
         for x in items:
             oracle[x % 3] = oracle.get(x % 3, 7) * 31 + x
         wait_for(lambda: dict(client.get_map("folds").entry_set()) == oracle, what="oracle")
+        assert dict(client.get_map("folds").entry_set()) == oracle
     finally:
         stop(job)
 
