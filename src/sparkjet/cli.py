@@ -403,7 +403,7 @@ def _follow(job: Job, client: Client, resumed: bool = False) -> int:
                     _out(_state_line(job, client))
                     _out(f"Resume it with: sparkjet resume {job.id}")
                     return EXIT_OK
-                if waiting_to_run and status is not JobStatus.SUSPENDED:
+                if waiting_to_run and status not in (JobStatus.SUSPENDED, JobStatus.STARTING):
                     waiting_to_run = False
                     _out(_state_line(job, client))
                 changed.wait(POLL_SECONDS)
