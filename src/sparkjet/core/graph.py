@@ -18,10 +18,6 @@ if TYPE_CHECKING:
 
 #: Operations that keep no state: fused into one Python pass per partition.
 STATELESS = frozenset({"map", "filter", "flat_map", "peek"})
-#: Operations that need all (or all of a key's) items: they end a fused pass.
-STATEFUL = frozenset(
-    {"aggregate", "group_aggregate", "group_apply", "map_stateful", "distinct", "sort"}
-)
 
 _MAX_NAME = 200
 

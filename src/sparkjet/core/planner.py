@@ -12,7 +12,7 @@ from typing import Any
 
 import cloudpickle
 
-from sparkjet.core.graph import STATELESS, Pipeline, Transform
+from sparkjet.core.graph import Pipeline, Transform
 from sparkjet.core.plugins import PluginHost, Registered
 from sparkjet.errors import PipelineDefinitionError, ProcessingGuaranteeError
 from sparkjet.job import ProcessingGuarantee
@@ -173,6 +173,3 @@ def _check_guarantee(
             stages,
         )
 
-
-def is_stateless(node: Transform) -> bool:
-    return node.op in STATELESS

@@ -91,9 +91,6 @@ class Checkpoint:
                 if old <= batch - _KEEP_LOG:
                     self.store.remove(f"{self.root}/{folder}/{old:0{_WIDTH}d}.json")
 
-    def commit_count(self) -> int:
-        return len(self._batches("commits"))
-
     @property
     def state_root(self) -> str:
         return f"{self.root}/state"

@@ -98,11 +98,6 @@ def executor_ids(sc: Any) -> set[str] | None:
     return out
 
 
-def active_session() -> Any:
-    """The session if one was built, else None."""
-    return _session
-
-
 def set_job_group(sc: Any, group: str, description: str) -> None:
     """Tag Spark jobs started from this thread, so they can be cancelled together."""
     sc.setJobGroup(group, description, interruptOnCancel=True)
