@@ -6,6 +6,21 @@ All of them derive from :class:`SparkjetError`. Each message names the culprit
 
 from __future__ import annotations
 
+from sparkjet.core.errors import (
+    ConfigError,
+    JobAlreadyExistsError,
+    JobCancelledError,
+    JobFailedError,
+    JobNotFoundError,
+    JobStateError,
+    PipelineDefinitionError,
+    PluginError,
+    ProcessingGuaranteeError,
+    SparkjetError,
+    StoreError,
+    TimeoutException,
+)
+
 __all__ = [
     "ConfigError",
     "JobAlreadyExistsError",
@@ -20,81 +35,3 @@ __all__ = [
     "StoreError",
     "TimeoutException",
 ]
-
-
-class SparkjetError(Exception):
-    """Base class of every error sparkjet raises on purpose."""
-
-
-class ConfigError(SparkjetError):
-    """A configuration file or override is invalid: names the file, the key, what was expected."""
-
-
-class PluginError(SparkjetError):
-    """A plugin failed to load or registered something invalid: names plugin and distribution."""
-
-
-class PipelineDefinitionError(SparkjetError):
-    """A pipeline cannot be run as defined: names the stage at fault.
-
-    Raised by ``submit`` before any Spark work starts.
-    """
-
-    def __init__(self, message: str, stage: str | None = None) -> None:
-        super().__init__(message)
-        #: Name of the offending stage, when the error is about one.
-        self.stage = stage
-
-
-class ProcessingGuaranteeError(PipelineDefinitionError):
-    """A job asks for a processing guarantee that a source, sink or stateful stage cannot keep.
-
-    The message lists every offender with the guarantees it supports.
-    """
-
-    def __init__(
-        self, message: str, offenders: list[str], stages: list[str] | None = None
-    ) -> None:
-        stages = stages or []
-        super().__init__(message, stages[0] if stages else None)
-        #: One line per participant that cannot keep the guarantee.
-        self.offenders = offenders
-        #: The names of the offending stages, in the same order.
-        self.stages = stages
-
-
-class JobAlreadyExistsError(SparkjetError):
-    """A job with the same name is already active (not completed, failed or cancelled)."""
-
-
-class JobNotFoundError(SparkjetError):
-    """No job with the given id or name exists in the store."""
-
-
-class JobFailedError(SparkjetError):
-    """A job ended in FAILED status; raised from ``Job.join()``.
-
-    When a user function failed, :attr:`stage` names its stage and the user's
-    exception is chained as ``__cause__``.
-    """
-
-    def __init__(self, message: str, stage: str | None = None) -> None:
-        super().__init__(message)
-        #: Name of the stage whose function raised, if known.
-        self.stage = stage
-
-
-class JobCancelledError(JobFailedError):
-    """The job was cancelled by a user (``Job.cancel()``, ``sparkjet cancel``); from ``join()``."""
-
-
-class JobStateError(SparkjetError):
-    """The job is not in a status that allows the requested action (names job and status)."""
-
-
-class StoreError(SparkjetError):
-    """Reading or writing the store (lists, maps, job records) failed: names the path."""
-
-
-class TimeoutException(SparkjetError, TimeoutError):
-    """``Job.join(timeout=...)`` expired before the job reached a terminal status."""

@@ -25,17 +25,24 @@ submitted the job) or on **executors** (Spark's Python workers). Whatever an
 executor method uses must be picklable; instances are shipped with cloudpickle.
 """
 
+
 from __future__ import annotations
 
-import logging
-from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
-
+from sparkjet.core.contracts import (
+    ALL_GUARANTEES,
+    AT_LEAST_ONCE_AT_MOST,
+    BatchedItems,
+    JobContext,
+    Sink,
+    SnapshotBackend,
+    Source,
+    StatefulTransform,
+    TaskContext,
+)
 from sparkjet.core.hookspecs import hookimpl
+from sparkjet.core.model import ProcessingGuarantee
+from sparkjet.core.plugins import PluginInfo, Registered
 from sparkjet.core.store import CommitLog, Store
-from sparkjet.job import ProcessingGuarantee
 
 __all__ = [
     "ALL_GUARANTEES",
@@ -43,7 +50,9 @@ __all__ = [
     "BatchedItems",
     "CommitLog",
     "JobContext",
+    "PluginInfo",
     "ProcessingGuarantee",
+    "Registered",
     "Sink",
     "SnapshotBackend",
     "Source",
@@ -52,253 +61,3 @@ __all__ = [
     "TaskContext",
     "hookimpl",
 ]
-
-#: Every guarantee: for participants that replay and commit idempotently.
-ALL_GUARANTEES: frozenset[ProcessingGuarantee] = frozenset(ProcessingGuarantee)
-#: NONE and AT_LEAST_ONCE: for participants that may repeat items after a failure.
-AT_LEAST_ONCE_AT_MOST: frozenset[ProcessingGuarantee] = frozenset(
-    {ProcessingGuarantee.NONE, ProcessingGuarantee.AT_LEAST_ONCE}
-)
-
-
-class BatchedItems:
-    """Many items to ship inside a partition descriptor, pickled in batches.
-
-    One pickle of a list of millions of objects keeps a memo entry per object
-    and costs about three times as much as pickling the same list in slices of
-    1024 (what PySpark's own serializer does). Wrap large inline data in this
-    so it crosses to executors at PySpark's speed; ``.items`` is the list.
-    """
-
-    BATCH = 1024
-
-    __slots__ = ("items",)
-
-    def __init__(self, items: list[Any]) -> None:
-        self.items = items
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        import pickle
-
-        step = self.BATCH
-        batches = [
-            pickle.dumps(self.items[i : i + step], protocol=5)
-            for i in range(0, len(self.items), step)
-        ]
-        return (_unbatch, (batches,))
-
-
-def _unbatch(batches: list[bytes]) -> BatchedItems:
-    import pickle
-
-    items: list[Any] = []
-    for batch in batches:
-        items.extend(pickle.loads(batch))
-    return BatchedItems(items)
-
-
-@dataclass(frozen=True)
-class JobContext:
-    """What a plugin sees on the driver while a job is planned, started or committed."""
-
-    #: The job's id.
-    job_id: str
-    #: The job's name, or None.
-    job_name: str | None
-    #: The store the job runs against (picklable: may be captured for executors).
-    store: Store
-    #: Spark's default parallelism: a good number of partitions to plan.
-    parallelism: int
-    #: This plugin's table from ``[plugins.<name>]`` in the configuration.
-    options: Mapping[str, Any] = field(default_factory=dict)
-    #: The guarantee the job runs with.
-    processing_guarantee: ProcessingGuarantee = ProcessingGuarantee.NONE
-    #: In a streaming job, the micro-batch being committed (None in batch jobs).
-    #: A sink that declares EXACTLY_ONCE must commit each batch id at most once.
-    batch_id: int | None = None
-    #: The name of the stage this context is for (sources, sinks, transforms).
-    stage: str = ""
-    #: Which checkpoint the batch ids count in: a job with NONE starts a new one
-    #: (and counts from 0 again) when it restarts.
-    checkpoint_id: str = ""
-
-    @property
-    def writer_id(self) -> str:
-        """Identifies this job's stage as a writer: the same across its micro-batches."""
-        return f"{self.job_id}.{self.stage}"
-
-    @property
-    def commit_token(self) -> str | None:
-        """Identifies this stage's commit of this micro-batch, for idempotent commits.
-
-        Unique per job, stage and batch, so two sinks of one job writing the
-        same target never mistake each other's commits for their own.
-        """
-        if self.batch_id is None:
-            return None
-        return f"{self.writer_id}.{self.checkpoint_id}.b{self.batch_id}"
-
-    @property
-    def logger(self) -> logging.Logger:
-        """A logger named after the job."""
-        return logging.getLogger(f"sparkjet.job.{self.job_name or self.job_id}")
-
-
-@dataclass(frozen=True)
-class TaskContext:
-    """What a plugin sees on an executor while it reads or writes one partition."""
-
-    job_id: str
-    #: Index of the partition being read or written.
-    partition: int
-    store: Store
-    options: Mapping[str, Any] = field(default_factory=dict)
-
-
-class _Participant(ABC):
-    #: Registered name: unique among all plugins of the same category.
-    kind: ClassVar[str]
-    #: The processing guarantees this participant can keep; checked at submit.
-    guarantees: ClassVar[frozenset[ProcessingGuarantee]] = frozenset({ProcessingGuarantee.NONE})
-
-    def describe(self) -> str:
-        """A short description for stage names, error messages and ``sparkjet plugins``."""
-        return self.kind
-
-
-class Source(_Participant):
-    """A batch or streaming source.
-
-    A batch source is split into partitions on the driver; each partition is
-    read on an executor. Partitions are read and concatenated in order, so a
-    source's order is kept by the stages that keep order.
-    """
-
-    #: True for unbounded sources; such a pipeline runs as a streaming job.
-    streaming: ClassVar[bool] = False
-
-    def __init__(self, name: str) -> None:
-        #: Name of the data this source reads; part of its stage name.
-        self.name = name
-
-    def describe(self) -> str:
-        """``kind:name``, used in generated stage names and messages."""
-        return f"{self.kind}:{self.name}"
-
-    @abstractmethod
-    def partitions(self, context: JobContext) -> Sequence[Any]:
-        """Runs on the driver: plan the read as picklable partition descriptors, in order.
-
-        Batch sources only; streaming sources plan with :meth:`plan_range`.
-        """
-
-    @abstractmethod
-    def read(self, partition: Any, context: TaskContext) -> Iterable[Any]:
-        """Runs on an executor: the items of one partition descriptor, in order."""
-
-    # Streaming sources (``streaming = True``) also implement the three below.
-    # Offsets are JSON-serialisable values; sparkjet records them in the job's
-    # checkpoint before each micro-batch and replays the same range after a
-    # failure, so a source that can re-read a range supports EXACTLY_ONCE.
-
-    def initial_offsets(self, context: JobContext) -> Any:
-        """Runs on the driver: where a job with no checkpoint starts reading."""
-        raise NotImplementedError(f"{type(self).__qualname__} is not a streaming source")
-
-    def latest_offsets(self, context: JobContext) -> Any:
-        """Runs on the driver: the offsets up to which data is available now."""
-        raise NotImplementedError(f"{type(self).__qualname__} is not a streaming source")
-
-    def plan_range(self, start: Any, end: Any, context: JobContext) -> Sequence[Any]:
-        """Runs on the driver: partition descriptors for the items in ``[start, end)``."""
-        raise NotImplementedError(f"{type(self).__qualname__} is not a streaming source")
-
-
-class Sink(_Participant):
-    """A sink: executors write partitions, the driver commits once.
-
-    Modelled on pyspark's ``DataSourceWriter``: :meth:`write` returns a
-    picklable commit message per partition; :meth:`commit` receives them all,
-    in partition order, once every partition succeeded; :meth:`abort` is
-    called instead when the job fails, so nothing becomes visible.
-    """
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def describe(self) -> str:
-        """``kind:name``, used in generated stage names and messages."""
-        return f"{self.kind}:{self.name}"
-
-    def prepare(self, context: JobContext) -> Any:
-        """Runs on the driver before the job writes: return picklable state for :meth:`write`."""
-        return None
-
-    @abstractmethod
-    def write(self, state: Any, items: Iterator[Any], context: TaskContext) -> Any:
-        """Runs on an executor: consume one partition's items; return a picklable message."""
-
-    @abstractmethod
-    def commit(self, state: Any, messages: list[Any], context: JobContext) -> None:
-        """Runs on the driver once all partitions are written: make the output visible."""
-
-    def abort(self, state: Any, messages: list[Any], context: JobContext) -> None:
-        """Runs on the driver when the job fails after :meth:`prepare`.
-
-        ``messages`` may be incomplete: when the job fails, the messages of
-        partitions that did write are lost with the failed Spark action. Clean
-        up by what :meth:`prepare` returned (for example a unique prefix of
-        the staged files), not only by the messages.
-        """
-
-
-class StatefulTransform(_Participant):
-    """A keyed stateful transform, applied with ``stage.group_by(key_fn).apply(transform)``.
-
-    For each key, sparkjet keeps a state object: it calls :meth:`create_state`
-    for a key seen for the first time and then :meth:`process` with the key's
-    items in encounter order (in a batch job once, with all of them). Both run
-    on executors; the instance is shipped with cloudpickle.
-    """
-
-    @abstractmethod
-    def create_state(self) -> Any:
-        """Runs on an executor: the state of a key seen for the first time."""
-
-    @abstractmethod
-    def process(self, state: Any, key: Any, items: list[Any]) -> tuple[Any, Iterable[Any]]:
-        """Runs on an executor: fold ``items`` into ``state``; return ``(new_state, outputs)``."""
-
-    def state_signature(self) -> str:
-        """Identifies the state's layout; a snapshot whose signature differs is refused."""
-        return f"{type(self).__module__}.{type(self).__qualname__}"
-
-
-class SnapshotBackend(ABC):
-    """Where exported snapshots are kept, selected by ``[snapshots] backend = "<kind>"``.
-
-    All methods run on the driver. Paths are relative to the backend's root
-    and use ``/``.
-    """
-
-    kind: ClassVar[str]
-
-    def __init__(self, url: str, options: Mapping[str, Any] | None = None) -> None:
-        self.url = url
-        self.options = dict(options or {})
-
-    @abstractmethod
-    def write_bytes(self, path: str, data: bytes) -> None:
-        """Write a whole file, replacing any old one."""
-
-    @abstractmethod
-    def read_bytes(self, path: str) -> bytes:
-        """Read a whole file; FileNotFoundError if absent."""
-
-    @abstractmethod
-    def list(self, prefix: str) -> list[str]:
-        """Relative paths of the files under ``prefix``."""
-
-    @abstractmethod
-    def delete(self, prefix: str) -> None:
-        """Delete every file under ``prefix``."""

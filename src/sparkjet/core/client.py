@@ -7,11 +7,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from sparkjet.core.config import Config, load_config
+from sparkjet.core.errors import ConfigError
 from sparkjet.core.jobs import JetService
-from sparkjet.core.plugins import PluginHost
+from sparkjet.core.plugins import PluginHost, PluginInfo
 from sparkjet.core.store import Store
 from sparkjet.core.structures import IList, IMap, IStream
-from sparkjet.errors import ConfigError
 
 
 class Client:
@@ -62,6 +62,18 @@ class Client:
         Publishing to a stream that was never created is an error naming it.
         """
         return IStream(self.store, name, partitions)
+
+    def redact(self, text: str) -> str:
+        """``text`` with every configured secret (``${env:...}`` value) masked."""
+        return self.config.redact(text)
+
+    def list_plugins(self) -> list[PluginInfo]:
+        """Every loaded plugin, in load order, with where it came from and what it registered."""
+        return list(self.plugins.plugins.values())
+
+    def blocked_plugins(self) -> list[str]:
+        """Names of the plugins blocked by ``[plugins] disable`` or ``SPARKJET_BLOCK_PLUGINS``."""
+        return sorted(self.plugins.blocked)
 
     def register_plugin(self, plugin: object, name: str) -> None:
         """Register a plugin object (a module or instance with ``@hookimpl`` functions) now."""

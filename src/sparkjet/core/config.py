@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from sparkjet.errors import ConfigError
+from sparkjet.core.errors import ConfigError
 
 ENV_CONFIG = "SPARKJET_CONFIG"
 DEFAULT_STORE_URL = "./.sparkjet"

@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from sparkjet.aggregate import AggregateOperation
-from sparkjet.errors import PipelineDefinitionError
+from sparkjet.core.aggregation import AggregateOperation
+from sparkjet.core.errors import PipelineDefinitionError
 
 if TYPE_CHECKING:
-    from sparkjet.plugin import Sink, Source, StatefulTransform
+    from sparkjet.core.contracts import Sink, Source, StatefulTransform
 
 #: Operations that keep no state: fused into one Python pass per partition.
 STATELESS = frozenset({"map", "filter", "flat_map", "peek"})
@@ -86,7 +86,7 @@ class Pipeline:
 
     def read_from(self, source: Source) -> Stage:
         """Start a branch of the pipeline at ``source``."""
-        from sparkjet.plugin import Source
+        from sparkjet.core.contracts import Source
 
         if not isinstance(source, Source):
             raise PipelineDefinitionError(
@@ -235,7 +235,7 @@ class Stage(_Handle):
 
     def write_to(self, sink: Sink) -> SinkStage:
         """End this branch in ``sink``."""
-        from sparkjet.plugin import Sink
+        from sparkjet.core.contracts import Sink
 
         if not isinstance(sink, Sink):
             raise PipelineDefinitionError(
@@ -285,7 +285,7 @@ class GroupedStage(Stage):
     def _node(self) -> Transform:
         # Used as a plain stage: (key, [items]) through the to_list aggregation.
         if self._materialized is None:
-            from sparkjet.aggregate import to_list
+            from sparkjet.core.aggregation import to_list
 
             self._materialized = self._named(self._upstream._add(
                 "group_aggregate", fn=self._key_fn,
@@ -346,7 +346,7 @@ class GroupedStage(Stage):
 
     def apply(self, transform: StatefulTransform) -> Stage:
         """Run a keyed :class:`~sparkjet.plugin.StatefulTransform` over each key's items."""
-        from sparkjet.plugin import StatefulTransform
+        from sparkjet.core.contracts import StatefulTransform
 
         if not isinstance(transform, StatefulTransform):
             raise PipelineDefinitionError(

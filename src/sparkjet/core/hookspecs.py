@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
+    from sparkjet.core.contracts import Sink, SnapshotBackend, Source, StatefulTransform
     from sparkjet.core.jobs import Job
-    from sparkjet.job import JobStatus
-    from sparkjet.plugin import Sink, SnapshotBackend, Source, StatefulTransform
+    from sparkjet.core.model import JobStatus
 
 PROJECT = "sparkjet"
 

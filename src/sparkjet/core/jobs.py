@@ -22,11 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
-from sparkjet.core.graph import Transform
-from sparkjet.core.planner import Plan, plan
-from sparkjet.core.store import JobRecords
-from sparkjet.core.streaming import Checkpoint, StreamLoop, StreamProgress
-from sparkjet.errors import (
+from sparkjet.core.contracts import JobContext
+from sparkjet.core.errors import (
     ConfigError,
     JobAlreadyExistsError,
     JobCancelledError,
@@ -35,8 +32,11 @@ from sparkjet.errors import (
     PipelineDefinitionError,
     TimeoutException,
 )
-from sparkjet.job import JobConfig, JobStatus, ProcessingGuarantee
-from sparkjet.plugin import JobContext
+from sparkjet.core.graph import Transform
+from sparkjet.core.model import JobConfig, JobStatus, ProcessingGuarantee
+from sparkjet.core.planner import Plan, plan
+from sparkjet.core.store import JobRecords
+from sparkjet.core.streaming import Checkpoint, StreamLoop, StreamProgress
 
 if TYPE_CHECKING:
     from sparkjet.core.client import Client
@@ -491,6 +491,7 @@ class Job:
 
     @property
     def label(self) -> str:
+        """How messages name the job: ``'name' (id)``, or the id of an unnamed job."""
         return f"'{self.name}' ({self.id})" if self.name else self.id
 
     @property
@@ -532,6 +533,41 @@ class Job:
     def is_terminal(self) -> bool:
         """True once the job has COMPLETED or FAILED."""
         return self.status.is_terminal()
+
+    def is_streaming(self) -> bool:
+        """True for a streaming job (one that reads an unbounded source)."""
+        return self._refresh().get("kind") == "stream"
+
+    def is_driven_here(self) -> bool:
+        """True when this process drives the job: it submitted it, or took it over on resume."""
+        return self._runner is not None
+
+    def is_driver_alive(self) -> bool:
+        """Whether the process that drives the job still does (True in that process).
+
+        Another process's driver counts as dead when it stopped sending
+        heartbeats, or at once when it ran on this host and its process is gone.
+        """
+        return self._runner is not None or _driver_alive(self._refresh())
+
+    def wait_for_status(self, *wanted: JobStatus, timeout: float | None = None) -> JobStatus:
+        """Wait until the job's status is one of ``wanted`` or terminal; return that status.
+
+        :raises TimeoutException: ``timeout`` seconds passed first (the message
+            names the job and its status then).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            status = self.status
+            if status in wanted or status.is_terminal():
+                return status
+            if deadline is not None and time.monotonic() >= deadline:
+                shown = " or ".join(s.value for s in wanted) or "a terminal status"
+                raise TimeoutException(
+                    f"job {self.label} did not become {shown} within {timeout:g} s "
+                    f"(status {status.value})"
+                )
+            time.sleep(REMOTE_POLL_SECONDS)
 
     def is_user_cancelled(self) -> bool:
         """True if the job ended because a user cancelled it."""

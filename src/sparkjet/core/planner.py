@@ -12,10 +12,10 @@ from typing import Any
 
 import cloudpickle
 
+from sparkjet.core.errors import PipelineDefinitionError, ProcessingGuaranteeError
 from sparkjet.core.graph import Pipeline, Transform
+from sparkjet.core.model import ProcessingGuarantee
 from sparkjet.core.plugins import PluginHost, Registered
-from sparkjet.errors import PipelineDefinitionError, ProcessingGuaranteeError
-from sparkjet.job import ProcessingGuarantee
 
 #: Operations a streaming job cannot run, with the reason shown to the user.
 _NOT_IN_STREAMS = {
@@ -73,7 +73,7 @@ def plan(pipeline: Any, host: PluginHost, guarantee: ProcessingGuarantee) -> Pla
 
 
 def _check_streaming_sources(nodes: list[Transform], names: dict[Transform, str]) -> None:
-    from sparkjet.plugin import Source
+    from sparkjet.core.contracts import Source
 
     for node in nodes:
         if node.op != "source" or not node.params["source"].streaming:

@@ -1,17 +1,16 @@
-"""The plugin manager: loads built-ins and entry points, collects registered classes.
+"""The plugin manager: loads every plugin from entry points, collects registered classes.
 
-Built-in plugins are loaded by dotted module name through the same path as
-third-party ones, which come from the ``sparkjet`` entry-point group.
-``SPARKJET_DISABLE_PLUGIN_AUTOLOAD=1`` skips entry points;
+Built-in plugins are entry points of the ``sparkjet`` distribution in the same
+``sparkjet`` group third-party distributions use, loaded by the same code;
+the core never names a plugin module. ``SPARKJET_DISABLE_PLUGIN_AUTOLOAD=1``
+skips third-party entry points (built-ins still load);
 ``SPARKJET_BLOCK_PLUGINS=a,b`` (and ``[plugins] disable``) blocks plugins by
-name; ``SPARKJET_TRACE_HOOKS=1`` logs every hook call to the
-``sparkjet.hooks`` logger at DEBUG level.
+name, built-ins included; ``SPARKJET_TRACE_HOOKS=1`` logs every hook call to
+the ``sparkjet.hooks`` logger at DEBUG level.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
 import importlib.metadata
 import logging
 import os
@@ -22,7 +21,7 @@ from typing import Any
 import pluggy
 
 from sparkjet.core import hookspecs
-from sparkjet.errors import PluginError
+from sparkjet.core.errors import PluginError
 
 log = logging.getLogger("sparkjet.plugins")
 
@@ -31,13 +30,8 @@ ENV_DISABLE_AUTOLOAD = "SPARKJET_DISABLE_PLUGIN_AUTOLOAD"
 ENV_BLOCK = "SPARKJET_BLOCK_PLUGINS"
 ENV_TRACE = "SPARKJET_TRACE_HOOKS"
 
-#: Built-in plugins: name -> module. Loaded by name; core never imports them.
-BUILTIN_PLUGINS: dict[str, str] = {
-    "list": "sparkjet.plugins.lists",
-    "map": "sparkjet.plugins.maps",
-    "logger": "sparkjet.plugins.logger",
-    "stream": "sparkjet.plugins.streams",
-}
+#: The distribution whose entry points are the built-in plugins.
+BUILTIN_DISTRIBUTION = "sparkjet"
 
 #: Registration hook -> (base class path, label).
 _REGISTRATIONS = {
@@ -52,12 +46,16 @@ _REGISTRATIONS = {
 class Registered:
     """A class contributed by a plugin."""
 
+    #: The registered class.
     cls: type[Any]
+    #: The name of the plugin that registered it.
     plugin: str
-    category: str  # "source" | "sink" | "stateful transform" | "snapshot backend"
+    #: "source", "sink", "stateful transform" or "snapshot backend".
+    category: str
 
     @property
     def kind(self) -> str:
+        """The class's ``kind``: the name it is selected by."""
         return str(self.cls.kind)
 
 
@@ -65,9 +63,16 @@ class Registered:
 class PluginInfo:
     """One loaded plugin: where it came from and what it registered."""
 
+    #: The plugin's name (its entry point's name).
     name: str
-    origin: str  # "built-in", "<dist> <version> (entry point)", "registered at runtime"
+    #: "built-in", "<distribution> <version> (entry point)" or "registered at runtime".
+    origin: str
+    #: What it registered, in order.
     registered: list[Registered] = field(default_factory=list)
+
+
+def _normalized(distribution: str) -> str:
+    return distribution.lower().replace("_", "-").replace(".", "-")
 
 
 def _is_truthy(value: str | None) -> bool:
@@ -90,10 +95,7 @@ class PluginHost:
         self._by_class: dict[type[Any], Registered] = {}
         if autoload is None:
             autoload = not _is_truthy(os.environ.get(ENV_DISABLE_AUTOLOAD))
-        for name, module in BUILTIN_PLUGINS.items():
-            self._load(name, functools.partial(importlib.import_module, module), "built-in")
-        if autoload:
-            self._load_entry_points()
+        self._load_entry_points(third_party=autoload)
         try:
             self.pm.check_pending()
         except pluggy.PluginValidationError as exc:
@@ -109,15 +111,28 @@ class PluginHost:
 
     # --- loading ---------------------------------------------------------
 
-    def _load_entry_points(self) -> None:
+    def _load_entry_points(self, third_party: bool) -> None:
+        builtins: list[importlib.metadata.EntryPoint] = []
+        others: list[importlib.metadata.EntryPoint] = []
+        seen: set[tuple[str, str]] = set()
         for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            if (ep.name, ep.value) in seen:  # one distribution seen twice on sys.path
+                continue
+            seen.add((ep.name, ep.value))
+            owner = ep.dist.name if ep.dist is not None else ""
+            (builtins if _normalized(owner) == BUILTIN_DISTRIBUTION else others).append(ep)
+        if not builtins:
+            raise PluginError(
+                "sparkjet's built-in plugins are missing: the installed 'sparkjet' distribution "
+                f"declares no entry points in group '{ENTRY_POINT_GROUP}'; reinstall sparkjet "
+                "(pip install sparkjet, or pip install -e . in a source checkout)"
+            )
+        for ep in builtins:
+            self._load(ep.name, ep.load, "built-in")
+        for ep in others if third_party else ():
             dist = ep.dist
             origin = f"{dist.name} {dist.version} (entry point)" if dist else "entry point"
             if ep.name in self.plugins:
-                if self.plugins[ep.name].origin == "built-in" and ep.value == BUILTIN_PLUGINS.get(
-                    ep.name
-                ):
-                    continue
                 raise PluginError(
                     f'plugin name "{ep.name}" from {origin} is already taken by '
                     f"{self.plugins[ep.name].origin}"
@@ -172,7 +187,7 @@ class PluginHost:
 
     def _collect(self, name: str) -> None:
         """Call the registration hooks of one plugin and record what it registers."""
-        from sparkjet import plugin as api
+        from sparkjet.core import contracts as api
 
         others = [p for p in self.pm.get_plugins() if self.pm.get_name(p) != name]
         for hook_name, (base_name, category) in _REGISTRATIONS.items():
@@ -200,7 +215,7 @@ class PluginHost:
         if not isinstance(kind, str) or not kind:
             raise PluginError(f"{where}: {category} {cls.__qualname__} has no 'kind' string")
         guarantees: Any = getattr(cls, "guarantees", frozenset())
-        from sparkjet.job import ProcessingGuarantee
+        from sparkjet.core.model import ProcessingGuarantee
 
         if category != "snapshot backend" and (
             not isinstance(guarantees, frozenset | set)

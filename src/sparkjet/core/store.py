@@ -27,7 +27,7 @@ from typing import Any
 
 import fsspec
 
-from sparkjet.errors import StoreError
+from sparkjet.core.errors import StoreError
 
 PICKLE_PROTOCOL = 5
 _SEQ_WIDTH = 20

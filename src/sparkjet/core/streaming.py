@@ -26,10 +26,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkjet.core.contracts import JobContext
 from sparkjet.core.graph import Transform
 from sparkjet.core.planner import Plan
 from sparkjet.core.store import Store
-from sparkjet.plugin import JobContext
 
 log = logging.getLogger("sparkjet.streaming")
 

@@ -21,11 +21,11 @@ import json
 import pickle
 import random
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
+from sparkjet.core.errors import StoreError
 from sparkjet.core.store import PICKLE_PROTOCOL, Store, encode_name
-from sparkjet.errors import StoreError
 
 _HEADER = struct.Struct(">QH")
 _WIDTH = 20
@@ -185,7 +185,3 @@ class StreamLog:
             out.extend(items[lo:hi])
         return out
 
-
-def ranges(start: Sequence[int], end: Sequence[int]) -> list[tuple[int, int, int]]:
-    """``(partition, start, end)`` for every partition with items in ``[start, end)``."""
-    return [(p, s, e) for p, (s, e) in enumerate(zip(start, end, strict=True)) if e > s]

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from sparkjet.core.errors import StoreError
 from sparkjet.core.store import CommitLog, Store
-from sparkjet.errors import StoreError
 
 __all__ = ["IList", "IMap"]
 
@@ -164,6 +164,10 @@ class IStream:
 
     def __repr__(self) -> str:
         return f"IStream({self.name!r})"
+
+    def exists(self) -> bool:
+        """True once the stream has been created (by a publisher, a sink or a source)."""
+        return self._log.exists()
 
     @property
     def partition_count(self) -> int:

@@ -53,10 +53,8 @@ class StreamSource(Source):
         return self._log(context).end_offsets()
 
     def plan_range(self, start: Any, end: Any, context: JobContext) -> Sequence[Any]:
-        """Runs on the driver: one descriptor per partition with new items."""
-        from sparkjet.core.streams import ranges
-
-        return ranges(start, end)
+        """Runs on the driver: ``(partition, start, end)`` for each partition with new items."""
+        return [(p, s, e) for p, (s, e) in enumerate(zip(start, end, strict=True)) if e > s]
 
     def partitions(self, context: JobContext) -> Sequence[Any]:
         """A stream has no batch plan: streaming jobs call :meth:`plan_range`."""

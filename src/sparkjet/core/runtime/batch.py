@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
 
+from sparkjet.core.contracts import JobContext, TaskContext
+from sparkjet.core.errors import JobFailedError
 from sparkjet.core.fusion import (
     FusedPass,
     Op,
@@ -35,8 +37,6 @@ from sparkjet.core.fusion import (
 )
 from sparkjet.core.graph import STATELESS, Transform
 from sparkjet.core.planner import Plan
-from sparkjet.errors import JobFailedError
-from sparkjet.plugin import JobContext, TaskContext
 
 log = logging.getLogger("sparkjet.batch")
 

@@ -27,11 +27,11 @@ from typing import Any
 
 import cloudpickle
 
+from sparkjet.core.contracts import JobContext
 from sparkjet.core.graph import Transform
 from sparkjet.core.planner import Plan
 from sparkjet.core.runtime.batch import BatchRun, Flow, _fail
 from sparkjet.core.store import Store, encode_name
-from sparkjet.plugin import JobContext
 
 _WIDTH = 20
 

@@ -1,0 +1,147 @@
+"""The job model: processing guarantees, statuses and ``JobConfig``.
+
+Plain values with no I/O, so every layer may use them; the public face is
+:mod:`sparkjet.job`.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from sparkjet.core.errors import ConfigError
+
+__all__ = ["JobConfig", "JobStatus", "ProcessingGuarantee"]
+
+
+class ProcessingGuarantee(enum.Enum):
+    """What a job promises about each item after a failure (Jet's three levels)."""
+
+    #: No snapshots: after a restart the job starts from scratch.
+    NONE = "NONE"
+    #: Snapshots; items processed since the last one may be processed again.
+    AT_LEAST_ONCE = "AT_LEAST_ONCE"
+    #: Snapshots and idempotent sinks: every item affects the result exactly once.
+    EXACTLY_ONCE = "EXACTLY_ONCE"
+
+    @property
+    def rank(self) -> int:
+        """Strength of the guarantee: NONE < AT_LEAST_ONCE < EXACTLY_ONCE."""
+        return _RANK[self]
+
+    @classmethod
+    def parse(cls, value: ProcessingGuarantee | str) -> ProcessingGuarantee:
+        """Accept an enum member or its name in any case (``"exactly_once"``, ``"exactlyOnce"``)."""
+        if isinstance(value, ProcessingGuarantee):
+            return value
+        if isinstance(value, str):
+            wanted = value.replace("-", "_").replace(" ", "_")
+            for member in cls:
+                if member.value.replace("_", "").lower() == wanted.replace("_", "").lower():
+                    return member
+        choices = ", ".join(m.value for m in cls)
+        raise ValueError(f"processing_guarantee must be one of {choices}, got {value!r}")
+
+
+_RANK = {
+    ProcessingGuarantee.NONE: 0,
+    ProcessingGuarantee.AT_LEAST_ONCE: 1,
+    ProcessingGuarantee.EXACTLY_ONCE: 2,
+}
+
+
+class JobStatus(enum.Enum):
+    """The eight statuses of a Jet job."""
+
+    NOT_RUNNING = "NOT_RUNNING"
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    SUSPENDED = "SUSPENDED"
+    SUSPENDED_EXPORTING_SNAPSHOT = "SUSPENDED_EXPORTING_SNAPSHOT"
+    COMPLETING = "COMPLETING"
+    FAILED = "FAILED"
+    COMPLETED = "COMPLETED"
+
+    def is_terminal(self) -> bool:
+        """True for COMPLETED and FAILED: the job will never run again."""
+        return self in (JobStatus.COMPLETED, JobStatus.FAILED)
+
+
+_INT_FIELDS = ("snapshot_interval_millis",)
+_BOOL_FIELDS = (
+    "auto_scaling_enabled",
+    "split_brain_protection_enabled",
+    "suspend_on_failure",
+    "metrics_enabled",
+    "store_metrics_after_job_completion",
+)
+
+
+@dataclass
+class JobConfig:
+    """Configuration of one job, validated whenever a field is set.
+
+    Field names and defaults follow Jet's ``JobConfig``. ``arguments`` carries
+    values to the job (the CLI puts its ``ARGS`` there); they must be JSON
+    serialisable because they are stored in the job record.
+    """
+
+    name: str | None = None
+    processing_guarantee: ProcessingGuarantee = ProcessingGuarantee.NONE
+    snapshot_interval_millis: int = 10_000
+    auto_scaling_enabled: bool = True
+    split_brain_protection_enabled: bool = False
+    suspend_on_failure: bool = False
+    initial_snapshot_name: str | None = None
+    metrics_enabled: bool = True
+    store_metrics_after_job_completion: bool = False
+    arguments: list[Any] = field(default_factory=list)
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        object.__setattr__(self, key, _validate(key, value))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The configuration as JSON-ready data (as stored in the job record)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["processing_guarantee"] = self.processing_guarantee.value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> JobConfig:
+        """Rebuild a configuration from :meth:`to_dict` output."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"JobConfig: unknown field(s) {', '.join(unknown)}")
+        return cls(**data)
+
+
+def _validate(key: str, value: Any) -> Any:
+    def bad(expected: str) -> ConfigError:
+        return ConfigError(f"JobConfig.{key}: expected {expected}, got {value!r}")
+
+    if key == "name" or key == "initial_snapshot_name":
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise bad("a non-empty string or None")
+    elif key == "processing_guarantee":
+        try:
+            return ProcessingGuarantee.parse(value)
+        except ValueError as exc:
+            raise ConfigError(f"JobConfig.{key}: {exc}") from None
+    elif key in _INT_FIELDS:
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise bad("a positive int")
+    elif key in _BOOL_FIELDS:
+        if not isinstance(value, bool):
+            raise bad("a bool")
+    elif key == "arguments":
+        if not isinstance(value, list | tuple):
+            raise bad("a list")
+        try:
+            json.dumps(list(value))
+        except (TypeError, ValueError) as exc:
+            raise bad(f"JSON-serialisable values ({exc})") from None
+        return list(value)
+    return value
