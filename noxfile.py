@@ -29,9 +29,13 @@ def tests(session: nox.Session, spark: str) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """Ruff over the package, tests, benchmarks and examples."""
+    """Ruff over the code, then the import contracts (layers, no cycles) of pyproject.toml."""
     session.install("ruff>=0.6")
     session.run("ruff", "check", "src", "tests", "benchmarks", "examples", "noxfile.py")
+    # lint-imports reads the installed package's import graph (the contracts
+    # forbid pyspark outside the runtime, so pyspark need not be installed).
+    session.install("import-linter>=2.13", "-e", ".")
+    session.run("lint-imports")
 
 
 @nox.session(python=PYTHON)

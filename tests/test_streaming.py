@@ -65,12 +65,13 @@ def test_rolling_aggregate_matches_oracle_across_batches(client) -> None:  # typ
             wait_for(lambda: dict(client.get_map("counts").entry_set()) == oracle,
                      what="the map to match the oracle")
         assert oracle[1] == 300  # 1, 1.0 and True are one key
-        updates = client.get_list("updates").get_all()
-        # Each batch emits one update per key it touched; the last per key is the total.
-        last = {}
-        for key, count in updates:
-            last[key] = count
-        assert last == oracle
+
+        def last_updates() -> dict[Any, int]:
+            # Each batch emits one update per key it touched; the last per key is the total.
+            return dict(client.get_list("updates").get_all())
+
+        # The two sinks commit one after the other: the list may land just after the map.
+        wait_for(lambda: last_updates() == oracle, what="the list's last updates")
         # The sink commits before the batch's commit record and metrics are written.
         metrics = wait_for(
             lambda: (m := job.get_metrics())["lastCommittedBatch"] >= 2 and m, what="metrics"

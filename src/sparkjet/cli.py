@@ -353,9 +353,7 @@ def _runs_here(job: Job) -> bool:
 
 def _driver_gone(job: Job) -> bool:
     """Whether the process that ran ``job`` (not this one) has died."""
-    from sparkjet.core.jobs import _driver_alive
-
-    return not _runs_here(job) and not _driver_alive(job._refresh())
+    return not _runs_here(job) and not job.is_driver_alive()
 
 
 def _suspension_cause(job: Job, client: Client) -> str:

@@ -37,12 +37,14 @@ from sparkjet.core.contracts import (
     SnapshotBackend,
     Source,
     StatefulTransform,
+    StoreAccess,
     TaskContext,
 )
 from sparkjet.core.hookspecs import hookimpl
 from sparkjet.core.model import ProcessingGuarantee
 from sparkjet.core.plugins import PluginInfo, Registered
 from sparkjet.core.store import CommitLog, Store
+from sparkjet.core.streams import StreamLog
 
 __all__ = [
     "ALL_GUARANTEES",
@@ -58,6 +60,8 @@ __all__ = [
     "Source",
     "StatefulTransform",
     "Store",
+    "StoreAccess",
+    "StreamLog",
     "TaskContext",
     "hookimpl",
 ]

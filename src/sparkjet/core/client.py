@@ -1,4 +1,8 @@
-"""The client: configuration, store, plugins, Spark session and the jet service."""
+"""The client, the composition root: configuration, store, plugins, engine and jet service.
+
+It is the one place that picks the engine (Spark, from :mod:`sparkjet.core.runtime`)
+and hands it to the services, which know it only as :class:`~sparkjet.core.engine.Engine`.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +11,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from sparkjet.core.config import Config, load_config
+from sparkjet.core.engine import Engine
 from sparkjet.core.errors import ConfigError
-from sparkjet.core.jobs import JetService
+from sparkjet.core.jobs import JetService, Services
 from sparkjet.core.plugins import PluginHost, PluginInfo
-from sparkjet.core.store import Store
+from sparkjet.core.store import JobRecords, Store
 from sparkjet.core.structures import IList, IMap, IStream
 
 
@@ -21,7 +26,7 @@ class Client:
     lazily, with the first job.
     """
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, engine: Engine | None = None) -> None:
         if config.spark_remote:
             raise ConfigError(
                 f"{config.source or 'configuration'}: [spark] remote is set, but this sparkjet "
@@ -30,6 +35,7 @@ class Client:
         self.config = config
         self.store = Store(config.store_url, config.store_options, config.redact)
         self.plugins = PluginHost(config.plugins_disable)
+        self._engine = engine
         self._jet: JetService | None = None
 
     def __repr__(self) -> str:
@@ -42,10 +48,26 @@ class Client:
 
         return get_session(self.config, self.plugins)
 
+    @property
+    def engine(self) -> Engine:
+        """The engine jobs run on: Spark unless the client was built with another."""
+        if self._engine is None:
+            from sparkjet.core.runtime.engine import SparkEngine
+
+            self._engine = SparkEngine(self.config, self.plugins)
+        return self._engine
+
     def get_jet(self) -> JetService:
         """The jet service: submit and find jobs."""
         if self._jet is None:
-            self._jet = JetService(self)
+            self._jet = JetService(Services(
+                store=self.store,
+                records=JobRecords(self.store),
+                plugins=self.plugins,
+                engine=self.engine,
+                redact=self.config.redact,
+                plugin_options=self.config.plugin_options,
+            ))
         return self._jet
 
     def get_list(self, name: str) -> IList:

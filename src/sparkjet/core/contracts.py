@@ -11,10 +11,11 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from sparkjet.core.model import ProcessingGuarantee
-from sparkjet.core.store import Store
+from sparkjet.core.store import CommitLog
+from sparkjet.core.streams import StreamLog
 
 #: Every guarantee: for participants that replay and commit idempotently.
 ALL_GUARANTEES: frozenset[ProcessingGuarantee] = frozenset(ProcessingGuarantee)
@@ -60,6 +61,43 @@ def _unbatch(batches: list[bytes]) -> BatchedItems:
     return BatchedItems(items)
 
 
+class StoreAccess(Protocol):
+    """The store as plugins see it: the job's lists, maps and streams, and files under its root.
+
+    Picklable, so executor code may capture it. Paths are absolute paths in the
+    store's filesystem (build them with :meth:`path`); every error names the
+    path and masks configured secrets.
+    """
+
+    @property
+    def shown_url(self) -> str:
+        """The store's URL as it may be printed (secrets masked)."""
+
+    def list_log(self, name: str) -> CommitLog:
+        """The commit log of the list ``name`` (stage on executors, commit on the driver)."""
+
+    def map_log(self, name: str) -> CommitLog:
+        """The commit log of the map ``name``."""
+
+    def stream_log(self, name: str) -> StreamLog:
+        """The stream ``name``: offsets, appends with tokens, reads by range."""
+
+    def path(self, *parts: str) -> str:
+        """``parts`` joined under the store's root."""
+
+    def read_bytes(self, path: str) -> bytes:
+        """A whole file; FileNotFoundError if absent."""
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        """Write a whole file: readers see the old or the new content, never a mix."""
+
+    def create_exclusive(self, path: str, data: bytes) -> bool:
+        """Create ``path`` only if it does not exist; False if it already does."""
+
+    def listdir(self, path: str) -> list[str]:
+        """Base names of the entries in ``path`` (empty if it does not exist)."""
+
+
 @dataclass(frozen=True)
 class JobContext:
     """What a plugin sees on the driver while a job is planned, started or committed."""
@@ -69,7 +107,7 @@ class JobContext:
     #: The job's name, or None.
     job_name: str | None
     #: The store the job runs against (picklable: may be captured for executors).
-    store: Store
+    store: StoreAccess
     #: Spark's default parallelism: a good number of partitions to plan.
     parallelism: int
     #: This plugin's table from ``[plugins.<name>]`` in the configuration.
@@ -114,7 +152,7 @@ class TaskContext:
     job_id: str
     #: Index of the partition being read or written.
     partition: int
-    store: Store
+    store: StoreAccess
     options: Mapping[str, Any] = field(default_factory=dict)
 
 

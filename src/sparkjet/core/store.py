@@ -19,7 +19,6 @@ import json
 import os
 import pickle
 import time
-import urllib.parse
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -28,8 +27,9 @@ from typing import Any
 import fsspec
 
 from sparkjet.core.errors import StoreError
+from sparkjet.core.naming import PICKLE_PROTOCOL, decode_name, encode_name
+from sparkjet.core.streams import StreamLog
 
-PICKLE_PROTOCOL = 5
 _SEQ_WIDTH = 20
 #: Batches up to this many items travel inline in a commit record.
 INLINE_LIMIT = 10_000
@@ -37,19 +37,6 @@ INLINE_LIMIT = 10_000
 
 def _no_secrets(text: str) -> str:
     return text
-
-
-def encode_name(kind: str, name: str) -> str:
-    """A file-safe folder name for a data structure; refuses names that cannot be one."""
-    if not isinstance(name, str) or not name or name in (".", ".."):
-        raise StoreError(f"invalid {kind} name {name!r}: expected a non-empty string")
-    if any(ord(ch) < 32 for ch in name):
-        raise StoreError(f"invalid {kind} name {name!r}: control characters are not allowed")
-    return urllib.parse.quote(name, safe="")
-
-
-def decode_name(encoded: str) -> str:
-    return urllib.parse.unquote(encoded)
 
 
 class Store:
@@ -189,10 +176,8 @@ class Store:
     def map_log(self, name: str) -> CommitLog:
         return CommitLog(self, self.path("maps", encode_name("map", name)), f"map {name!r}")
 
-    def stream_log(self, name: str) -> Any:
-        """The stream ``name`` (:class:`sparkjet.core.streams.StreamLog`)."""
-        from sparkjet.core.streams import StreamLog
-
+    def stream_log(self, name: str) -> StreamLog:
+        """The stream ``name``."""
         return StreamLog(self, name)
 
     def names(self, kind: str) -> list[str]:

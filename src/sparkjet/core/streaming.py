@@ -19,6 +19,7 @@ Checkpoint layout (``jobs/<id>/checkpoint`` in the store; a throw-away
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 import time
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparkjet.core.contracts import JobContext
+from sparkjet.core.engine import Engine
 from sparkjet.core.graph import Transform
 from sparkjet.core.planner import Plan
 from sparkjet.core.store import Store
@@ -95,6 +97,11 @@ class Checkpoint:
     def state_root(self) -> str:
         return f"{self.root}/state"
 
+    def state(self) -> Any:
+        from sparkjet.core.runtime.stream import StatePaths
+
+        return StatePaths(self.store, self.state_root)
+
     def delete(self) -> None:
         self.store.remove(self.root, recursive=True)
 
@@ -133,25 +140,33 @@ class StreamProgress:
         }
 
 
+class StopReason(enum.StrEnum):
+    """Why the micro-batch loop stopped (asked between micro-batches)."""
+
+    CANCEL = "cancel"
+    SUSPEND = "suspend"
+    RESTART = "restart"
+
+
 class StreamLoop:
-    """Runs micro-batches until asked to stop; returns why it stopped."""
+    """Runs micro-batches on the engine until asked to stop; returns why it stopped."""
 
     def __init__(
         self,
         plan: Plan,
-        sc: Any,
+        engine: Engine,
         job_context: Callable[[Transform], JobContext],
         checkpoint: Checkpoint,
         *,
         metrics: bool,
         trigger_seconds: float,
-        should_stop: Callable[[], str | None],
+        should_stop: Callable[[], StopReason | None],
         cancelled: Callable[[], bool],
         progress: StreamProgress,
         on_batch: Callable[[], None] = lambda: None,
     ) -> None:
         self.plan = plan
-        self.sc = sc
+        self.engine = engine
         self.job_context = job_context
         self.checkpoint = checkpoint
         self.metrics = metrics
@@ -167,15 +182,13 @@ class StreamLoop:
         if meta is None:
             meta = {
                 "format": 1,
-                "shards": max(1, int(self.sc.defaultParallelism)),
+                "shards": self.engine.parallelism(),
                 "stages": sorted(self.plan.names.values()),
             }
             self.checkpoint.write_meta(meta)
         return int(meta["shards"])
 
-    def run(self) -> str:
-        from sparkjet.core.runtime.stream import MicroBatch, StatePaths
-
+    def run(self) -> StopReason:
         shards = self._shards()
         committed = self.checkpoint.last_commit()
         if committed >= 0:
@@ -187,7 +200,7 @@ class StreamLoop:
             }
         self.progress.last_committed = committed
         self.progress.snapshots = committed + 1  # batches are numbered from 0
-        paths = StatePaths(self.checkpoint.store, self.checkpoint.state_root)
+        state = self.checkpoint.state()
         batch = committed + 1
         while True:
             reason = self.should_stop()
@@ -208,13 +221,14 @@ class StreamLoop:
                 self.checkpoint.write_plan(batch, planned)
             else:
                 log.info("replaying micro-batch %d with its recorded offsets", batch)
-            ranges = {
-                name: (planned["starts"][name], planned["ends"][name]) for name in planned["ends"]
-            }
-            micro = MicroBatch(
-                self.plan, self.sc, self.job_context, self.metrics,
-                batch=batch, committed=batch - 1, source_ranges=ranges, state=paths,
-                shards=shards, cancelled=self.cancelled, now_ms=int(planned["time"]),
+            micro = self.engine.micro_batch(
+                self.plan, self.job_context, metrics=self.metrics, cancelled=self.cancelled,
+                batch=batch, committed=batch - 1,
+                source_ranges={
+                    name: (planned["starts"][name], planned["ends"][name])
+                    for name in planned["ends"]
+                },
+                state=state, shards=shards, now_ms=int(planned["time"]),
             )
             micro.run()
             duration_ms = int((time.monotonic() - started) * 1000)
@@ -222,7 +236,7 @@ class StreamLoop:
                 batch, {"ends": planned["ends"], "time": int(time.time() * 1000),
                         "duration_ms": duration_ms},
             )
-            self._record(micro, batch, duration_ms)
+            self._record(micro.stage_counts(), batch, duration_ms)
             ends = planned["ends"]
             batch += 1
             self.on_batch()
@@ -231,8 +245,7 @@ class StreamLoop:
                 time.sleep(min(rest, IDLE_POLL_SECONDS))
                 rest = self.trigger_seconds - (time.monotonic() - started)
 
-    def _record(self, micro: Any, batch: int, duration_ms: int) -> None:
-        counts = micro.stage_counts()
+    def _record(self, counts: dict[str, int], batch: int, duration_ms: int) -> None:
         p = self.progress
         p.last_committed = batch
         p.snapshots += 1
@@ -250,4 +263,3 @@ class StreamLoop:
                 p.stage_totals[key] = p.stage_totals.get(key, 0) + value
         p.previous_batch_end_ms = p.last_batch_end_ms
         p.last_batch_end_ms = int(time.time() * 1000)
-

@@ -22,10 +22,13 @@ import pickle
 import random
 import struct
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkjet.core.errors import StoreError
-from sparkjet.core.store import PICKLE_PROTOCOL, Store, encode_name
+from sparkjet.core.naming import PICKLE_PROTOCOL, encode_name
+
+if TYPE_CHECKING:
+    from sparkjet.core.store import Store
 
 _HEADER = struct.Struct(">QH")
 _WIDTH = 20
@@ -151,9 +154,27 @@ class StreamLog:
             if bucket:
                 self.append(partition, bucket)
 
-    def writer_index_path(self, writer: str) -> str:
-        """Where an idempotent writer remembers the offsets its last batch started at."""
+    def _writer_index(self, writer: str) -> str:
         return f"{self.folder}/writers/{encode_name('writer', writer)}.json"
+
+    def writer_starts(self, writer: str) -> list[int]:
+        """The end offsets ``writer`` recorded before its last batch (zeros if none).
+
+        An idempotent writer's last batch starts at or after them, so a replay
+        looks for its chunks from there (see :meth:`find_token`).
+        """
+        try:
+            raw = self.store.read_bytes(self._writer_index(writer))
+        except FileNotFoundError:
+            return [0] * self.partitions
+        starts: list[int] = json.loads(raw)["ends"]
+        return starts
+
+    def record_writer_starts(self, writer: str) -> None:
+        """Record the current end offsets as where ``writer``'s next batch starts."""
+        self.store.write_bytes(
+            self._writer_index(writer), json.dumps({"ends": self.end_offsets()}).encode()
+        )
 
     def find_token(self, partition: int, token: str, from_offset: int) -> bool:
         """True if a chunk at or after ``from_offset`` carries ``token``."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -89,20 +88,14 @@ class StreamSink(Sink):
         items = [item for message in messages for item in message]
         n = log.partitions
         token = context.commit_token or ""
-        index_path = log.writer_index_path(context.writer_id)
         if token:
             # Where this writer's last batch may start: the ends before its appends.
-            try:
-                ends = json.loads(context.store.read_bytes(index_path))["ends"]
-            except FileNotFoundError:
-                ends = [0] * n
-            done = [log.find_token(p, token, ends[p]) for p in range(n)]
+            starts = log.writer_starts(context.writer_id)
+            done = [log.find_token(p, token, starts[p]) for p in range(n)]
             if not any(done):
                 # Before appending, remember where this batch starts, so a replay
                 # after a crash in the middle finds the chunks that landed.
-                context.store.write_bytes(
-                    index_path, json.dumps({"ends": log.end_offsets()}).encode()
-                )
+                log.record_writer_starts(context.writer_id)
         else:
             done = [False] * n
         for partition in range(n):

@@ -29,9 +29,10 @@ import cloudpickle
 
 from sparkjet.core.contracts import JobContext
 from sparkjet.core.graph import Transform
+from sparkjet.core.naming import encode_name
 from sparkjet.core.planner import Plan
 from sparkjet.core.runtime.batch import BatchRun, Flow, _fail
-from sparkjet.core.store import Store, encode_name
+from sparkjet.core.store import Store
 
 _WIDTH = 20
 

@@ -1,0 +1,16 @@
+"""Jobs: the jet service, the job handle, the runner, the job record and the lifecycle.
+
+- :mod:`.service`: submits and finds jobs, takes over a job whose driver died;
+- :mod:`.handle`: :class:`Job`, what users hold;
+- :mod:`.runner`: drives one job in this process, on the engine;
+- :mod:`.record`: the stored record, the driver's lease on it, take-over claims;
+- :mod:`.lifecycle`: Jet's statuses and the moves allowed between them (pure);
+- :mod:`.policy`: Jet's auto-scaling and split-brain rules (pure).
+"""
+
+from sparkjet.core.jobs.handle import UPDATABLE_FIELDS, Job
+from sparkjet.core.jobs.lifecycle import JobStatusEvent
+from sparkjet.core.jobs.runner import Services
+from sparkjet.core.jobs.service import JetService
+
+__all__ = ["UPDATABLE_FIELDS", "JetService", "Job", "JobStatusEvent", "Services"]

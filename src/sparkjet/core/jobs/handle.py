@@ -1,0 +1,336 @@
+"""The job handle users hold (Jet's ``Job``): status, control, metrics.
+
+A handle in the process that drives the job sees it live, through its
+runner; a handle in another process reads the job's record in the store and
+acts through the record's control folder, or takes the job over when its
+driver died.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from sparkjet.core.errors import (
+    ConfigError,
+    JobCancelledError,
+    JobFailedError,
+    JobStateError,
+    TimeoutException,
+)
+from sparkjet.core.jobs.lifecycle import Action, JobStatusEvent, check_action
+from sparkjet.core.jobs.record import driver_alive
+from sparkjet.core.model import JobConfig, JobStatus
+
+if TYPE_CHECKING:
+    from sparkjet.core.jobs.runner import JobRunner
+    from sparkjet.core.jobs.service import JetService
+
+log = logging.getLogger("sparkjet.jobs")
+
+#: How often a handle in another process reads the job's record while it waits.
+REMOTE_POLL_SECONDS = 0.2
+
+#: JobConfig fields a suspended job may change (as Jet's updateConfig allows).
+UPDATABLE_FIELDS = frozenset({
+    "auto_scaling_enabled",
+    "split_brain_protection_enabled",
+    "suspend_on_failure",
+    "snapshot_interval_millis",
+    "metrics_enabled",
+    "store_metrics_after_job_completion",
+})
+
+
+class Job:
+    """A handle on one job; see Jet's ``Job``.
+
+    Handles from the process running the job see it live; handles from other
+    processes read its record in the store.
+    """
+
+    def __init__(self, service: JetService, record: dict[str, Any]) -> None:
+        self._service = service
+        self._record = record
+
+    # --- identity ------------------------------------------------------------
+
+    @property
+    def id(self) -> str:
+        """The job's id (``xxxx-xxxx-xxxx-xxxx``)."""
+        return str(self._record["id"])
+
+    @property
+    def name(self) -> str | None:
+        """The job's name, from its configuration (None if unnamed)."""
+        name = self._record.get("name")
+        return str(name) if name is not None else None
+
+    @property
+    def label(self) -> str:
+        """How messages name the job: ``'name' (id)``, or the id of an unnamed job."""
+        return f"'{self.name}' ({self.id})" if self.name else self.id
+
+    @property
+    def config(self) -> JobConfig:
+        """The job's configuration."""
+        return JobConfig.from_dict(self._record["config"])
+
+    @property
+    def submission_time(self) -> int:
+        """When the job was submitted, in milliseconds since the epoch."""
+        return int(self._record["submission_time"])
+
+    def __repr__(self) -> str:
+        return f"<Job {self.label} {self.status.value}>"
+
+    @property
+    def _runner(self) -> JobRunner | None:
+        return self._service._runners.get(self.id)
+
+    def _refresh(self) -> dict[str, Any]:
+        if self._runner is None:
+            fresh = self._service.records.read(self.id)
+            if fresh is not None:
+                self._record = fresh
+        return self._record
+
+    # --- status --------------------------------------------------------------
+
+    @property
+    def status(self) -> JobStatus:
+        """The current status (a driver that stopped sending heartbeats counts as FAILED)."""
+        record = self._refresh()
+        status = JobStatus(record["status"])
+        if self._runner is None and not status.is_terminal() and not driver_alive(record):
+            # The driver died. A streaming job can be resumed from its checkpoint.
+            return JobStatus.SUSPENDED if record.get("kind") == "stream" else JobStatus.FAILED
+        return status
+
+    def is_terminal(self) -> bool:
+        """True once the job has COMPLETED or FAILED."""
+        return self.status.is_terminal()
+
+    def is_streaming(self) -> bool:
+        """True for a streaming job (one that reads an unbounded source)."""
+        return self._refresh().get("kind") == "stream"
+
+    def is_driven_here(self) -> bool:
+        """True when this process drives the job: it submitted it, or took it over on resume."""
+        return self._runner is not None
+
+    def is_driver_alive(self) -> bool:
+        """Whether the process that drives the job still does (True in that process).
+
+        Another process's driver counts as dead when it stopped sending
+        heartbeats, or at once when it ran on this host and its process is gone.
+        """
+        return self._runner is not None or driver_alive(self._refresh())
+
+    def wait_for_status(self, *wanted: JobStatus, timeout: float | None = None) -> JobStatus:
+        """Wait until the job's status is one of ``wanted`` or terminal; return that status.
+
+        :raises TimeoutException: ``timeout`` seconds passed first (the message
+            names the job and its status then).
+        """
+        shown = " or ".join(s.value for s in wanted) or "a terminal status"
+        return self._poll(wanted, timeout, f"did not become {shown}")
+
+    def _poll(self, wanted: tuple[JobStatus, ...], timeout: float | None, missed: str) -> JobStatus:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            status = self.status
+            if status in wanted or status.is_terminal():
+                return status
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutException(
+                    f"job {self.label} {missed} within {timeout:g} s (status {status.value})"
+                )
+            time.sleep(REMOTE_POLL_SECONDS)
+
+    def is_user_cancelled(self) -> bool:
+        """True if the job ended because a user cancelled it."""
+        return bool(self._refresh().get("user_cancelled", False))
+
+    def get_failure(self) -> str | None:
+        """Why the job failed, or None."""
+        record = self._refresh()
+        failure = record.get("failure")
+        if failure:
+            return str(failure["message"])
+        if self.status is JobStatus.FAILED:
+            return "the driver process running the job died"
+        return None
+
+    def get_suspension_cause(self) -> str:
+        """Why the job is suspended: requested by a user, a failure, or a dead driver.
+
+        :raises JobStateError: the job is not suspended.
+        """
+        status = self.status
+        if status is not JobStatus.SUSPENDED:
+            raise JobStateError(f"job {self.label} is not suspended (it is {status.value})")
+        record = self._refresh()
+        cause = str(record.get("suspension_cause") or "Requested by user")
+        if self._runner is None and not driver_alive(record):
+            if record["status"] == JobStatus.SUSPENDED.value:
+                return f"{cause}; the process that ran it has exited, resume() continues it here"
+            return "the driver process running the job died; resume() continues it here"
+        return cause
+
+    def add_status_listener(self, listener: Callable[[JobStatusEvent], None]) -> None:
+        """Call ``listener(event)`` on every later status change.
+
+        In the process running the job the listener runs on the job's thread;
+        elsewhere a daemon thread polls the job's record.
+        """
+        runner = self._runner
+        if runner is not None:
+            runner.listeners.append(listener)
+            return
+        threading.Thread(
+            target=self._poll_status, args=(listener,), daemon=True,
+            name=f"sparkjet-listen-{self.id}",
+        ).start()
+
+    def _poll_status(self, listener: Callable[[JobStatusEvent], None]) -> None:
+        last = self.status
+        while not last.is_terminal():
+            time.sleep(REMOTE_POLL_SECONDS)
+            now = self.status
+            if now is not last:
+                try:
+                    listener(JobStatusEvent(last, now, self.get_failure(), False))
+                except Exception:
+                    log.exception("a status listener of job %s failed", self.label)
+                last = now
+
+    # --- control -------------------------------------------------------------
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the job to end; raise if it failed.
+
+        :raises TimeoutException: ``timeout`` seconds passed first.
+        :raises JobCancelledError: the job was cancelled.
+        :raises JobFailedError: the job failed (stage named, cause chained).
+        """
+        runner = self._runner
+        if runner is not None:
+            if not runner.done.wait(timeout):
+                raise TimeoutException(
+                    f"job {self.label} did not finish within {timeout:g} s "
+                    f"(status {self.status.value})"
+                )
+            if runner.error is not None:
+                raise runner.error
+            return
+        if self._poll((), timeout, "did not finish") is JobStatus.FAILED:
+            failure = self.get_failure() or "unknown failure"
+            stage = (self._record.get("failure") or {}).get("stage")
+            if self.is_user_cancelled():
+                raise JobCancelledError(failure, stage)
+            raise JobFailedError(failure, stage)
+
+    def cancel(self) -> None:
+        """Stop the job; it ends FAILED with ``is_user_cancelled()`` true.
+
+        A streaming job's checkpoint is deleted, as Jet deletes a cancelled
+        job's snapshots.
+
+        :raises JobStateError: the job has already ended.
+        """
+        check_action(Action.CANCEL, self.status, streaming=self.is_streaming(), label=self.label)
+        runner = self._runner
+        if runner is not None:
+            runner.cancel()
+        elif not driver_alive(self._refresh()):
+            self._service._take_over(self).cancel()
+        else:
+            self._service.records.request(self.id, Action.CANCEL)
+
+    def _act(self, action: Action) -> None:
+        check_action(action, self.status, streaming=self.is_streaming(), label=self.label)
+        runner = self._runner
+        if runner is not None:
+            runner.act(action)
+        elif action is Action.RESUME and not driver_alive(self._record):
+            self._service._take_over(self).resume()
+        else:
+            self._service.records.request(self.id, action)
+
+    def suspend(self) -> None:
+        """Stop a streaming job after its current micro-batch commits; status SUSPENDED.
+
+        Returns at once; the status changes when the batch has committed.
+        """
+        self._act(Action.SUSPEND)
+
+    def resume(self) -> None:
+        """Continue a SUSPENDED job from its last committed micro-batch.
+
+        If the process that ran the job died, the job continues in this process.
+        """
+        self._act(Action.RESUME)
+
+    def restart(self) -> None:
+        """Stop a RUNNING streaming job and start it again.
+
+        With a processing guarantee it continues from its last committed
+        micro-batch; with NONE it starts from scratch.
+        """
+        self._act(Action.RESTART)
+
+    def update_config(self, **changes: Any) -> JobConfig:
+        """Change a SUSPENDED job's configuration; returns the new one.
+
+        Only the fields Jet lets a suspended job change are accepted:
+        ``auto_scaling_enabled``, ``split_brain_protection_enabled``,
+        ``suspend_on_failure``, ``snapshot_interval_millis``,
+        ``metrics_enabled`` and ``store_metrics_after_job_completion``.
+        """
+        check_action(
+            Action.UPDATE_CONFIG, self.status, streaming=self.is_streaming(), label=self.label
+        )
+        refused = sorted(set(changes) - UPDATABLE_FIELDS)
+        if refused:
+            raise ConfigError(
+                f"job {self.label}: {', '.join(refused)} cannot change after submit "
+                f"(changeable: {', '.join(sorted(UPDATABLE_FIELDS))})"
+            )
+        config = self.config
+        for key, value in changes.items():
+            setattr(config, key, value)  # validates
+        runner = self._runner
+        if runner is not None:
+            runner.write_record(config=config.to_dict())
+        elif not driver_alive(self._refresh()):
+            self._service._take_over(self).write_record(config=config.to_dict())
+        else:
+            # The live driver owns the record: ask it, or its next heartbeat undoes this.
+            self._service.records.request(self.id, Action.UPDATE_CONFIG, config.to_dict())
+        return config
+
+    # --- metrics -------------------------------------------------------------
+
+    def get_metrics(self) -> dict[str, Any]:
+        """Per-stage ``receivedCount`` / ``emittedCount`` and execution times.
+
+        Returns ``{"executionStartTime": ms, "executionCompletionTime": ms,
+        "stages": {name: {"receivedCount": n, "emittedCount": n}}}``; times
+        are -1 until known. Counts are updated as Spark tasks finish. Empty
+        stages when ``metrics_enabled`` is off. Other processes see metrics
+        only of completed jobs with ``store_metrics_after_job_completion``.
+        """
+        runner = self._runner
+        if runner is None:
+            stored = self._refresh().get("metrics")
+            return dict(stored) if stored else {
+                "executionStartTime": self._record.get("execution_start_time", -1),
+                "executionCompletionTime": self._record.get("completion_time", -1),
+                "stages": {},
+                **(self._record.get("progress") or {}),
+            }
+        return runner.metrics()

@@ -1,0 +1,419 @@
+"""The runner: drives one job in this process, on the engine, while it lives here.
+
+The job thread runs the work (a batch plan, or the micro-batch loop); a
+watcher thread takes control requests from other processes and refreshes the
+lease until the job is terminal. A streaming job's thread ends when it is
+suspended and a new one starts on resume, in this process or, after a driver
+died, in the process that resumes it. Every status change goes through the
+transition table (:mod:`.lifecycle`).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sparkjet.core.contracts import JobContext
+from sparkjet.core.engine import Engine, Execution
+from sparkjet.core.errors import JobCancelledError, JobFailedError, JobStateError
+from sparkjet.core.graph import Transform
+from sparkjet.core.jobs.lifecycle import (
+    Action,
+    JobStatusEvent,
+    check_action,
+    check_transition,
+)
+from sparkjet.core.jobs.policy import ClusterWatch
+from sparkjet.core.jobs.record import HEARTBEAT_SECONDS, Lease, now_ms
+from sparkjet.core.model import JobConfig, JobStatus, ProcessingGuarantee
+from sparkjet.core.planner import Plan
+from sparkjet.core.plugins import PluginHost
+from sparkjet.core.store import JobRecords, Store
+from sparkjet.core.streaming import Checkpoint, StopReason, StreamLoop, StreamProgress
+
+if TYPE_CHECKING:
+    from sparkjet.core.jobs.handle import Job
+
+log = logging.getLogger("sparkjet.jobs")
+
+#: How often the watcher looks for control requests.
+CONTROL_POLL_SECONDS = 0.25
+#: How often the cluster policy is asked, at most.
+CLUSTER_CHECK_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class Services:
+    """What a runner needs from the client: the store, the plugins and the engine."""
+
+    store: Store
+    records: JobRecords
+    plugins: PluginHost
+    engine: Engine
+    #: Masks configured secrets in anything written or shown.
+    redact: Callable[[str], str]
+    #: ``[plugins.<name>]`` tables of the configuration, by plugin name.
+    plugin_options: Mapping[str, Mapping[str, Any]]
+
+
+class JobRunner:
+    """Runs one job in this process; holds its lease while the job lives here."""
+
+    def __init__(self, services: Services, job: Job, plan: Plan) -> None:
+        self.services = services
+        self.job = job
+        self.plan = plan
+        self.lease = Lease(services.records, job._record)
+        self.cancel_requested = threading.Event()
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self.execution: Execution | None = None
+        self.final_counts: dict[str, int] | None = None
+        self.execution_start = -1
+        self.execution_completion = -1
+        self.listeners: list[Callable[[JobStatusEvent], None]] = []
+        #: A stop asked between micro-batches (suspend or restart).
+        self.stop_request: StopReason | None = None
+        self.progress = StreamProgress()
+        self.cluster = ClusterWatch()
+        self._future_work_cancelled = False
+        self._stop_cause: str | None = None
+        self._last_cluster_check = 0.0
+        self.thread: threading.Thread | None = None
+        self.watcher = threading.Thread(
+            target=self._watch, name=f"sparkjet-watch-{job.id}", daemon=True
+        )
+
+    # --- record and status ----------------------------------------------------
+
+    def write_record(self, **changes: Any) -> None:
+        self.lease.write(**changes)
+
+    def set_status(
+        self, new: JobStatus, description: str | None = None, user_requested: bool = False
+    ) -> None:
+        old = self.lease.status
+        check_transition(self.job.label, old, new)
+        self.write_record(status=new.value)
+        event = JobStatusEvent(old, new, description, user_requested)
+        for listener in list(self.listeners):
+            try:
+                listener(event)
+            except Exception:
+                log.exception("a status listener of job %s failed", self.job.label)
+        self.services.plugins.notify(
+            "on_job_status_changed", job=self.job, old_status=old, new_status=new
+        )
+
+    def context_factory(self) -> Callable[[Transform], JobContext]:
+        """Builds the context each source, sink and transform of the plan sees on the driver."""
+        config = self.job.config
+        parallelism = self.services.engine.parallelism()
+
+        def make(node: Transform) -> JobContext:
+            entry = self.plan.participants.get(node)
+            options = self.services.plugin_options.get(entry.plugin, {}) if entry else {}
+            return JobContext(
+                job_id=self.job.id,
+                job_name=self.job.name,
+                stage=self.plan.names[node],
+                store=self.services.store,
+                parallelism=parallelism,
+                options=options,
+                processing_guarantee=config.processing_guarantee,
+            )
+
+        return make
+
+    # --- threads --------------------------------------------------------------
+
+    def start(self, resuming: bool = False) -> None:
+        self.stop_request = None
+        self.thread = threading.Thread(
+            target=self._run, args=(resuming,), name=f"sparkjet-job-{self.job.id}",
+            daemon=False,
+        )
+        self.thread.start()
+        if not self.watcher.is_alive():
+            self.watcher.start()
+
+    def _watch(self) -> None:
+        last_beat = time.monotonic()
+        while not self.done.wait(CONTROL_POLL_SECONDS):
+            try:
+                if self.cancel_requested.is_set() and not self._future_work_cancelled:
+                    # Engines that cancel only running work: repeat until the runner
+                    # sees the flag, so work started meanwhile stops too.
+                    self.cancel()
+                for action, payload in self.services.records.take_requests_with_payload(
+                    self.job.id
+                ):
+                    self._handle_request(action, payload)
+                if time.monotonic() - last_beat >= HEARTBEAT_SECONDS:
+                    self.write_record()
+                    last_beat = time.monotonic()
+            except Exception:
+                log.exception("job %s: watcher failed", self.job.label)
+
+    def _handle_request(self, action: str, payload: Any) -> None:
+        """Carry out a control request from another process; what cannot be done is logged."""
+        try:
+            chosen = Action(action)
+        except ValueError:
+            log.warning("job %s: ignoring unknown request %r", self.job.label, action)
+            return
+        try:
+            self.act(chosen, payload)
+        except JobStateError as exc:
+            log.warning("job %s: %s", self.job.label, exc)
+
+    def act(self, action: Action, payload: Any = None) -> None:
+        """Carry out ``action`` here; JobStateError if the job's status does not allow it."""
+        if action is Action.UPDATE_CONFIG:
+            if payload:
+                self.write_record(config=JobConfig.from_dict(payload).to_dict())
+        elif action is Action.CANCEL:
+            self.cancel()
+        elif action is Action.SUSPEND:
+            self.suspend()
+        elif action is Action.RESUME:
+            self.resume()
+        else:
+            self.restart()
+
+    @property
+    def running_here(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    def _check(self, action: Action) -> None:
+        check_action(action, self.lease.status, streaming=self.plan.streaming,
+                     label=self.job.label)
+
+    def cancel(self) -> None:
+        self.cancel_requested.set()
+        self._future_work_cancelled = self.services.engine.cancel(self.job.id)
+        if not self.running_here and not self.done.is_set():
+            # Suspended: nothing runs, end the job now.
+            self._end_suspended_by_cancel()
+
+    def suspend(self) -> None:
+        self._check(Action.SUSPEND)
+        self.stop_request = StopReason.SUSPEND
+
+    def restart(self) -> None:
+        self._check(Action.RESTART)
+        self.stop_request = StopReason.RESTART
+
+    def resume(self) -> None:
+        self._check(Action.RESUME)
+        old = self.thread
+        if old is not None and old.is_alive() and old is not threading.current_thread():
+            old.join(timeout=30)  # it wrote SUSPENDED and is running listeners and hooks
+        if self.running_here:
+            raise JobStateError(f"cannot resume job {self.job.label}: it is still stopping")
+        self.set_status(JobStatus.STARTING)
+        self.start(resuming=True)
+
+    def _end_suspended_by_cancel(self) -> None:
+        error = JobCancelledError(f"job {self.job.label} was cancelled")
+        self.error = error
+        self._discard_checkpoint()
+        self._finish(JobStatus.FAILED, error)
+        self.done.set()
+
+    # --- running --------------------------------------------------------------
+
+    def _run(self, resuming: bool) -> None:
+        job = self.job
+        try:
+            if not resuming:
+                self.set_status(JobStatus.STARTING)
+            if self.cancel_requested.is_set():
+                raise JobCancelledError(f"job {job.label} was cancelled")
+            self.services.engine.bind(job.id, f"sparkjet job {job.label}")
+            if self.cancel_requested.is_set():  # arrived while the engine was starting
+                raise JobCancelledError(f"job {job.label} was cancelled")
+            if self.execution_start < 0:
+                self.execution_start = now_ms()
+                self.write_record(execution_start_time=self.execution_start)
+            self.set_status(JobStatus.RUNNING)
+            if self.plan.streaming:
+                if self._run_stream() is StopReason.SUSPEND:
+                    cause = self._stop_cause or "Requested by user"
+                    by_user = self._stop_cause is None
+                    self._stop_cause = None
+                    self.cluster.reset()  # resuming re-counts what it has
+                    self.write_record(suspension_cause=cause)
+                    self.set_status(JobStatus.SUSPENDED, cause, user_requested=by_user)
+                    return
+            else:
+                self._run_batch()
+            self.execution_completion = now_ms()
+            self._finish(JobStatus.COMPLETED, None)
+            self.done.set()
+        except BaseException as exc:
+            self._failed(exc)
+
+    def _run_batch(self) -> None:
+        self.execution = self.services.engine.batch(
+            self.plan,
+            self.context_factory(),
+            metrics=self.job.config.metrics_enabled,
+            cancelled=self.cancel_requested.is_set,
+            on_commit=lambda: self.set_status(JobStatus.COMPLETING),
+        )
+        self.execution.run()
+
+    def _checkpoint(self) -> Checkpoint:
+        folder = self.job._record.get("checkpoint")
+        if folder is None:
+            if self.job.config.processing_guarantee is ProcessingGuarantee.NONE:
+                folder = f"scratch-{secrets.token_hex(4)}"  # thrown away on restart
+            else:
+                folder = "checkpoint"
+            self.write_record(checkpoint=folder)
+        return Checkpoint(self.services.store, self.services.records.path(self.job.id, folder))
+
+    def _discard_checkpoint(self) -> None:
+        folder = self.job._record.get("checkpoint")
+        if folder is not None:
+            Checkpoint(
+                self.services.store, self.services.records.path(self.job.id, folder)
+            ).delete()
+            self.write_record(checkpoint=None)
+
+    def _cluster_check(self) -> StopReason | None:
+        now = time.monotonic()
+        if now - self._last_cluster_check < CLUSTER_CHECK_SECONDS:
+            return None
+        self._last_cluster_check = now
+        cause = self.cluster.check(
+            self.services.engine.live_executors(), self.job.config, self.job.label
+        )
+        if cause is None:
+            return None
+        self._stop_cause = cause
+        return StopReason.SUSPEND
+
+    def _should_stop(self) -> StopReason | None:
+        if self.cancel_requested.is_set():
+            return StopReason.CANCEL
+        if self.stop_request is not None:
+            return self.stop_request
+        return self._cluster_check()
+
+    def _run_stream(self) -> StopReason:
+        config = self.job.config
+        while True:
+            guarantee = config.processing_guarantee
+            trigger = 0.0 if guarantee is ProcessingGuarantee.NONE else (
+                config.snapshot_interval_millis / 1000
+            )
+            loop = StreamLoop(
+                self.plan,
+                self.services.engine,
+                self.context_factory(),
+                self._checkpoint(),
+                metrics=config.metrics_enabled,
+                trigger_seconds=trigger,
+                should_stop=self._should_stop,
+                cancelled=self.cancel_requested.is_set,
+                progress=self.progress,
+                on_batch=self._after_batch,
+            )
+            reason = loop.run()
+            if reason is StopReason.CANCEL:
+                raise JobCancelledError(f"job {self.job.label} was cancelled")
+            if reason is not StopReason.RESTART:
+                return reason
+            log.info("job %s: restarting", self.job.label)
+            self.stop_request = None
+            self.set_status(JobStatus.STARTING, "restart requested", user_requested=True)
+            self.set_status(JobStatus.RUNNING)
+            if guarantee is ProcessingGuarantee.NONE:
+                self._discard_checkpoint()  # NONE restarts from scratch
+
+    def _after_batch(self) -> None:
+        self.write_record(progress=self.progress.as_metrics())
+
+    def _failed(self, exc: BaseException) -> None:
+        job = self.job
+        self.execution_completion = now_ms()
+        if self.cancel_requested.is_set():
+            error: BaseException = JobCancelledError(f"job {job.label} was cancelled")
+            error.__cause__ = exc if not isinstance(exc, JobCancelledError) else None
+        elif isinstance(exc, JobFailedError):
+            error = exc
+        else:
+            error = JobFailedError(f"job {job.label} failed: {type(exc).__name__}: {exc}")
+            error.__cause__ = exc
+        self.services.plugins.notify("on_job_error", job=job, error=error)
+        cancelled = isinstance(error, JobCancelledError)
+        if self.plan.streaming and job.config.suspend_on_failure and not cancelled:
+            cause = self.services.redact(str(error))
+            self.write_record(suspension_cause=cause)
+            self.set_status(JobStatus.SUSPENDED, cause)
+            return
+        self.error = error
+        if self.plan.streaming:
+            self._discard_checkpoint()
+        self._finish(JobStatus.FAILED, error)
+        self.done.set()
+
+    def _finish(self, status: JobStatus, error: BaseException | None) -> None:
+        self.final_counts = self.execution.stage_counts() if self.execution is not None else {}
+        changes: dict[str, Any] = {
+            "completion_time": self.execution_completion,
+            "execution_start_time": self.execution_start,
+        }
+        cancelled = isinstance(error, JobCancelledError)
+        if error is not None:
+            changes["failure"] = {
+                "message": self.services.redact(str(error)),
+                "stage": getattr(error, "stage", None),
+                "cancelled": cancelled,
+            }
+            changes["user_cancelled"] = cancelled
+        if self.job.config.store_metrics_after_job_completion:
+            changes["metrics"] = self.metrics()
+        self.lease.stage(**changes)
+        description = str(error) if error is not None else None
+        self.set_status(status, description, user_requested=cancelled)
+        if self.job.name:
+            self.services.records.release_name(self.job.name, self.job.id)
+
+    # --- metrics --------------------------------------------------------------
+
+    def metrics(self) -> dict[str, Any]:
+        """The job's metrics as ``Job.get_metrics()`` returns them (see there)."""
+        streaming = self.plan.streaming
+        if streaming:
+            counts = self.progress.stage_totals
+        else:
+            counts = self.final_counts or (
+                self.execution.stage_counts() if self.execution is not None else {}
+            )
+        stages: dict[str, dict[str, int]] = {}
+        if self.job.config.metrics_enabled:
+            names = self.plan.names
+            for node in self.plan.nodes:
+                received = sum(counts.get(names[i], 0) for i in node.inputs)
+                emitted = 0 if node.op == "sink" else counts.get(names[node], 0)
+                stage = {"receivedCount": received, "emittedCount": emitted}
+                if streaming and names[node] in self.progress.state:
+                    keys, size = self.progress.state[names[node]]
+                    stage.update(snapshotKeys=keys, snapshotBytes=size)
+                stages[names[node]] = stage
+        metrics: dict[str, Any] = {
+            "executionStartTime": self.execution_start,
+            "executionCompletionTime": self.execution_completion,
+            "stages": stages,
+        }
+        if streaming:
+            metrics.update(self.progress.as_metrics())
+        return metrics

@@ -1,0 +1,172 @@
+"""The jet service (``client.get_jet()``): submits jobs, finds them, takes over orphans."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import cloudpickle
+
+from sparkjet.core.errors import (
+    ConfigError,
+    JobAlreadyExistsError,
+    JobStateError,
+    PipelineDefinitionError,
+)
+from sparkjet.core.jobs.handle import Job
+from sparkjet.core.jobs.record import new_job_id, now_ms, this_driver
+from sparkjet.core.jobs.runner import JobRunner, Services
+from sparkjet.core.model import JobConfig, JobStatus
+from sparkjet.core.planner import plan
+
+log = logging.getLogger("sparkjet.jobs")
+
+
+class JetService:
+    """Submits and finds jobs (``client.get_jet()``), like Jet's ``JetService``."""
+
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        self.records = services.records
+        self._runners: dict[str, JobRunner] = {}
+        self._lock = threading.Lock()
+
+    def submit(self, pipeline: Any, config: JobConfig | None = None) -> Job:
+        """Validate ``pipeline`` and start it as a job; returns at once.
+
+        :raises PipelineDefinitionError: the pipeline cannot run (stage named).
+        :raises JobAlreadyExistsError: an active job has the same name.
+        """
+        return self._submit(pipeline, config, if_absent=False)
+
+    def new_job_if_absent(self, pipeline: Any, config: JobConfig) -> Job:
+        """Like :meth:`submit`, but return the active job of the same name if there is one."""
+        if not isinstance(config, JobConfig) or not config.name:
+            raise ConfigError("new_job_if_absent() needs a JobConfig with a name")
+        return self._submit(pipeline, config, if_absent=True)
+
+    def _submit(self, pipeline: Any, config: JobConfig | None, if_absent: bool) -> Job:
+        config = config if config is not None else JobConfig()
+        if not isinstance(config, JobConfig):
+            raise PipelineDefinitionError(f"submit() takes a JobConfig, got {config!r}")
+        if config.initial_snapshot_name is not None:
+            raise PipelineDefinitionError(
+                f"JobConfig.initial_snapshot_name={config.initial_snapshot_name!r}: starting from "
+                "a snapshot is not supported by this version of sparkjet"
+            )
+        validated = plan(pipeline, self.services.plugins, config.processing_guarantee)
+        if config.suspend_on_failure and not validated.streaming:
+            raise PipelineDefinitionError(
+                "JobConfig.suspend_on_failure=True: batch jobs cannot be suspended; a failed "
+                "batch job leaves its sinks untouched, so submit it again"
+            )
+        frozen = cloudpickle.dumps(pipeline) if validated.streaming else None
+        with self._lock:
+            job_id = new_job_id()
+            if config.name:
+                active = self._claim_name(config.name, job_id)
+                if active is not None:
+                    if if_absent:
+                        return active
+                    raise JobAlreadyExistsError(
+                        f"a job named '{config.name}' is already active: {active.id} "
+                        f"({active.status.value}); cancel it or use new_job_if_absent()"
+                    )
+            record = {
+                "id": job_id,
+                "name": config.name,
+                "status": JobStatus.NOT_RUNNING.value,
+                "config": config.to_dict(),
+                "submission_time": now_ms(),
+                "completion_time": -1,
+                "execution_start_time": -1,
+                "user_cancelled": False,
+                "kind": "stream" if validated.streaming else "batch",
+                "driver": this_driver(),
+                "stages": list(validated.names.values()),
+            }
+            job = Job(self, record)
+            runner = JobRunner(self.services, job, validated)
+            self._runners[job.id] = runner
+            if frozen is not None:
+                # A streaming job outlives its driver: resume() elsewhere needs the pipeline.
+                self.services.store.write_bytes(self.records.path(job.id, "pipeline.pkl"), frozen)
+            runner.write_record()
+        runner.start()
+        return job
+
+    def _take_over(self, job: Job) -> JobRunner:
+        """Adopt a job whose driver died, so it can be resumed or cancelled here."""
+        with self._lock:
+            runner = self._runners.get(job.id)
+            if runner is not None:
+                return runner
+            try:
+                pipeline = cloudpickle.loads(
+                    self.services.store.read_bytes(self.records.path(job.id, "pipeline.pkl"))
+                )
+            except FileNotFoundError:
+                raise JobStateError(
+                    f"job {job.label} cannot continue here: its pipeline was not stored"
+                ) from None
+            validated = plan(pipeline, self.services.plugins, job.config.processing_guarantee)
+            record = dict(job._record)
+            epoch = int(record.get("epoch", 0)) + 1
+            adopted = Job(self, record)
+            runner = JobRunner(self.services, adopted, validated)
+            if not runner.lease.claim(epoch):
+                raise JobStateError(f"job {job.label}: another process is taking it over already")
+            record["epoch"] = epoch
+            for stale in self.records.take_requests(job.id):
+                log.info("job %s: dropping request %r left for its dead driver", job.label, stale)
+            if record["status"] != JobStatus.SUSPENDED.value:
+                record["suspension_cause"] = "the driver process running the job died"
+            record["status"] = JobStatus.SUSPENDED.value
+            runner.execution_start = int(record.get("execution_start_time", -1))
+            self._runners[job.id] = runner
+            runner.write_record()
+            runner.watcher.start()
+            job._record = adopted._record
+            return runner
+
+    def _claim_name(self, name: str, job_id: str) -> Job | None:
+        """Take ``name`` for a new job, or return the active job that holds it.
+
+        The lock file is created only if absent, so two processes cannot both
+        take a name; a holder that ended (or whose driver died) is replaced.
+        """
+        for _ in range(3):
+            holder_id = self.records.claim_name(name, job_id)
+            if holder_id is None:
+                return None
+            holder = self.get_job(holder_id)
+            if holder is not None and not holder.is_terminal():
+                return holder
+            self.records.release_name(name, holder_id)
+        raise JobAlreadyExistsError(f"could not take the job name '{name}': another submit races")
+
+    def get_job(self, job_id: str) -> Job | None:
+        """The job with this id, or None."""
+        runner = self._runners.get(job_id)
+        if runner is not None:
+            return runner.job
+        record = self.records.read(job_id)
+        return Job(self, record) if record is not None else None
+
+    def get_job_by_name(self, name: str) -> Job | None:
+        """The active job with this name, else the newest job with it, else None."""
+        matches = [job for job in self.get_jobs() if job.name == name]
+        for job in matches:
+            if not job.is_terminal():
+                return job
+        return matches[0] if matches else None
+
+    def get_jobs(self) -> list[Job]:
+        """Every job in the store, newest first."""
+        jobs = []
+        for record in self.records.all():
+            runner = self._runners.get(record["id"])
+            jobs.append(runner.job if runner is not None else Job(self, record))
+        jobs.sort(key=lambda j: j.submission_time, reverse=True)
+        return jobs

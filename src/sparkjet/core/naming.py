@@ -1,0 +1,28 @@
+"""How the store names things on disk: file-safe names for data structures, pickle protocol.
+
+The bottom of the store's modules, so the store, its streams and the
+checkpoint name files the same way without importing one another.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+
+from sparkjet.core.errors import StoreError
+
+#: The pickle protocol of every payload sparkjet writes to the store.
+PICKLE_PROTOCOL = 5
+
+
+def encode_name(kind: str, name: str) -> str:
+    """A file-safe folder name for a data structure; refuses names that cannot be one."""
+    if not isinstance(name, str) or not name or name in (".", ".."):
+        raise StoreError(f"invalid {kind} name {name!r}: expected a non-empty string")
+    if any(ord(ch) < 32 for ch in name):
+        raise StoreError(f"invalid {kind} name {name!r}: control characters are not allowed")
+    return urllib.parse.quote(name, safe="")
+
+
+def decode_name(encoded: str) -> str:
+    """The name :func:`encode_name` encoded."""
+    return urllib.parse.unquote(encoded)

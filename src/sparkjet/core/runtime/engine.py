@@ -1,0 +1,76 @@
+"""The Spark engine: :class:`~sparkjet.core.engine.Engine` on the process-wide Spark session.
+
+It fits the protocol structurally (the runtime does not import the services'
+boundary module); the client hands it to the services. The session starts on
+first use, so creating the engine costs nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from sparkjet.core.config import Config
+from sparkjet.core.contracts import JobContext
+from sparkjet.core.graph import Transform
+from sparkjet.core.planner import Plan
+from sparkjet.core.plugins import PluginHost
+from sparkjet.core.runtime import session
+from sparkjet.core.runtime.batch import BatchRun
+from sparkjet.core.runtime.stream import MicroBatch, StatePaths
+
+
+class SparkEngine:
+    """Runs batch plans and micro-batches as Spark RDD work; see the module docstring."""
+
+    def __init__(self, config: Config, plugins: PluginHost) -> None:
+        self._config = config
+        self._plugins = plugins
+
+    @property
+    def _sc(self) -> Any:
+        return session.get_session(self._config, self._plugins).sparkContext
+
+    def parallelism(self) -> int:
+        return max(1, int(self._sc.defaultParallelism))
+
+    def live_executors(self) -> frozenset[str] | None:
+        ids = session.executor_ids(self._sc)
+        return None if ids is None else frozenset(ids)
+
+    def bind(self, job_id: str, description: str) -> None:
+        session.set_job_group(self._sc, job_id, description)
+
+    def cancel(self, job_id: str) -> bool:
+        return session.cancel_job_group(job_id)
+
+    def batch(
+        self,
+        plan: Plan,
+        job_context: Callable[[Transform], JobContext],
+        *,
+        metrics: bool,
+        cancelled: Callable[[], bool],
+        on_commit: Callable[[], None] | None,
+    ) -> BatchRun:
+        return BatchRun(plan, self._sc, job_context, metrics, cancelled, on_commit)
+
+    def micro_batch(
+        self,
+        plan: Plan,
+        job_context: Callable[[Transform], JobContext],
+        *,
+        metrics: bool,
+        cancelled: Callable[[], bool],
+        batch: int,
+        committed: int,
+        source_ranges: Mapping[str, tuple[Any, Any]],
+        state: StatePaths,
+        shards: int,
+        now_ms: int,
+    ) -> MicroBatch:
+        return MicroBatch(
+            plan, self._sc, job_context, metrics, batch=batch, committed=committed,
+            source_ranges=dict(source_ranges), state=state, shards=shards,
+            cancelled=cancelled, now_ms=now_ms,
+        )
