@@ -16,7 +16,7 @@ from sparkjet import Client
 from sparkjet.cli.errors import EXIT_FAILED, EXIT_OK, CliError
 from sparkjet.cli.follow import await_status, follow, wait_until
 from sparkjet.cli.loading import load_pipeline
-from sparkjet.cli.output import format_time, out, state_line, status_text, table
+from sparkjet.cli.output import format_time, out, state_line, table
 from sparkjet.job import Job, JobConfig, JobStatus
 
 
@@ -72,7 +72,7 @@ def cancel(args: argparse.Namespace, client: Client) -> int:
             f"{status.value}); it may still stop later",
             EXIT_FAILED,
         )
-    out(f"Job {job.label} finished: {status_text(job)}")
+    out(state_line(job, client))
     if job.is_user_cancelled():
         return EXIT_OK
     failure = job.get_failure()

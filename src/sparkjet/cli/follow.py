@@ -139,7 +139,7 @@ def follow(job: Job, client: Client, resumed: bool = False) -> int:
                     out(state_line(job, client))
             status = wait_until(job, _settled, wake=changed)
     except KeyboardInterrupt:
-        return interrupted(job, client, starting=waiting_to_run)
+        return _interrupted(job, client, starting=waiting_to_run)
     if status is JobStatus.SUSPENDED:
         out(state_line(job, client))
         out(f"Resume it with: sparkjet resume {job.id}")
@@ -154,7 +154,7 @@ def follow(job: Job, client: Client, resumed: bool = False) -> int:
     return EXIT_OK
 
 
-def interrupted(job: Job, client: Client, starting: bool = False) -> int:
+def _interrupted(job: Job, client: Client, starting: bool = False) -> int:
     """Ctrl-C or SIGTERM in the foreground: suspend a job with a guarantee, else cancel it.
 
     Only a streaming job can be suspended; it keeps its checkpoint, so
