@@ -787,7 +787,7 @@ def test_interrupted_submit_suspends_a_job_with_a_guarantee_else_cancels(
 ) -> None:
     import types
 
-    from sparkjet import cli
+    from sparkjet.cli import follow
 
     write_file("tens.py", STREAM_PIPELINE)
     client.get_stream("events", partitions=1).publish_all([1, 2, 3])
@@ -804,10 +804,10 @@ def test_interrupted_submit_suspends_a_job_with_a_guarantee_else_cancels(
     fake = types.SimpleNamespace(
         Event=CtrlC, current_thread=threading.current_thread, main_thread=threading.main_thread
     )
-    monkeypatch.setattr(cli, "threading", fake)
+    monkeypatch.setattr(follow, "threading", fake)
     assert main(["submit", "-n", "fg", "-g", guarantee, "--snapshot-interval", "100",
                  "tens.py"]) == 130
-    monkeypatch.setattr(cli, "threading", threading)
+    monkeypatch.setattr(follow, "threading", threading)
     captured = capsys.readouterr()
     job = client.get_jet().get_job_by_name("fg")
     assert job is not None

@@ -1,0 +1,48 @@
+"""The ``sparkjet`` command: submit pipeline files and manage jobs, like Jet's ``hz-cli``.
+
+Commands::
+
+    sparkjet --version
+    sparkjet [--config FILE] [-v] submit [-n NAME] [-g GUARANTEE] [--snapshot-interval MILLIS]
+                                        [--suspend-on-failure] FILE.py [ARGS...]
+    sparkjet [--config FILE] list-jobs [-a]
+    sparkjet [--config FILE] cancel [--timeout SECONDS] JOB
+    sparkjet [--config FILE] suspend [--timeout SECONDS] JOB
+    sparkjet [--config FILE] resume [--timeout SECONDS] JOB
+    sparkjet [--config FILE] restart [--timeout SECONDS] JOB
+    sparkjet [--config FILE] publish [--partitions N] STREAM FILE
+    sparkjet [--config FILE] plugins
+
+The configuration is found as ``sparkjet.connect()`` finds it (``--config``,
+``SPARKJET_CONFIG``, ``./sparkjet.toml``, ``[tool.sparkjet]`` in
+``./pyproject.toml``). Only ``submit`` starts Spark, and ``resume`` when the
+job's driver died and the job continues in this process; the other commands
+read and write the store and load the plugins.
+
+``submit`` loads ``FILE.py`` (as ``python FILE.py`` would, but without running
+its ``if __name__ == "__main__"`` block) and takes its module-level
+``pipeline``: a :class:`~sparkjet.pipeline.Pipeline`, or a function returning
+one, which is given the list of ``ARGS`` if it takes a parameter. The job runs
+in this process, in the foreground, until it ends; a streaming job runs until
+it is cancelled or suspended. Interrupted (Ctrl-C, SIGTERM), ``submit``
+suspends a streaming job that has a processing guarantee, so that ``sparkjet
+resume`` continues it later, and cancels any other job. ``sparkjet cancel``,
+``suspend`` and ``restart`` from another shell act on it through the store.
+
+Exit status: 0 on success (also when a foreground streaming job is suspended);
+1 when a job failed or was cancelled, or an action on a job or stream could
+not be done (unknown job or stream, wrong status, timeout); 2 when the command
+line, the configuration, a plugin, the pipeline file or the file to publish is
+wrong; 130 when interrupted. Expected errors print ``ERROR: <message>`` on
+stderr, without a traceback, and never a configured secret.
+"""
+
+from __future__ import annotations
+
+from sparkjet.cli.app import main
+from sparkjet.cli.errors import CliError
+from sparkjet.cli.loading import load_pipeline
+from sparkjet.cli.output import version_text
+from sparkjet.cli.parser import build_parser
+
+__all__ = ["CliError", "build_parser", "load_pipeline", "main", "version_text"]

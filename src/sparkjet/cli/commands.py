@@ -1,0 +1,225 @@
+"""The commands: one function each, taking the parsed arguments and the client.
+
+Each returns the exit status, or raises :class:`~sparkjet.cli.CliError` (or a
+:class:`~sparkjet.errors.SparkjetError`) for :func:`~sparkjet.cli.main` to report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from typing import Any
+
+from sparkjet import Client
+from sparkjet.cli.errors import EXIT_FAILED, EXIT_OK, CliError
+from sparkjet.cli.follow import await_status, follow, wait_until
+from sparkjet.cli.loading import load_pipeline
+from sparkjet.cli.output import format_time, out, state_line, table
+from sparkjet.job import Job, JobConfig, JobStatus
+
+
+def submit(args: argparse.Namespace, client: Client) -> int:
+    """``submit``: load the pipeline file, submit it and keep the job in the foreground."""
+    job_args = list(args.args)
+    if job_args[:1] == ["--"]:
+        job_args = job_args[1:]
+    pipeline = load_pipeline(args.file, job_args)
+    config = JobConfig(name=args.name, arguments=job_args)
+    if args.guarantee is not None:
+        config.processing_guarantee = args.guarantee
+    if args.snapshot_interval is not None:
+        config.snapshot_interval_millis = args.snapshot_interval
+    if args.suspend_on_failure:
+        config.suspend_on_failure = True
+    job = client.get_jet().submit(pipeline, config)
+    out(f"Submitted job {job.id}, name: {job.name or 'N/A'}")
+    return follow(job, client)
+
+
+def list_jobs(args: argparse.Namespace, client: Client) -> int:
+    """``list-jobs``: the active jobs (all with ``-a``), newest first, as a table."""
+    rows = []
+    for job in client.get_jet().get_jobs():
+        status = job.status
+        if not args.all and status.is_terminal():
+            continue
+        rows.append((job.id, status.value, format_time(job.submission_time), job.name or "N/A"))
+    for line in table(("ID", "STATUS", "SUBMISSION TIME", "NAME"), rows):
+        out(line)
+    return EXIT_OK
+
+
+def _find_job(client: Client, ref: str) -> Job:
+    """The job with id ``ref``, else the one named ``ref``; CliError (exit 1) if none."""
+    jet = client.get_jet()
+    job = jet.get_job(ref) or jet.get_job_by_name(ref)
+    if job is None:
+        raise CliError(f"no job with id or name '{ref}'", EXIT_FAILED)
+    return job
+
+
+def cancel(args: argparse.Namespace, client: Client) -> int:
+    """``cancel``: cancel the job and wait until it has stopped."""
+    job = _find_job(client, args.job)
+    job.cancel()
+    out(f"Cancelling job {job.label}")
+    status = wait_until(job, JobStatus.is_terminal, args.timeout)
+    if not status.is_terminal():
+        raise CliError(
+            f"job {job.label} did not stop within {args.timeout:g} s (status "
+            f"{status.value}); it may still stop later",
+            EXIT_FAILED,
+        )
+    out(state_line(job, client))
+    if job.is_user_cancelled():
+        return EXIT_OK
+    failure = job.get_failure()
+    detail = f": {failure}" if failure else ""
+    raise CliError(
+        f"job {job.label} ended {job.status.value} before the cancel request took effect"
+        f"{detail}",
+        EXIT_FAILED,
+    )
+
+
+def suspend(args: argparse.Namespace, client: Client) -> int:
+    """``suspend``: ask the streaming job to suspend and wait until it is SUSPENDED."""
+    job = _find_job(client, args.job)
+    job.suspend()
+    out(f"Suspending job {job.label}")
+    await_status(job, JobStatus.SUSPENDED, args.timeout, client)
+    out(state_line(job, client))
+    return EXIT_OK
+
+
+def resume(args: argparse.Namespace, client: Client) -> int:
+    """``resume``: resume the job and wait until it is RUNNING.
+
+    When the process that ran the job is gone, the job continues in this
+    process, in the foreground, as with ``submit``.
+    """
+    job = _find_job(client, args.job)
+    job.resume()
+    taken_over = False
+
+    def take_over_if_orphaned() -> bool:
+        # The driver asked to resume died before it did: continue the job here.
+        nonlocal taken_over
+        if job.status is JobStatus.SUSPENDED and not job.is_driver_alive():
+            job.resume()
+            taken_over = job.is_driven_here()
+        return taken_over
+
+    if job.is_driven_here():
+        out(f"Resuming job {job.label} in this process: the process that ran it is gone")
+    else:
+        out(f"Resuming job {job.label}")
+        await_status(job, JobStatus.RUNNING, args.timeout, client, retake=take_over_if_orphaned)
+        if not taken_over:
+            out(state_line(job, client))
+            return EXIT_OK
+        out(f"The process that ran job {job.label} is gone: it resumes in this process")
+    # The job runs here now: stay in the foreground, as `submit` does.
+    return follow(job, client, resumed=True)
+
+
+def restart(args: argparse.Namespace, client: Client) -> int:
+    """``restart``: ask the streaming job to restart and wait until it is RUNNING."""
+    job = _find_job(client, args.job)
+    job.restart()
+    out(f"Restarting job {job.label}")
+    await_status(job, JobStatus.RUNNING, args.timeout, client, refuse=(JobStatus.SUSPENDED,))
+    out(state_line(job, client))
+    return EXIT_OK
+
+
+def _read_json_lines(file: str) -> list[Any]:
+    """Every item of a JSON-lines file (``-``: stdin); blank lines are skipped.
+
+    :raises CliError: the file cannot be read, is not UTF-8, or a line is not
+        JSON (the line is named).
+    """
+    shown = "stdin" if file == "-" else file
+    items: list[Any] = []
+    try:
+        with contextlib.ExitStack() as stack:
+            if file == "-":
+                lines: Any = getattr(sys.stdin, "buffer", sys.stdin)
+            else:
+                lines = stack.enter_context(open(file, "rb"))
+            for lineno, raw in enumerate(lines, 1):
+                try:
+                    line = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+                except UnicodeDecodeError:
+                    raise CliError(f"{shown}: not UTF-8 text (line {lineno})") from None
+                if lineno == 1:
+                    line = line.removeprefix("\ufeff")  # a byte order mark
+                if not line.strip():
+                    continue
+                try:
+                    items.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise CliError(
+                        f"{shown}: invalid JSON (line {lineno}, column {exc.colno}): {exc.msg}"
+                    ) from None
+    except FileNotFoundError:
+        raise CliError(f"{shown}: no such file") from None
+    except IsADirectoryError:
+        raise CliError(f"{shown}: is a directory, expected a file of JSON lines") from None
+    except OSError as exc:
+        raise CliError(f"{shown}: cannot read: {exc.strerror or exc}") from None
+    return items
+
+
+def publish(args: argparse.Namespace, client: Client) -> int:
+    """``publish``: append the JSON lines of a file to a stream (all of them, or none)."""
+    items = _read_json_lines(args.file)  # all of it first: a bad line publishes nothing
+    if args.partitions is None and not client.get_stream(args.stream).exists():
+        store = client.redact(client.config.store_url)
+        raise CliError(
+            f"stream '{args.stream}' does not exist in store '{store}': "
+            "pass --partitions N to create it",
+            EXIT_FAILED,
+        )
+    stream = client.get_stream(args.stream, args.partitions)
+    stream.publish_all(items)
+    noun = "item" if len(items) == 1 else "items"
+    out(f"Published {len(items)} {noun} to stream '{args.stream}'")
+    return EXIT_OK
+
+
+def plugins(args: argparse.Namespace, client: Client) -> int:
+    """``plugins``: every loaded plugin, what it registers and the guarantees supported."""
+    rows: list[tuple[str, str, str, str]] = []
+    owners: list[tuple[str, str, int]] = []  # plugin name, origin, number of rows
+    for info in client.list_plugins():
+        for entry in info.registered:
+            guarantees = sorted(getattr(entry.cls, "guarantees", ()), key=lambda g: g.rank)
+            rows.append((
+                entry.category,
+                entry.kind,
+                f"{entry.cls.__module__}.{entry.cls.__qualname__}",
+                ", ".join(g.value for g in guarantees) or "-",
+            ))
+        owners.append((info.name, info.origin, len(info.registered)))
+    lines = table(("CATEGORY", "KIND", "CLASS", "GUARANTEES"), rows)
+    header, body = lines[0], iter(lines[1:])
+    if owners:
+        out(f"  {header}")
+    else:
+        out("No plugins loaded.")
+    for name, origin, count in owners:
+        out(f"{name} ({origin})")
+        if count == 0:
+            out("  (registers no classes: lifecycle hooks only)")
+        for _ in range(count):
+            out(f"  {next(body)}")
+    blocked = client.blocked_plugins()
+    if blocked:
+        out(
+            f"Blocked plugins: {', '.join(blocked)} "
+            "(SPARKJET_BLOCK_PLUGINS or [plugins] disable)"
+        )
+    return EXIT_OK

@@ -1,0 +1,203 @@
+"""Waiting for a job's status, keeping a job in the foreground, and interrupts.
+
+Every wait of the command for a job's status goes through :func:`wait_until`,
+the one place that polls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from types import FrameType
+
+from sparkjet import Client
+from sparkjet.cli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, CliError
+from sparkjet.cli.output import error, out, state_line, status_text, suspension_cause
+from sparkjet.errors import JobFailedError, JobStateError, SparkjetError
+from sparkjet.job import Job, JobStatus, ProcessingGuarantee
+
+#: How often a command reads the status of a job while it waits.
+POLL_SECONDS = 0.2
+#: How long an interrupted ``submit`` waits for its job to stop (cancelled) or suspend.
+INTERRUPT_GRACE_SECONDS = 30.0
+
+_ACTIVE = (JobStatus.RUNNING, JobStatus.STARTING)
+
+
+def _settled(status: JobStatus) -> bool:
+    """Whether a job with this status no longer runs: it ended or is SUSPENDED."""
+    return status.is_terminal() or status is JobStatus.SUSPENDED
+
+
+def wait_until(
+    job: Job,
+    done: Callable[[JobStatus], bool],
+    timeout: float | None = None,
+    wake: threading.Event | None = None,
+) -> JobStatus:
+    """Read ``job``'s status until ``done(status)``; return the last status read.
+
+    The status is read every :data:`POLL_SECONDS`, or as soon as ``wake`` is
+    set (by a status listener). After ``timeout`` seconds (None: no limit) the
+    wait gives up and returns a status for which ``done`` was false.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        if wake is not None:
+            wake.clear()
+        status = job.status
+        if done(status) or (deadline is not None and time.monotonic() >= deadline):
+            return status
+        if wake is not None:
+            wake.wait(POLL_SECONDS)
+        else:
+            time.sleep(POLL_SECONDS)
+
+
+def await_status(
+    job: Job,
+    wanted: JobStatus,
+    timeout: float,
+    client: Client,
+    refuse: tuple[JobStatus, ...] = (),
+    retake: Callable[[], bool] | None = None,
+) -> None:
+    """Wait until ``job`` reads ``wanted``; CliError (exit 1) if it ends, or times out first.
+
+    ``refuse``: statuses that mean the action did not take (reported at once).
+    ``retake``: called on every poll; returning True stops the wait successfully.
+    """
+    retaken = False
+
+    def done(status: JobStatus) -> bool:
+        nonlocal retaken
+        if status is wanted or status.is_terminal() or status in refuse:
+            return True
+        retaken = retake is not None and retake()
+        return retaken
+
+    status = wait_until(job, done, timeout)
+    if status is wanted or retaken:
+        return
+    if status.is_terminal():
+        failure = job.get_failure()
+        detail = f": {client.redact(failure)}" if failure else ""
+        raise CliError(
+            f"job {job.label} ended {status_text(job)} before it was {wanted.value}{detail}",
+            EXIT_FAILED,
+        )
+    if status in refuse:
+        raise CliError(
+            f"job {job.label} is {status.value}, not {wanted.value}: "
+            f"{suspension_cause(job, client)}",
+            EXIT_FAILED,
+        )
+    raise CliError(
+        f"job {job.label} did not become {wanted.value} within {timeout:g} s (status "
+        f"{status.value}); it may still do so later",
+        EXIT_FAILED,
+    )
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Turn SIGTERM into KeyboardInterrupt while a job runs, so it is cancelled cleanly."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def follow(job: Job, client: Client, resumed: bool = False) -> int:
+    """Keep a job that runs in this process in the foreground until it ends or is suspended.
+
+    ``resumed``: the job was SUSPENDED and has just been resumed here, so
+    SUSPENDED counts only once it has run again (RUNNING is printed then).
+    """
+    changed = threading.Event()
+    job.add_status_listener(lambda event: changed.set())
+    waiting_to_run = resumed
+    try:
+        with _sigterm_as_interrupt():
+            if waiting_to_run:
+                status = wait_until(
+                    job, lambda s: s not in (JobStatus.SUSPENDED, JobStatus.STARTING), wake=changed
+                )
+                waiting_to_run = False
+                if not status.is_terminal():
+                    out(state_line(job, client))
+            status = wait_until(job, _settled, wake=changed)
+    except KeyboardInterrupt:
+        return _interrupted(job, client, starting=waiting_to_run)
+    if status is JobStatus.SUSPENDED:
+        out(state_line(job, client))
+        out(f"Resume it with: sparkjet resume {job.id}")
+        return EXIT_OK
+    try:
+        job.join()
+    except JobFailedError as exc:
+        out(state_line(job, client))
+        error(client.redact(str(exc)))
+        return EXIT_FAILED
+    out(state_line(job, client))
+    return EXIT_OK
+
+
+def _interrupted(job: Job, client: Client, starting: bool = False) -> int:
+    """Ctrl-C or SIGTERM in the foreground: suspend a job with a guarantee, else cancel it.
+
+    Only a streaming job can be suspended; it keeps its checkpoint, so
+    ``sparkjet resume`` continues it. One that has not started running yet
+    (``starting``: still SUSPENDED while it resumes here) is suspended as soon
+    as it runs. A second interrupt cancels the job.
+    """
+    suspending = (
+        job.is_streaming() and job.config.processing_guarantee is not ProcessingGuarantee.NONE
+    )
+    if suspending:
+        error(
+            f"interrupted: suspending job {job.label} after its current micro-batch "
+            "(interrupt again to cancel it)"
+        )
+    else:
+        error(f"interrupted: cancelling job {job.label}")
+        with contextlib.suppress(SparkjetError):
+            job.cancel()
+    try:
+        with _sigterm_as_interrupt():
+            if suspending:
+                # Not running yet: suspend it once it is.
+                status = wait_until(
+                    job,
+                    lambda s: s in _ACTIVE or s.is_terminal()
+                    or (s is JobStatus.SUSPENDED and not starting),
+                )
+                if status in _ACTIVE:
+                    with contextlib.suppress(JobStateError):  # it stopped meanwhile
+                        job.suspend()
+            wait_until(
+                job,
+                _settled if suspending else JobStatus.is_terminal,
+                timeout=INTERRUPT_GRACE_SECONDS,
+            )
+    except KeyboardInterrupt:
+        error(f"interrupted again: cancelling job {job.label}")
+        with contextlib.suppress(SparkjetError):
+            job.cancel()
+        with contextlib.suppress(SparkjetError):
+            job.join(timeout=INTERRUPT_GRACE_SECONDS)
+    out(state_line(job, client))
+    if suspending and not job.is_terminal():
+        out(f"Resume it with: sparkjet resume {job.id}")
+    return EXIT_INTERRUPTED
