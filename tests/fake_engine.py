@@ -1,0 +1,138 @@
+"""An in-process engine for lifecycle tests: no Spark, no JVM, milliseconds per job.
+
+It implements :class:`sparkjet.core.engine.Engine` and records what the
+services asked of it. The work itself is not done (sources are not read, sinks
+are not written): the lifecycle, the control protocol, take-over and the
+cluster policy are what these tests are about, and the real Spark engine is
+tested end to end elsewhere. The streaming loop, the checkpoint and the store
+are the real ones.
+
+Knobs a test turns:
+
+- ``gate``: a cleared event holds every execution in :meth:`run` until it is
+  set (or the job is cancelled), to catch a job while it runs;
+- ``fail_with``: the next execution raises this exception;
+- ``executors``: the ids :meth:`live_executors` reports (None: local mode).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparkjet.core.checkpoint import StatePaths
+from sparkjet.core.contracts import JobContext
+from sparkjet.core.errors import JobFailedError
+from sparkjet.core.graph import Transform
+from sparkjet.core.planner import Plan
+
+
+@dataclass
+class Call:
+    """One execution the services asked for, that succeeded."""
+
+    kind: str  # "batch" | "micro_batch"
+    job_id: str
+    batch: int | None = None
+    committed: int | None = None
+    source_ranges: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+
+
+class FakeExecution:
+    def __init__(
+        self,
+        engine: FakeEngine,
+        call: Call,
+        cancelled: Callable[[], bool],
+        on_commit: Callable[[], None] | None,
+        counts: dict[str, int],
+    ) -> None:
+        self.engine, self.call, self.cancelled, self.on_commit = engine, call, cancelled, on_commit
+        self.counts = counts
+
+    def run(self) -> None:
+        engine = self.engine
+        while not engine.gate.wait(0.01):
+            if self.cancelled():
+                raise JobFailedError("cancelled while running on the fake engine")
+        with engine.lock:
+            failure, engine.fail_with = engine.fail_with, None
+            if failure is None:
+                engine.calls.append(self.call)  # only executions that succeeded
+        if failure is not None:
+            raise failure
+        if self.on_commit is not None:
+            self.on_commit()
+
+    def stage_counts(self) -> dict[str, int]:
+        return dict(self.counts)
+
+
+class FakeEngine:
+    """See the module docstring."""
+
+    def __init__(self, parallelism: int = 2) -> None:
+        self._parallelism = parallelism
+        self.lock = threading.Lock()
+        self.calls: list[Call] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.fail_with: BaseException | None = None
+        self.executors: frozenset[str] | None = None
+        self.bound: dict[str, str] = {}  # thread name -> job id
+        self.cancelled_jobs: list[str] = []
+
+    def parallelism(self) -> int:
+        return self._parallelism
+
+    def live_executors(self) -> frozenset[str] | None:
+        return self.executors
+
+    def bind(self, job_id: str, description: str) -> None:
+        self.bound[threading.current_thread().name] = job_id
+
+    def cancel(self, job_id: str) -> bool:
+        self.cancelled_jobs.append(job_id)
+        return True
+
+    def batch(
+        self,
+        plan: Plan,
+        job_context: Callable[[Transform], JobContext],
+        *,
+        metrics: bool,
+        cancelled: Callable[[], bool],
+        on_commit: Callable[[], None] | None,
+    ) -> FakeExecution:
+        job_id = job_context(plan.nodes[0]).job_id
+        counts = {plan.name(n): 0 for n in plan.nodes} if metrics else {}
+        return FakeExecution(self, Call("batch", job_id), cancelled, on_commit, counts)
+
+    def micro_batch(
+        self,
+        plan: Plan,
+        job_context: Callable[[Transform], JobContext],
+        *,
+        metrics: bool,
+        cancelled: Callable[[], bool],
+        batch: int,
+        committed: int,
+        source_ranges: Mapping[str, tuple[Any, Any]],
+        state: StatePaths,
+        shards: int,
+        now_ms: int,
+    ) -> FakeExecution:
+        job_id = job_context(plan.nodes[0]).job_id
+        # What a source stage "emitted": the items in its planned range.
+        counts = {
+            name: sum(e - s for s, e in zip(start, end, strict=True))
+            for name, (start, end) in source_ranges.items()
+        } if metrics else {}
+        call = Call("micro_batch", job_id, batch, committed, dict(source_ranges))
+        return FakeExecution(self, call, cancelled, None, counts)
+
+    def micro_batches(self, job_id: str) -> list[Call]:
+        with self.lock:
+            return [c for c in self.calls if c.kind == "micro_batch" and c.job_id == job_id]

@@ -1,0 +1,519 @@
+"""The job lifecycle on an in-process engine: statuses, control, take-over, cluster policy.
+
+No Spark and no JVM here (``test_lifecycle_runs_without_java`` proves it):
+jobs run on :class:`tests.fake_engine.FakeEngine`, against a real store in a
+temporary folder, with the real runner, streaming loop and checkpoint. What
+the work does to data is tested on Spark elsewhere; what a job *is* — which
+status follows which, who may act on it from where, what happens when its
+driver dies or its executors go — is tested here, in milliseconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sparkjet.core.client import Client
+from sparkjet.core.config import load_config
+from sparkjet.core.jobs import runner as runner_module
+from sparkjet.core.jobs.lifecycle import (
+    ACTION_FROM,
+    TRANSITIONS,
+    Action,
+    IllegalTransition,
+    check_action,
+    check_transition,
+)
+from sparkjet.core.jobs.policy import ClusterWatch
+from sparkjet.core.jobs.record import this_driver
+from sparkjet.errors import (
+    JobCancelledError,
+    JobFailedError,
+    JobStateError,
+    TimeoutException,
+)
+from sparkjet.job import Job, JobConfig, JobStatus, JobStatusEvent, ProcessingGuarantee
+from sparkjet.pipeline import Pipeline, StreamSource
+from sparkjet.plugin import hookimpl
+from tests.conftest import wait_until
+from tests.fake_engine import FakeEngine
+
+S = JobStatus
+EXACTLY_ONCE = ProcessingGuarantee.EXACTLY_ONCE
+
+
+# --- the transition table and the action rules (pure) ----------------------------
+
+
+def test_terminal_statuses_have_no_way_out_and_every_other_can_fail() -> None:
+    for status in JobStatus:
+        if status.is_terminal():
+            assert TRANSITIONS[status] == frozenset()
+        else:
+            assert S.FAILED in TRANSITIONS[status], status  # a cancel ends any live job
+
+
+def test_only_jets_moves_are_allowed() -> None:
+    check_transition("j", S.NOT_RUNNING, S.STARTING)
+    check_transition("j", S.RUNNING, S.COMPLETING)
+    check_transition("j", S.SUSPENDED, S.STARTING)
+    for old, new in [(S.COMPLETED, S.RUNNING), (S.SUSPENDED, S.RUNNING),
+                     (S.NOT_RUNNING, S.COMPLETED), (S.COMPLETING, S.SUSPENDED)]:
+        with pytest.raises(IllegalTransition, match=f"job j: {old.value} -> {new.value}"):
+            check_transition("j", old, new)
+
+
+@pytest.mark.parametrize(
+    ("action", "status", "streaming", "message"),
+    [
+        (Action.CANCEL, S.COMPLETED, True, "cannot cancel job j: it has already COMPLETED"),
+        (Action.SUSPEND, S.SUSPENDED, True, "cannot suspend job j: it is SUSPENDED, not RUNNING "
+         "or STARTING"),
+        (Action.SUSPEND, S.RUNNING, False, "cannot suspend job j: it is a batch job"),
+        (Action.RESUME, S.RUNNING, True, "cannot resume job j: it is RUNNING, not SUSPENDED"),
+        (Action.RESTART, S.STARTING, True, "cannot restart job j: it is STARTING, not RUNNING"),
+        (Action.UPDATE_CONFIG, S.RUNNING, True, "cannot update the configuration of job j: it "
+         "is RUNNING, not SUSPENDED"),
+    ],
+)
+def test_actions_refused_name_the_job_and_its_status(
+    action: Action, status: JobStatus, streaming: bool, message: str
+) -> None:
+    with pytest.raises(JobStateError) as info:
+        check_action(action, status, streaming=streaming, label="j")
+    assert str(info.value) == message
+
+
+def test_every_allowed_action_is_accepted() -> None:
+    for action, statuses in ACTION_FROM.items():
+        for status in statuses:
+            check_action(action, status, streaming=True, label="j")
+
+
+# --- the cluster policy (pure) ----------------------------------------------------
+
+
+def config(**changes: Any) -> JobConfig:
+    return JobConfig(processing_guarantee=EXACTLY_ONCE, **changes)
+
+
+def test_cluster_watch_takes_a_baseline_and_ignores_local_mode() -> None:
+    watch = ClusterWatch()
+    assert watch.check(None, config(auto_scaling_enabled=False), "j") is None
+    assert watch.check({"1", "2"}, config(auto_scaling_enabled=False), "j") is None  # baseline
+    assert watch.started == 2
+    assert watch.check({"1", "2", "3"}, config(auto_scaling_enabled=False), "j") is None
+
+
+def test_a_lost_executor_suspends_without_auto_scaling_and_fails_a_job_without_guarantee() -> None:
+    watch = ClusterWatch()
+    watch.check({"1", "2"}, config(auto_scaling_enabled=False), "j")
+    cause = watch.check({"1", "3"}, config(auto_scaling_enabled=False), "j")  # 2 replaced by 3
+    assert cause == "executor(s) 2 were lost (2 of 3 left) and auto-scaling is off"
+    assert watch.check({"1", "2"}, config(auto_scaling_enabled=True), "j") is None
+
+    none = ClusterWatch()
+    plain = JobConfig(auto_scaling_enabled=False)
+    none.check({"1", "2"}, plain, "j")
+    with pytest.raises(JobFailedError, match="job j failed: executor"):
+        none.check({"1"}, plain, "j")
+
+
+def test_split_brain_protection_needs_half_plus_one() -> None:
+    watch = ClusterWatch()
+    guarded = config(split_brain_protection_enabled=True)
+    watch.check({"1", "2", "3", "4"}, guarded, "j")
+    assert watch.check({"1", "2", "3"}, guarded, "j") is None
+    assert watch.check({"1", "2"}, guarded, "j") == (
+        "split-brain protection: 2 of the 4 executors the job started with are left, fewer "
+        "than the 3 it needs"
+    )
+    watch.reset()
+    assert watch.check({"1"}, guarded, "j") is None  # a resumed job counts what it has
+
+
+# --- jobs on the fake engine ---------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _fast_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner_module, "CLUSTER_CHECK_SECONDS", 0.0)
+    monkeypatch.setattr(runner_module, "CONTROL_POLL_SECONDS", 0.02)
+
+
+@pytest.fixture
+def engine() -> FakeEngine:
+    return FakeEngine()
+
+
+_clients: list[Client] = []
+
+
+def make_client(store_url: str, engine: FakeEngine) -> Client:
+    client = Client(load_config({"store": {"url": store_url}}), engine=engine)
+    _clients.append(client)
+    return client
+
+
+@pytest.fixture(autouse=True)
+def _no_job_outlives_its_test() -> Iterator[None]:
+    """Cancel what a failing test left running, so its threads do not hold up the run."""
+    yield
+    while _clients:
+        for job_runner in list(_clients.pop().get_jet()._runners.values()):
+            if not job_runner.done.is_set():
+                job_runner.cancel()
+                job_runner.done.wait(10)
+            job_runner.done.set()
+
+
+@pytest.fixture
+def fake_client(store_url: str, engine: FakeEngine) -> Client:
+    return make_client(store_url, engine)
+
+
+def batch_pipeline() -> Pipeline:
+    p = Pipeline.create()
+    p.read_from(Pipeline.from_list("numbers", [1, 2, 3])).write_to(Pipeline.to_list("out"))
+    return p
+
+
+def stream_pipeline() -> Pipeline:
+    p = Pipeline.create()
+    p.read_from(StreamSource("events")).set_name("events").write_to(Pipeline.to_list("out"))
+    return p
+
+
+def record_events(job: Job) -> list[tuple[JobStatus, JobStatus]]:
+    seen: list[tuple[JobStatus, JobStatus]] = []
+
+    def listener(event: JobStatusEvent) -> None:
+        seen.append((event.previous_status, event.new_status))
+
+    job.add_status_listener(listener)
+    return seen
+
+
+def submit_stream(client: Client, name: str, **changes: Any) -> Job:
+    changes.setdefault("snapshot_interval_millis", 10)
+    job = client.get_jet().submit(
+        stream_pipeline(), JobConfig(name=name, processing_guarantee=EXACTLY_ONCE, **changes)
+    )
+    wait_until(lambda: job.status is S.RUNNING, timeout=10, what=f"{name} to run")
+    return job
+
+
+def test_batch_job_goes_through_jets_statuses(fake_client: Client, engine: FakeEngine) -> None:
+    engine.gate.clear()
+    job = fake_client.get_jet().submit(batch_pipeline(), JobConfig(name="batch"))
+    seen = record_events(job)
+    wait_until(lambda: job.status is S.RUNNING, timeout=10, what="RUNNING")
+    engine.gate.set()
+    job.join(timeout=10)
+    full = [(S.NOT_RUNNING, S.STARTING), (S.STARTING, S.RUNNING),
+            (S.RUNNING, S.COMPLETING), (S.COMPLETING, S.COMPLETED)]
+    # The listener was added while the job started: it saw the moves from then on.
+    assert len(seen) >= 2 and seen == full[-len(seen):]
+    assert job.status is S.COMPLETED and not job.is_streaming() and job.is_driven_here()
+    assert [c.kind for c in engine.calls] == ["batch"]
+    metrics = job.get_metrics()
+    assert 0 < metrics["executionStartTime"] <= metrics["executionCompletionTime"]
+    assert set(metrics["stages"]) == {"from-list(numbers)", "to-list(out)"}
+
+
+def test_a_failing_batch_job_fails_and_tells_the_plugins(
+    fake_client: Client, engine: FakeEngine
+) -> None:
+    errors: list[BaseException] = []
+
+    class Observer:
+        @hookimpl
+        def on_job_error(self, job: Job, error: BaseException) -> None:
+            errors.append(error)
+
+    fake_client.register_plugin(Observer(), "observer")
+    engine.fail_with = JobFailedError("stage 'x' failed: ValueError: boom", "x")
+    job = fake_client.get_jet().submit(batch_pipeline())
+    with pytest.raises(JobFailedError, match="boom") as info:
+        job.join(timeout=10)
+    assert info.value.stage == "x"
+    assert job.status is S.FAILED and job.get_failure() == "stage 'x' failed: ValueError: boom"
+    assert errors == [info.value]
+
+
+def test_cancel_stops_a_running_batch_job_through_the_engine(
+    fake_client: Client, engine: FakeEngine
+) -> None:
+    engine.gate.clear()
+    job = fake_client.get_jet().submit(batch_pipeline(), JobConfig(name="slow"))
+    wait_until(lambda: job.status is S.RUNNING, timeout=10, what="RUNNING")
+    with pytest.raises(TimeoutException, match=r"'slow'.*did not finish within 0.05 s"):
+        job.join(timeout=0.05)
+    job.cancel()
+    with pytest.raises(JobCancelledError):
+        job.join(timeout=10)
+    assert job.is_user_cancelled() and job.id in engine.cancelled_jobs
+    assert engine.bound  # the job thread tagged its work before running it
+    with pytest.raises(JobStateError, match="it has already FAILED"):
+        job.cancel()
+
+
+def test_streaming_job_suspends_resumes_restarts_and_is_cancelled(
+    fake_client: Client, engine: FakeEngine
+) -> None:
+    stream = fake_client.get_stream("events", partitions=2)
+    job = submit_stream(fake_client, "clicks")
+    seen = record_events(job)
+    stream.publish_all(range(10))
+    wait_until(lambda: job.get_metrics()["lastCommittedBatch"] >= 0, timeout=10, what="a batch")
+    first = engine.micro_batches(job.id)[0]
+    assert first.batch == 0 and first.committed == -1
+    assert first.source_ranges == {"events": ([0, 0], [5, 5])}
+
+    job.suspend()
+    assert job.wait_for_status(S.SUSPENDED, timeout=10) is S.SUSPENDED
+    assert job.get_suspension_cause() == "Requested by user"
+    with pytest.raises(JobStateError, match="it is SUSPENDED, not RUNNING or STARTING"):
+        job.suspend()
+    stream.publish_all(range(4))
+    job.resume()
+    assert job.wait_for_status(S.RUNNING, timeout=10) is S.RUNNING
+    wait_until(lambda: len(engine.micro_batches(job.id)) >= 2, timeout=10, what="batch 1")
+    second = engine.micro_batches(job.id)[1]
+    # The resumed job continues after the last committed batch, from its end offsets.
+    assert (second.batch, second.committed) == (1, 0)
+    assert second.source_ranges == {"events": ([5, 5], [7, 7])}
+
+    job.restart()
+    wait_until(lambda: (S.STARTING, S.RUNNING) in seen[seen.index((S.RUNNING, S.STARTING)):]
+               if (S.RUNNING, S.STARTING) in seen else False, timeout=10, what="a restart")
+    job.cancel()
+    with pytest.raises(JobCancelledError):
+        job.join(timeout=10)
+    assert seen[:4] == [(S.RUNNING, S.SUSPENDED), (S.SUSPENDED, S.STARTING),
+                        (S.STARTING, S.RUNNING), (S.RUNNING, S.STARTING)]
+    assert seen[-1] == (S.RUNNING, S.FAILED)
+    assert not (Path(fake_client.store.root) / "jobs" / job.id / "checkpoint").exists()
+
+
+def test_a_failing_micro_batch_suspends_with_suspend_on_failure(
+    fake_client: Client, engine: FakeEngine
+) -> None:
+    stream = fake_client.get_stream("events", partitions=1)
+    job = submit_stream(fake_client, "fragile", suspend_on_failure=True)
+    engine.fail_with = JobFailedError("stage 'events' failed: OSError: disk gone", "events")
+    stream.publish_all([1])
+    assert job.wait_for_status(S.SUSPENDED, timeout=10) is S.SUSPENDED
+    assert "disk gone" in job.get_suspension_cause()
+    assert engine.micro_batches(job.id) == []  # the failed batch did not commit
+    job.resume()
+    wait_until(lambda: len(engine.micro_batches(job.id)) == 1, timeout=10, what="the replay")
+    assert engine.micro_batches(job.id)[0].batch == 0  # the same batch, replayed
+    job.cancel()
+    with pytest.raises(JobCancelledError):
+        job.join(timeout=10)
+
+
+# --- the control protocol: another process acts through the store ------------------
+
+
+def test_other_processes_act_through_the_control_folder(
+    store_url: str, fake_client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake_client.get_stream("events", partitions=1)
+    job = submit_stream(fake_client, "remote")
+    other = make_client(store_url, FakeEngine()).get_jet().get_job(job.id)
+    assert other is not None and not other.is_driven_here() and other.is_driver_alive()
+
+    other.suspend()
+    assert other.wait_for_status(S.SUSPENDED, timeout=10) is S.SUSPENDED
+    other.update_config(snapshot_interval_millis=25)
+    wait_until(lambda: job.config.snapshot_interval_millis == 25, timeout=10,
+               what="the driver to apply the new configuration")
+    with caplog.at_level(logging.WARNING, logger="sparkjet.jobs"):
+        fake_client.get_jet().records.request(job.id, "explode")
+        other.resume()
+        assert other.wait_for_status(S.RUNNING, timeout=10) is S.RUNNING
+    assert "ignoring unknown request 'explode'" in caplog.text
+    other.cancel()
+    with pytest.raises(JobCancelledError):
+        other.join(timeout=10)
+    assert job.is_user_cancelled()
+
+
+# --- take-over after the driver died ---------------------------------------------------
+
+
+def dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # reaped: the pid names no process
+    return child.pid
+
+
+def kill_driver(client: Client, job: Job) -> None:
+    """What the store sees when the driving process dies: its lease no longer renewed."""
+    runner = client.get_jet()._runners[job.id]
+    runner.done.set()  # the watcher stops renewing the lease
+    runner.watcher.join(timeout=10)
+    record = dict(client.get_jet().records.read(job.id) or {})
+    record["driver"] = {**this_driver(), "pid": dead_pid()}
+    client.get_jet().records.write(record)
+
+
+def test_a_job_whose_driver_died_is_suspended_and_resumes_elsewhere(
+    store_url: str, fake_client: Client, engine: FakeEngine
+) -> None:
+    stream = fake_client.get_stream("events", partitions=1)
+    job = submit_stream(fake_client, "orphan")
+    stream.publish_all(range(3))
+    wait_until(lambda: job.get_metrics()["lastCommittedBatch"] == 0, timeout=10, what="batch 0")
+    job.suspend()
+    job.wait_for_status(S.SUSPENDED, timeout=10)
+    kill_driver(fake_client, job)
+
+    engine_b = FakeEngine()
+    orphan = make_client(store_url, engine_b).get_jet().get_job(job.id)
+    assert orphan is not None and orphan.status is S.SUSPENDED and not orphan.is_driver_alive()
+    assert orphan.get_suspension_cause().endswith("resume() continues it here")
+    stream.publish_all(range(2))
+    orphan.resume()
+    assert orphan.is_driven_here()
+    assert orphan.wait_for_status(S.RUNNING, timeout=10) is S.RUNNING
+    wait_until(lambda: engine_b.micro_batches(job.id), timeout=10, what="batch 1 on B")
+    resumed = engine_b.micro_batches(job.id)[0]
+    assert (resumed.batch, resumed.committed) == (1, 0)
+    assert resumed.source_ranges == {"events": ([3], [5])}
+    record = fake_client.get_jet().records.read(job.id) or {}
+    assert record["epoch"] == 1 and record["driver"]["pid"] == os.getpid()
+    orphan.cancel()
+    with pytest.raises(JobCancelledError):
+        orphan.join(timeout=10)
+
+
+def test_a_driver_that_died_while_running_reads_suspended_and_only_one_process_takes_over(
+    store_url: str, fake_client: Client
+) -> None:
+    fake_client.get_stream("events", partitions=1)
+    job = submit_stream(fake_client, "contested")
+    job.suspend()
+    job.wait_for_status(S.SUSPENDED, timeout=10)
+    kill_driver(fake_client, job)
+    records = fake_client.get_jet().records
+    record = records.read(job.id) or {}
+    records.write({**record, "status": S.RUNNING.value})  # it died mid-run
+
+    views = [make_client(store_url, FakeEngine()).get_jet().get_job(job.id) for _ in range(2)]
+    assert all(v is not None and v.status is S.SUSPENDED for v in views)
+    assert views[0] is not None
+    assert views[0].get_suspension_cause() == (
+        "the driver process running the job died; resume() continues it here"
+    )
+    outcomes: list[str] = []
+
+    def resume(view: Job) -> None:
+        try:
+            view.resume()
+            outcomes.append("took over")
+        except JobStateError as exc:
+            outcomes.append(str(exc))
+
+    threads = [threading.Thread(target=resume, args=(v,)) for v in views]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+    # One process wins the claim and drives the job; the other either loses the
+    # claim or, finding a live driver by then, asks it through the control folder.
+    assert len(outcomes) == 2 and "took over" in outcomes
+    assert [v.is_driven_here() for v in views if v is not None].count(True) == 1
+    claims = sorted(p.name for p in (Path(fake_client.store.root) / "jobs" / job.id).iterdir()
+                    if p.name.startswith("owner-"))
+    assert claims == ["owner-000001"]
+    for outcome in outcomes:
+        assert outcome == "took over" or outcome.startswith(f"job 'contested' ({job.id})")
+    winner = next(v for v in views if v is not None and v.is_driven_here())
+    assert winner.wait_for_status(S.RUNNING, timeout=10) is S.RUNNING
+    winner.cancel()
+    with pytest.raises(JobCancelledError):
+        winner.join(timeout=10)
+
+
+# --- the cluster policy through the runner ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("guarantee", "ends"),
+    [(ProcessingGuarantee.AT_LEAST_ONCE, S.SUSPENDED), (ProcessingGuarantee.NONE, S.FAILED)],
+)
+def test_losing_an_executor_without_auto_scaling(
+    fake_client: Client, engine: FakeEngine, guarantee: ProcessingGuarantee, ends: JobStatus
+) -> None:
+    fake_client.get_stream("events", partitions=1)
+    engine.executors = frozenset({"1", "2"})
+    job = fake_client.get_jet().submit(stream_pipeline(), JobConfig(
+        name="fleet", processing_guarantee=guarantee, auto_scaling_enabled=False,
+        snapshot_interval_millis=10,
+    ))
+    wait_until(lambda: job.status is S.RUNNING, timeout=10, what="RUNNING")
+    wait_until(lambda: fake_client.get_jet()._runners[job.id].cluster.started == 2,
+               timeout=10, what="the baseline")
+    engine.executors = frozenset({"1"})
+    assert job.wait_for_status(ends, timeout=10) is ends
+    cause = "executor(s) 2 were lost (1 of 2 left) and auto-scaling is off"
+    if ends is S.SUSPENDED:
+        assert job.get_suspension_cause() == cause
+        job.cancel()
+    with pytest.raises(JobFailedError, match=re.escape(cause) if ends is S.FAILED else "cancelled"):
+        job.join(timeout=10)
+
+
+def test_a_status_move_outside_the_table_is_refused(fake_client: Client) -> None:
+    fake_client.get_stream("events", partitions=1)
+    job = submit_stream(fake_client, "strict")
+    job.suspend()
+    job.wait_for_status(S.SUSPENDED, timeout=10)
+    runner = fake_client.get_jet()._runners[job.id]
+    with pytest.raises(IllegalTransition, match="SUSPENDED -> COMPLETED"):
+        runner.set_status(S.COMPLETED)
+    assert job.status is S.SUSPENDED
+    job.cancel()
+    with pytest.raises(JobCancelledError):
+        job.join(timeout=10)
+
+
+# --- no JVM needed ------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_lifecycle_runs_without_java(tmp_path: Path) -> None:
+    """This file's tests pass with no java on PATH and never import pyspark."""
+    repo = Path(__file__).resolve().parent.parent
+    path = [d for d in os.environ.get("PATH", "").split(os.pathsep)
+            if d and not (Path(d) / "java").exists()]
+    env = {k: v for k, v in os.environ.items() if k not in ("JAVA_HOME", "SPARK_HOME")}
+    env["PATH"] = os.pathsep.join(path)
+    assert shutil.which("java", path=env["PATH"]) is None
+    script = (
+        "import sys, pytest\n"
+        f"code = pytest.main(['-q', '-p', 'no:cacheprovider', '-m', 'not slow', {__file__!r}])\n"
+        "spark = sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'py4j'))\n"
+        "print('SPARK MODULES:', spark)\n"
+        "sys.exit(code or (3 if spark else 0))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=repo, env=env, capture_output=True, text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "SPARK MODULES: []" in done.stdout
+    assert " passed" in done.stdout
