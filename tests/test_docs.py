@@ -224,6 +224,11 @@ def test_mkdocs_nav_lists_every_page() -> None:
 def test_mkdocs_build_strict(tmp_path: Path) -> None:
     if importlib.util.find_spec("mkdocs") is None:
         pytest.skip("mkdocs is not installed (pip install -e '.[docs]'); the site was not built")
+    if importlib.util.find_spec("pymdownx") is None:
+        pytest.fail(
+            "mkdocs.yml uses pymdownx.superfences (mermaid diagrams): the docs extra needs "
+            "pymdown-extensions>=10.0"
+        )
     site = tmp_path / "site"
     run = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict",
@@ -232,6 +237,27 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     )
     assert run.returncode == 0, f"mkdocs build --strict failed:\n{run.stdout}\n{run.stderr}"
     assert (site / "index.html").is_file()
+
+
+# --- the architecture page ---------------------------------------------------------------
+
+
+def test_architecture_names_every_module() -> None:
+    import pkgutil
+
+    import sparkjet.core
+
+    text = read_doc("architecture.md")
+    top = [m.name for m in pkgutil.iter_modules(sparkjet.__path__)]
+    core = [m.name for m in pkgutil.iter_modules(sparkjet.core.__path__)]
+    missing = [f"sparkjet.{name}" for name in top if f"sparkjet.{name}" not in text]
+    missing += [f"sparkjet.core.{name}" for name in core if f"core.{name}" not in text]
+    assert not missing, f"docs/architecture.md does not place these modules: {missing}"
+
+
+def test_architecture_page_has_a_diagram() -> None:
+    assert "```mermaid\nflowchart" in read_doc("architecture.md")
+    assert "pymdownx.superfences" in MKDOCS_YML.read_text(encoding="utf-8")
 
 
 # --- the command line, jobs and streaming -----------------------------------------------
