@@ -6,6 +6,19 @@ The micro-batch loop (:mod:`sparkjet.core.streaming`) and the state reducers
 one version of sparkjet must be resumed by the next, so this format changes
 only with the ``format`` number in ``meta.json``.
 
+In the layout below, ``<batch>`` is the batch number zero-padded to 20
+digits, so names sort in batch order (the offsets and commit files of the
+last 10 committed batches are kept); ``<stage>`` is the stage name encoded by
+:func:`sparkjet.core.store.encode_name`, ``<shard>`` the shard number
+zero-padded to 4 digits, ``<keys>`` the number of keys in the version.
+The layout must stay the last part of this docstring: a docs test reads it.
+
+A ``.state`` file is a cloudpickle of ``{"values": {key: entry}, "touched":
+{key: millis}}`` (entries as :class:`sparkjet.core.keyed.KeyedFold` describes;
+``touched`` only for stages with a TTL). Keys go to shards by
+:func:`stable_hash` modulo the shard count, which meta.json fixes for the
+checkpoint's life.
+
 Layout (``jobs/<id>/checkpoint`` in the store; a throw-away
 ``jobs/<id>/scratch-<n>`` for NONE)::
 
@@ -13,18 +26,6 @@ Layout (``jobs/<id>/checkpoint`` in the store; a throw-away
     offsets/<batch>.json   planned ranges (write-ahead): {"batch", "starts", "ends", "time"}
     commits/<batch>.json   committed batches: {"ends", "time", "duration_ms"}
     state/<stage>/<shard>/<batch>-<keys>.state
-
-``<batch>`` is the batch number zero-padded to 20 digits, so names sort in
-batch order; the offsets and commit files of the last 10 committed batches
-are kept. ``<stage>`` is the stage name encoded by
-:func:`sparkjet.core.store.encode_name`, ``<shard>`` the shard number
-zero-padded to 4 digits, ``<keys>`` the number of keys in the version.
-
-A ``.state`` file is a cloudpickle of ``{"values": {key: entry}, "touched":
-{key: millis}}`` (entries as :class:`sparkjet.core.keyed.KeyedFold` describes;
-``touched`` only for stages with a TTL). Keys go to shards by
-:func:`stable_hash` modulo the shard count, which meta.json fixes for the
-checkpoint's life.
 """
 
 from __future__ import annotations
