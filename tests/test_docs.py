@@ -347,9 +347,9 @@ def test_stream_handle_is_documented() -> None:
 
 
 def test_checkpoint_layout_matches_the_code() -> None:
-    from sparkjet.core import streaming
+    from sparkjet.core import checkpoint
 
     text = read_doc("streaming.md")
-    layout = (streaming.__doc__ or "").split("::", 1)[1]
+    layout = (checkpoint.__doc__ or "").split("::", 1)[1]
     for entry in re.findall(r"^\s+(\S+)", layout, re.M):
         assert entry in text, f"docs/streaming.md: checkpoint entry {entry!r} is not described"

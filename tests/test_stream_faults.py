@@ -224,8 +224,8 @@ def caught_up(client: sparkjet.Client, job_id: str) -> bool:
     Sinks commit before the checkpoint commit is written, so their output is
     then complete.
     """
+    from sparkjet.core.checkpoint import Checkpoint
     from sparkjet.core.store import JobRecords
-    from sparkjet.core.streaming import Checkpoint
 
     checkpoint = Checkpoint(client.store, JobRecords(client.store).path(job_id, "checkpoint"))
     last = checkpoint.last_commit()

@@ -57,9 +57,9 @@ def build_pipeline():  # type: ignore[no-untyped-def]
 
 def _install_pause(batch: int, marker: str) -> None:
     """Block the loop between the sinks' commits and the checkpoint commit of ``batch``."""
-    from sparkjet.core import streaming
+    from sparkjet.core import checkpoint
 
-    original = streaming.Checkpoint.write_commit
+    original = checkpoint.Checkpoint.write_commit
 
     def write_commit(self, b, record):  # type: ignore[no-untyped-def]
         if b >= batch and not os.path.exists(marker):
@@ -70,7 +70,7 @@ def _install_pause(batch: int, marker: str) -> None:
                 time.sleep(1)
         return original(self, b, record)
 
-    streaming.Checkpoint.write_commit = write_commit
+    checkpoint.Checkpoint.write_commit = write_commit
 
 
 def main() -> int:

@@ -1,6 +1,257 @@
-"""TEMPORARY stand-in until the data-plane branch lands core/checkpoint.py (merge takes theirs)."""
+"""The checkpoint of a streaming job: its format, and every read and write of it.
 
-from sparkjet.core.runtime.stream import StatePaths
-from sparkjet.core.streaming import Checkpoint
+The micro-batch loop (:mod:`sparkjet.core.streaming`) and the state reducers
+(:mod:`sparkjet.core.runtime.stream`) go through :class:`Checkpoint` and
+:class:`StatePaths`; nothing else knows file names. A checkpoint written by
+one version of sparkjet must be resumed by the next, so this format changes
+only with the ``format`` number in ``meta.json``.
 
-__all__ = ["Checkpoint", "StatePaths"]
+In the layout below, ``<batch>`` is the batch number zero-padded to 20
+digits, so names sort in batch order (the offsets and commit files of the
+last 10 committed batches are kept); ``<stage>`` is the stage name encoded by
+:func:`sparkjet.core.store.encode_name`, ``<shard>`` the shard number
+zero-padded to 4 digits, ``<keys>`` the number of keys in the version.
+The layout must stay the last part of this docstring: a docs test reads it.
+
+A ``.state`` file is a cloudpickle of ``{"values": {key: entry}, "touched":
+{key: millis}}`` (entries as :class:`sparkjet.core.keyed.KeyedFold` describes;
+``touched`` only for stages with a TTL). Keys go to shards by
+:func:`stable_hash` modulo the shard count, which meta.json fixes for the
+checkpoint's life.
+
+Layout (``jobs/<id>/checkpoint`` in the store; a throw-away
+``jobs/<id>/scratch-<n>`` for NONE)::
+
+    meta.json              {"format": 1, "shards": <n>, "stages": [<names>, sorted]}
+    offsets/<batch>.json   planned ranges (write-ahead): {"batch", "starts", "ends", "time"}
+    commits/<batch>.json   committed batches: {"ends", "time", "duration_ms"}
+    state/<stage>/<shard>/<batch>-<keys>.state
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from typing import Any, NamedTuple
+
+import cloudpickle
+
+from sparkjet.core.naming import encode_name
+from sparkjet.core.store import Store
+
+#: The ``format`` number written to meta.json.
+FORMAT = 1
+_WIDTH = 20  # digits of a batch number in file names
+_SHARD_WIDTH = 4  # digits of a shard number in folder names
+_KEEP_LOG = 10  # committed batches whose offsets/commit files are kept
+_META = "meta.json"
+_OFFSETS = "offsets"
+_COMMITS = "commits"
+_STATE = "state"
+_STATE_SUFFIX = ".state"
+
+
+def _batch_file(folder: str, batch: int) -> str:
+    return f"{folder}/{batch:0{_WIDTH}d}.json"
+
+
+def stable_hash(key: Any) -> int:
+    """A hash that is the same in every process, whatever PYTHONHASHSEED says.
+
+    Equal keys hash equally (``1``, ``1.0`` and ``True`` too): numbers use
+    Python's numeric hash, which does not depend on the seed; strings and bytes
+    use CRC-32; tuples and frozensets combine their elements. Other keys fall
+    back to ``hash()``, which must then be stable across processes.
+    """
+    if key is None:
+        return 0
+    if isinstance(key, int | float | complex):
+        return hash(key)
+    if isinstance(key, str):
+        return zlib.crc32(key.encode("utf-8", "surrogatepass"))
+    if isinstance(key, bytes):
+        return zlib.crc32(key) ^ 0x5BD1E995
+    if isinstance(key, tuple):
+        h = 0x345678
+        for item in key:
+            h = (h * 1000003) ^ stable_hash(item)
+            h &= 0xFFFFFFFFFFFF
+        return h
+    if isinstance(key, frozenset):
+        h = 0
+        for item in key:
+            h ^= stable_hash(item)
+        return h
+    return hash(key)
+
+
+class StablePartition:
+    """The state shuffle's partition function: a key goes to shard ``stable_hash(key) % shards``.
+
+    Spark's ``partitionBy(shards, StablePartition())`` takes the modulo.
+    """
+
+    def __call__(self, key: Any) -> int:
+        return stable_hash(key)
+
+
+class StateVersion(NamedTuple):
+    """One version of a shard's state: the batch that wrote it, its keys, its file name."""
+
+    batch: int
+    keys: int
+    name: str
+
+
+class StatePaths:
+    """Where a job's keyed state lives, and reading and writing its versions; picklable.
+
+    A shard's reducer reads the newest version not after the last committed
+    batch, so a batch replayed after a crash starts from exactly the state it
+    started from the first time.
+    """
+
+    def __init__(self, store: Store, root: str) -> None:
+        self.store = store
+        self.root = root
+
+    def shard_dir(self, stage: str, shard: int) -> str:
+        """The folder of one shard of one stage's state."""
+        return f"{self.root}/{encode_name('stage', stage)}/{shard:0{_SHARD_WIDTH}d}"
+
+    def versions(self, stage: str, shard: int) -> list[StateVersion]:
+        """``(batch, keys, file name)`` of every version of a shard, oldest first."""
+        out = []
+        for entry in self.store.listdir(self.shard_dir(stage, shard)):
+            if entry.endswith(_STATE_SUFFIX):
+                batch, keys = entry[: -len(_STATE_SUFFIX)].split("-")
+                out.append(StateVersion(int(batch), int(keys), entry))
+        return sorted(out)
+
+    def usable(self, stage: str, shard: int, committed: int) -> list[StateVersion]:
+        """The versions a batch after ``committed`` may start from, oldest first."""
+        return [v for v in self.versions(stage, shard) if v.batch <= committed]
+
+    def size(self, stage: str, shard: int, version: StateVersion) -> int:
+        """The size of a version's file in bytes."""
+        return int(self.store.fs.size(f"{self.shard_dir(stage, shard)}/{version.name}"))
+
+    def read(
+        self, stage: str, shard: int, version: StateVersion
+    ) -> tuple[dict[Any, Any], dict[Any, int], int]:
+        """A version's ``(values, touched, size in bytes)``."""
+        raw = self.store.read_bytes(f"{self.shard_dir(stage, shard)}/{version.name}")
+        data = cloudpickle.loads(raw)
+        return data["values"], data["touched"], len(raw)
+
+    def write(
+        self,
+        stage: str,
+        shard: int,
+        batch: int,
+        values: dict[Any, Any],
+        touched: dict[Any, int],
+        superseded: list[StateVersion],
+    ) -> int:
+        """Write ``batch``'s version of a shard; returns its size in bytes.
+
+        Removes what a failed attempt of this batch (or a later one) left
+        first, and ``superseded`` (older versions) after: the version this
+        batch started from stays, for a replay of it.
+        """
+        data = cloudpickle.dumps({"values": values, "touched": touched})
+        folder = self.shard_dir(stage, shard)
+        for version in self.versions(stage, shard):
+            if version.batch >= batch:
+                self.store.remove(f"{folder}/{version.name}")
+        self.store.write_bytes(
+            f"{folder}/{batch:0{_WIDTH}d}-{len(values)}{_STATE_SUFFIX}", data
+        )
+        for version in superseded:
+            self.store.remove(f"{folder}/{version.name}")
+        return len(data)
+
+
+class Checkpoint:
+    """A streaming job's checkpoint folder in the store (layout in the module docstring)."""
+
+    def __init__(self, store: Store, root: str) -> None:
+        self.store = store
+        self.root = root
+
+    def _json(self, path: str) -> Any:
+        try:
+            return json.loads(self.store.read_bytes(f"{self.root}/{path}"))
+        except FileNotFoundError:
+            return None
+
+    def meta(self) -> dict[str, Any] | None:
+        """meta.json, or None before the first batch was planned."""
+        meta: dict[str, Any] | None = self._json(_META)
+        return meta
+
+    def write_meta(self, meta: dict[str, Any]) -> None:
+        """Write meta.json."""
+        self.store.write_bytes(f"{self.root}/{_META}", json.dumps(meta).encode())
+
+    def shards(self, default: int, stages: list[str]) -> int:
+        """The checkpoint's shard count; on first use, write meta with ``default`` shards.
+
+        The count is fixed for the checkpoint's life: keys were assigned to
+        shards by it.
+        """
+        meta = self.meta()
+        if meta is None:
+            meta = {"format": FORMAT, "shards": max(1, int(default)), "stages": sorted(stages)}
+            self.write_meta(meta)
+        return int(meta["shards"])
+
+    def _batches(self, folder: str) -> list[int]:
+        return sorted(
+            int(e[:-5]) for e in self.store.listdir(f"{self.root}/{folder}")
+            if e.endswith(".json") and e[:-5].isdigit()
+        )
+
+    def last_commit(self) -> int:
+        """The last committed batch, or -1."""
+        batches = self._batches(_COMMITS)
+        return batches[-1] if batches else -1
+
+    def commit_record(self, batch: int) -> dict[str, Any]:
+        """What :meth:`write_commit` recorded for ``batch``."""
+        record: dict[str, Any] = self._json(_batch_file(_COMMITS, batch))
+        return record
+
+    def planned(self, batch: int) -> dict[str, Any] | None:
+        """The plan :meth:`write_plan` recorded for ``batch``, or None."""
+        planned: dict[str, Any] | None = self._json(_batch_file(_OFFSETS, batch))
+        return planned
+
+    def write_plan(self, batch: int, plan: dict[str, Any]) -> None:
+        """Record ``batch``'s planned ranges before running it (the write-ahead log)."""
+        self.store.write_bytes(
+            f"{self.root}/{_batch_file(_OFFSETS, batch)}", json.dumps(plan).encode()
+        )
+
+    def write_commit(self, batch: int, record: dict[str, Any]) -> None:
+        """Record ``batch`` as committed; forget the log of batches long committed."""
+        self.store.write_bytes(
+            f"{self.root}/{_batch_file(_COMMITS, batch)}", json.dumps(record).encode()
+        )
+        for folder in (_OFFSETS, _COMMITS):
+            for old in self._batches(folder):
+                if old <= batch - _KEEP_LOG:
+                    self.store.remove(f"{self.root}/{_batch_file(folder, old)}")
+
+    @property
+    def state_root(self) -> str:
+        """The folder of the keyed state."""
+        return f"{self.root}/{_STATE}"
+
+    def state(self) -> StatePaths:
+        """The state layout of this checkpoint."""
+        return StatePaths(self.store, self.state_root)
+
+    def delete(self) -> None:
+        """Remove the whole checkpoint."""
+        self.store.remove(self.root, recursive=True)

@@ -8,6 +8,7 @@ the guide.
 from __future__ import annotations
 
 import logging
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -251,6 +252,53 @@ class Sink(_Participant):
         up by what :meth:`prepare` returned (for example a unique prefix of
         the staged files), not only by the messages.
         """
+
+
+class CommitLogSink(Sink):
+    """A sink that stages partitions in a store :class:`CommitLog` and commits one record.
+
+    The list and map sinks are built on it; a subclass says which log it
+    writes (:meth:`log`) and which record it commits (:attr:`record_op`).
+    Executors stage their partition's items (small batches inline in the
+    message, larger ones as segment files nobody reads yet); the driver then
+    commits one record naming every partition's items in order, so the
+    output becomes visible at once or, if the job fails, never. In a
+    micro-batch the record carries the batch's ``commit_token`` and is
+    committed once, even when the batch is replayed.
+    """
+
+    #: The op of the record :meth:`commit` appends ("append" for lists, "put" for maps).
+    record_op: ClassVar[str]
+
+    @abstractmethod
+    def log(self, store: StoreAccess) -> CommitLog:
+        """Runs on the driver and on executors: the commit log this sink writes."""
+
+    def prepare(self, context: JobContext) -> Any:
+        """Runs on the driver: a writer token naming this sink's staged segments."""
+        return f"{context.job_id}-{uuid.uuid4().hex[:12]}"
+
+    def write(self, state: Any, items: Iterator[Any], context: TaskContext) -> Any:
+        """Runs on an executor: stage this partition's items; the message names them."""
+        return self.log(context.store).stage(items, state)
+
+    def commit(self, state: Any, messages: list[Any], context: JobContext) -> None:
+        """Runs on the driver: one record naming every partition's items, in order."""
+        parts = [part for message in messages for part in message]
+        log = self.log(context.store)
+        if context.commit_token is None:
+            log.commit(self.record_op, parts, writer=context.job_id)
+        else:  # a micro-batch: commit it once, even when replayed after a failure
+            log.commit_once(
+                self.record_op, parts, token=context.commit_token, writer=context.writer_id
+            )
+
+    def abort(self, state: Any, messages: list[Any], context: JobContext) -> None:
+        """Runs on the driver: delete staged segment files, also of lost messages."""
+        log = self.log(context.store)
+        for message in messages:
+            log.discard(message)
+        log.discard_writer(state)
 
 
 class StatefulTransform(_Participant):

@@ -15,6 +15,7 @@ Nothing here imports Spark.
 from __future__ import annotations
 
 import base64
+import enum
 import logging
 import sys
 import traceback
@@ -25,7 +26,11 @@ from typing import Any
 
 import cloudpickle
 
+from sparkjet.core.graph import OpKind
+
 _MISSING = object()
+#: Stateless ops that change the number of items, so the pass counts their output.
+_COUNTED = frozenset({OpKind.FILTER, OpKind.FLAT_MAP})
 _ids = count()
 _peek_log = logging.getLogger("sparkjet.peek")
 
@@ -36,9 +41,24 @@ STAGE_FAILURE_MARKER = "SPARKJET_STAGE_FAILURE"
 class Op:
     """A stateless operation in a fused pass."""
 
-    op: str  # map | filter | flat_map | peek
+    op: OpKind  # one of graph.STATELESS
     stage: str
     fn: Callable[..., Any]
+
+
+class TerminalKind(enum.StrEnum):
+    """What a fused pass ends in; see :class:`Terminal`."""
+
+    YIELD = "yield"
+    KEYED = "keyed"
+    SORTKEY = "sortkey"
+    GROUP = "group"
+    FOLD = "fold"
+    DISTINCT = "distinct"
+
+
+#: Terminals that fold the partition into ``state`` and yield nothing themselves.
+FOLDING = frozenset({TerminalKind.GROUP, TerminalKind.FOLD, TerminalKind.DISTINCT})
 
 
 @dataclass
@@ -46,8 +66,8 @@ class Terminal:
     """What the fused pass does with each surviving item.
 
     - ``yield``: emit the item;
-    - ``tag``: emit ``((partition, position), item)``;
-    - ``keyed``: emit ``(key, (partition, position, item, key))`` with ``key = fn(item)``;
+    - ``keyed``: emit ``(key, (partition, position, key, item))`` with ``key =
+      fn(item)``: the ITEM record of :mod:`sparkjet.core.keyed`;
     - ``sortkey``: emit ``(SortKey, item)`` ordering by ``fn(item)`` (or the item);
     - ``group``: fold into per-key accumulators (``state["accs"]``, first
       positions in ``state["firsts"]``) with ``fn`` as key function;
@@ -58,7 +78,7 @@ class Terminal:
     partition index comes from ``state["pidx"]``.
     """
 
-    kind: str
+    kind: TerminalKind
     stage: str | None = None
     fn: Callable[..., Any] | None = None
     create: Callable[[], Any] | None = None
@@ -73,7 +93,7 @@ class FusedPass:
     """A compiled chain of stateless ops plus a terminal; picklable, compiled lazily."""
 
     ops: list[Op]
-    terminal: Terminal = field(default_factory=lambda: Terminal("yield"))
+    terminal: Terminal = field(default_factory=lambda: Terminal(TerminalKind.YIELD))
     metrics: bool = True
     _compiled: Any = field(default=None, repr=False, compare=False)
 
@@ -89,27 +109,27 @@ class FusedPass:
         env: dict[str, Any] = {"_MISSING": _MISSING, "_peek": _peek, "_freeze": freeze}
         lines = ["def run(it, counts, state):"]
         line_stage: dict[int, str] = {}
-        counters = [f"c{i}" for i, op in enumerate(self.ops) if op.op in ("filter", "flat_map")]
+        counters = [f"c{i}" for i, op in enumerate(self.ops) if op.op in _COUNTED]
         t = self.terminal
         if self.metrics:
             lines.append("    n_in = 0")
             lines.extend(f"    {c} = 0" for c in counters)
         lines.append("    pos = -1")
         lines.append("    pidx = state.get('pidx', 0)")
-        if t.kind == "group":
+        if t.kind == TerminalKind.GROUP:
             env.update(_key=t.fn, _create=t.create, _acc=t.accumulate)
             if t.inline is not None:
                 env["_get"] = t.inline[1]
             lines.append("    accs = state['accs']; firsts = state['firsts']; get = accs.get")
-        elif t.kind == "fold":
+        elif t.kind == TerminalKind.FOLD:
             env.update(_acc=t.accumulate)
             lines.append("    acc = state['acc']")
-        elif t.kind == "distinct":
+        elif t.kind == TerminalKind.DISTINCT:
             env.update(_key=t.fn)
             lines.append("    seen = state['seen']")
-        elif t.kind == "keyed":
+        elif t.kind == TerminalKind.KEYED:
             env.update(_key=t.fn)
-        elif t.kind == "sortkey":
+        elif t.kind == TerminalKind.SORTKEY:
             env.update(_key=t.fn, _SK=SortKey, _rev=bool(t.reverse))
         lines.append("    try:")
         lines.append("        for x in it:")
@@ -124,32 +144,31 @@ class FusedPass:
 
         for i, op in enumerate(self.ops):
             env[f"f{i}"] = op.fn
-            if op.op == "map":
+            if op.op == OpKind.MAP:
                 emit(f"x = f{i}(x)", op.stage)
-            elif op.op == "filter":
+            elif op.op == OpKind.FILTER:
                 emit(f"if not f{i}(x): continue", op.stage)
-            elif op.op == "peek":
+            elif op.op == OpKind.PEEK:
                 emit(f"_peek({op.stage!r}, f{i}, x)", op.stage)
-            elif op.op == "flat_map":
+            elif op.op == OpKind.FLAT_MAP:
                 emit(f"for x in f{i}(x):", op.stage)
                 depth += 1
             else:  # pragma: no cover - the planner only fuses the four above
                 raise ValueError(op.op)
-            if self.metrics and op.op in ("filter", "flat_map"):
+            if self.metrics and op.op in _COUNTED:
                 emit(f"c{i} += 1", None)
         emit("pos += 1", None)
         stage = t.stage
-        if t.kind == "yield":
+        if t.kind == TerminalKind.YIELD:
             emit("yield x", None)
-        elif t.kind == "tag":
-            emit("yield ((pidx, pos), x)", None)
-        elif t.kind == "keyed":
+        elif t.kind == TerminalKind.KEYED:
             emit("k = _key(x)", stage)
             emit("hash(k)", stage)  # fail here, naming the stage, not in Spark's shuffle
-            emit("yield (k, (pidx, pos, x, k))", None)
-        elif t.kind == "sortkey":
+            # keyed.ITEM's layout, built inline: a call per item would cost more.
+            emit("yield (k, (pidx, pos, k, x))", None)
+        elif t.kind == TerminalKind.SORTKEY:
             emit(f"yield (_SK({'x' if t.fn is None else '_key(x)'}, (pidx, pos), _rev), x)", stage)
-        elif t.kind == "group":
+        elif t.kind == TerminalKind.GROUP:
             emit("k = _key(x)", stage)
             emit("a = get(k, _MISSING)", stage)
             emit("if a is _MISSING:", None)
@@ -165,9 +184,9 @@ class FusedPass:
                 emit("accs[k] = a + _get(x)", stage)
             else:  # pragma: no cover - only the built-ins set inline
                 raise ValueError(t.inline[0])
-        elif t.kind == "fold":
+        elif t.kind == TerminalKind.FOLD:
             emit("acc = _acc(acc, x)", stage)
-        elif t.kind == "distinct":
+        elif t.kind == TerminalKind.DISTINCT:
             emit("k = x" if t.fn is None else "k = _key(x)", stage)
             emit("try:", None)
             emit("    new = k not in seen", stage)
@@ -177,7 +196,7 @@ class FusedPass:
         else:  # pragma: no cover
             raise ValueError(t.kind)
         lines.append("    finally:")
-        if t.kind == "fold":
+        if t.kind == TerminalKind.FOLD:
             lines.append("        state['acc'] = acc")
         if self.metrics:
             lines.append("        counts['in'] = counts.get('in', 0) + n_in")
@@ -185,7 +204,7 @@ class FusedPass:
                 lines.append(f"        counts[{c!r}] = counts.get({c!r}, 0) + {c}")
         else:
             lines.append("        pass")
-        if t.kind in ("group", "fold", "distinct"):
+        if t.kind in FOLDING:
             lines.append("    if False:  # a generator either way, so callers drive it alike")
             lines.append("        yield None")
         return "\n".join(lines) + "\n", line_stage, env
@@ -235,7 +254,7 @@ class FusedPass:
         flowing = counts.get("in", 0)
         for i, op in enumerate(self.ops):
             received = flowing
-            if op.op in ("filter", "flat_map"):
+            if op.op in _COUNTED:
                 flowing = counts.get(f"c{i}", 0)
             out[op.stage] = (received, flowing)
         return out

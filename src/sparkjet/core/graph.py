@@ -7,6 +7,7 @@ Nothing here touches Spark. A :class:`Pipeline` is a DAG of
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -16,8 +17,35 @@ from sparkjet.core.errors import PipelineDefinitionError
 if TYPE_CHECKING:
     from sparkjet.core.contracts import Sink, Source, StatefulTransform
 
+
+class OpKind(enum.StrEnum):
+    """What a pipeline node does.
+
+    A ``StrEnum`` so that a kind equals its name as a string (``OpKind.SINK ==
+    "sink"``) and formats as it in stage names and messages.
+    """
+
+    SOURCE = "source"
+    MAP = "map"
+    FILTER = "filter"
+    FLAT_MAP = "flat_map"
+    PEEK = "peek"
+    MERGE = "merge"
+    SINK = "sink"
+    GROUP_AGGREGATE = "group_aggregate"
+    GROUP_APPLY = "group_apply"
+    MAP_STATEFUL = "map_stateful"
+    DISTINCT = "distinct"
+    AGGREGATE = "aggregate"
+    SORT = "sort"
+
+
 #: Operations that keep no state: fused into one Python pass per partition.
-STATELESS = frozenset({"map", "filter", "flat_map", "peek"})
+STATELESS = frozenset({OpKind.MAP, OpKind.FILTER, OpKind.FLAT_MAP, OpKind.PEEK})
+#: Operations that group items by key: map side, shuffle by key, reduce side per key.
+KEYED = frozenset(
+    {OpKind.GROUP_AGGREGATE, OpKind.GROUP_APPLY, OpKind.MAP_STATEFUL, OpKind.DISTINCT}
+)
 
 _MAX_NAME = 200
 
@@ -44,7 +72,7 @@ class Transform:
     def __init__(
         self,
         pipeline: Pipeline,
-        op: str,
+        op: OpKind,
         inputs: list[Transform],
         *,
         fn: Callable[..., Any] | None = None,
@@ -93,7 +121,7 @@ class Pipeline:
                 f"read_from() takes a source (a sparkjet.plugin.Source), got {source!r}"
             )
         node = Transform(
-            self, "source", [], params={"source": source},
+            self, OpKind.SOURCE, [], params={"source": source},
             default_name=f"from-{source.describe().replace(':', '(', 1)})"
             if ":" in source.describe() else f"from-{source.describe()}",
         )
@@ -145,7 +173,7 @@ class Stage(_Handle):
         super().set_name(name)
         return self
 
-    def _add(self, op: str, *inputs: Transform, **kwargs: Any) -> Transform:
+    def _add(self, op: OpKind, *inputs: Transform, **kwargs: Any) -> Transform:
         return Transform(self._node.pipeline, op, [self._node, *inputs], **kwargs)
 
     def _fn(self, op: str, fn: Any) -> Callable[..., Any]:
@@ -157,19 +185,19 @@ class Stage(_Handle):
 
     def map(self, fn: Callable[[Any], Any]) -> Stage:
         """Emit ``fn(item)`` for each item."""
-        return Stage(self._add("map", fn=self._fn("map", fn)))
+        return Stage(self._add(OpKind.MAP, fn=self._fn("map", fn)))
 
     def filter(self, fn: Callable[[Any], Any]) -> Stage:
         """Keep the items for which ``fn(item)`` is true."""
-        return Stage(self._add("filter", fn=self._fn("filter", fn)))
+        return Stage(self._add(OpKind.FILTER, fn=self._fn("filter", fn)))
 
     def flat_map(self, fn: Callable[[Any], Iterable[Any]]) -> Stage:
         """Emit every element of ``fn(item)`` for each item."""
-        return Stage(self._add("flat_map", fn=self._fn("flat_map", fn)))
+        return Stage(self._add(OpKind.FLAT_MAP, fn=self._fn("flat_map", fn)))
 
     def peek(self, fn: Callable[[Any], Any] = repr) -> Stage:
         """Log ``fn(item)`` for each item (logger ``sparkjet.peek``) and pass it on."""
-        return Stage(self._add("peek", fn=self._fn("peek", fn)))
+        return Stage(self._add(OpKind.PEEK, fn=self._fn("peek", fn)))
 
     def group_by(self, key_fn: Callable[[Any], Any]) -> GroupedStage:
         """Group items by ``key_fn(item)``.
@@ -191,7 +219,7 @@ class Stage(_Handle):
     ) -> Stage:
         """Aggregate all items into one result."""
         op = _operation(self.name, operation, accumulator, initial, combiner, finisher)
-        return Stage(self._add("aggregate", params={"operation": op}))
+        return Stage(self._add(OpKind.AGGREGATE, params={"operation": op}))
 
     def distinct(
         self, key_fn: Callable[[Any], Any] | None = None, *, ttl_millis: int | None = None
@@ -206,7 +234,7 @@ class Stage(_Handle):
         """
         if key_fn is not None:
             self._fn("distinct", key_fn)
-        return Stage(self._add("distinct", fn=key_fn, params={"ttl_ms": _ttl(ttl_millis)}))
+        return Stage(self._add(OpKind.DISTINCT, fn=key_fn, params={"ttl_ms": _ttl(ttl_millis)}))
 
     def sort(self, key_fn: Callable[[Any], Any] | None = None, reverse: bool = False) -> Stage:
         """Order items as ``sorted(items, key=key_fn, reverse=reverse)`` would (stable)."""
@@ -214,7 +242,7 @@ class Stage(_Handle):
             self._fn("sort", key_fn)
         if not isinstance(reverse, bool):
             raise PipelineDefinitionError(f"sort(reverse=) must be a bool, got {reverse!r}")
-        return Stage(self._add("sort", fn=key_fn, params={"reverse": reverse}))
+        return Stage(self._add(OpKind.SORT, fn=key_fn, params={"reverse": reverse}))
 
     def merge(self, other: Stage) -> Stage:
         """Emit this stage's items followed by ``other``'s (order kept in batch jobs)."""
@@ -231,7 +259,7 @@ class Stage(_Handle):
                 f"cannot merge stage '{other.name}' from another pipeline into '{self.name}'",
                 self.name,
             )
-        return Stage(self._add("merge", other._node))
+        return Stage(self._add(OpKind.MERGE, other._node))
 
     def write_to(self, sink: Sink) -> SinkStage:
         """End this branch in ``sink``."""
@@ -247,7 +275,7 @@ class Stage(_Handle):
         default = (
             f"to-{described.replace(':', '(', 1)})" if ":" in described else f"to-{described}"
         )
-        node = self._add("sink", params={"sink": sink}, default_name=default)
+        node = self._add(OpKind.SINK, params={"sink": sink}, default_name=default)
         return SinkStage(node)
 
 
@@ -288,7 +316,7 @@ class GroupedStage(Stage):
             from sparkjet.core.aggregation import to_list
 
             self._materialized = self._named(self._upstream._add(
-                "group_aggregate", fn=self._key_fn,
+                OpKind.GROUP_AGGREGATE, fn=self._key_fn,
                 params={"operation": to_list()}, default_name="group-by",
             ))
         return self._materialized
@@ -309,7 +337,7 @@ class GroupedStage(Stage):
         """Aggregate each key's items; emits ``(key, result)`` per key."""
         op = _operation(self._upstream.name, operation, accumulator, initial, combiner, finisher)
         node = self._upstream._add(
-            "group_aggregate", fn=self._key_fn, params={"operation": op},
+            OpKind.GROUP_AGGREGATE, fn=self._key_fn, params={"operation": op},
             default_name="group-aggregate",
         )
         return Stage(self._named(node))
@@ -338,7 +366,7 @@ class GroupedStage(Stage):
                     self._upstream.name,
                 )
         node = self._upstream._add(
-            "map_stateful", fn=self._key_fn,
+            OpKind.MAP_STATEFUL, fn=self._key_fn,
             params={"create_fn": create_fn, "map_fn": map_fn, "ttl_ms": _ttl(ttl_millis)},
             default_name="map-stateful",
         )
@@ -354,7 +382,7 @@ class GroupedStage(Stage):
                 self._upstream.name,
             )
         node = self._upstream._add(
-            "group_apply", fn=self._key_fn, params={"transform": transform},
+            OpKind.GROUP_APPLY, fn=self._key_fn, params={"transform": transform},
             default_name=transform.kind,
         )
         return Stage(self._named(node))

@@ -13,14 +13,14 @@ from typing import Any
 import cloudpickle
 
 from sparkjet.core.errors import PipelineDefinitionError, ProcessingGuaranteeError
-from sparkjet.core.graph import Pipeline, Transform
+from sparkjet.core.graph import OpKind, Pipeline, Transform
 from sparkjet.core.model import ProcessingGuarantee
 from sparkjet.core.plugins import PluginHost, Registered
 
 #: Operations a streaming job cannot run, with the reason shown to the user.
 _NOT_IN_STREAMS = {
-    "sort": "sorting needs the whole input, which a stream never has",
-    "aggregate": "a global aggregate needs the whole input; use group_by(...).aggregate(...)",
+    OpKind.SORT: "sorting needs the whole input, which a stream never has",
+    OpKind.AGGREGATE: "a global aggregate needs the whole input; use group_by(...).aggregate(...)",
 }
 
 
@@ -49,14 +49,14 @@ def plan(pipeline: Any, host: PluginHost, guarantee: ProcessingGuarantee) -> Pla
     names = pipeline.stage_names()
     _check_unique_names(nodes, names)
     for node in nodes:
-        if node.op != "sink" and not node.consumers:
+        if node.op != OpKind.SINK and not node.consumers:
             raise PipelineDefinitionError(
                 f"stage '{names[node]}' has no sink downstream: end the branch with write_to()",
                 names[node],
             )
     participants = {node: _registration(node, names[node], host) for node in nodes
-                    if node.op in ("source", "sink", "group_apply")}
-    streaming = any(node.params["source"].streaming for node in nodes if node.op == "source")
+                    if node.op in (OpKind.SOURCE, OpKind.SINK, OpKind.GROUP_APPLY)}
+    streaming = any(node.params["source"].streaming for node in nodes if node.op == OpKind.SOURCE)
     for node in nodes:
         _check_picklable(node, names[node])
     if streaming:
@@ -76,7 +76,7 @@ def _check_streaming_sources(nodes: list[Transform], names: dict[Transform, str]
     from sparkjet.core.contracts import Source
 
     for node in nodes:
-        if node.op != "source" or not node.params["source"].streaming:
+        if node.op != OpKind.SOURCE or not node.params["source"].streaming:
             continue
         cls = type(node.params["source"])
         missing = [
@@ -105,9 +105,9 @@ def _check_unique_names(nodes: list[Transform], names: dict[Transform, str]) -> 
 
 
 def _participant(node: Transform) -> Any:
-    if node.op == "source":
+    if node.op == OpKind.SOURCE:
         return node.params["source"]
-    if node.op == "sink":
+    if node.op == OpKind.SINK:
         return node.params["sink"]
     return node.params["transform"]
 

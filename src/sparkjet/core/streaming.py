@@ -8,102 +8,28 @@ from the last commit: a planned but uncommitted batch is replayed with the
 same offsets from the same state, and the sinks skip what already landed, so
 EXACTLY_ONCE holds with sinks that commit idempotently per batch id.
 
-Checkpoint layout (``jobs/<id>/checkpoint`` in the store; a throw-away
-``jobs/<id>/scratch-<n>`` for NONE)::
-
-    meta.json              shards, stage names
-    offsets/<batch>.json   planned ranges (write-ahead)
-    commits/<batch>.json   committed batches: end offsets, time, duration
-    state/<stage>/<shard>/<batch>-<keys>.state
+The checkpoint's layout and files are :mod:`sparkjet.core.checkpoint`'s.
 """
 
 from __future__ import annotations
 
 import enum
-import json
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkjet.core.checkpoint import Checkpoint
 from sparkjet.core.contracts import JobContext
 from sparkjet.core.engine import Engine
 from sparkjet.core.graph import Transform
 from sparkjet.core.planner import Plan
-from sparkjet.core.store import Store
 
 log = logging.getLogger("sparkjet.streaming")
 
-_WIDTH = 20
 #: How long an idle job waits before looking for new data again.
 IDLE_POLL_SECONDS = 0.05
-_KEEP_LOG = 10  # committed batches whose offsets/commit files are kept
-
-
-class Checkpoint:
-    """A streaming job's checkpoint folder in the store."""
-
-    def __init__(self, store: Store, root: str) -> None:
-        self.store = store
-        self.root = root
-
-    def _json(self, path: str) -> Any:
-        try:
-            return json.loads(self.store.read_bytes(f"{self.root}/{path}"))
-        except FileNotFoundError:
-            return None
-
-    def meta(self) -> dict[str, Any] | None:
-        meta: dict[str, Any] | None = self._json("meta.json")
-        return meta
-
-    def write_meta(self, meta: dict[str, Any]) -> None:
-        self.store.write_bytes(f"{self.root}/meta.json", json.dumps(meta).encode())
-
-    def _batches(self, folder: str) -> list[int]:
-        return sorted(
-            int(e[:-5]) for e in self.store.listdir(f"{self.root}/{folder}")
-            if e.endswith(".json") and e[:-5].isdigit()
-        )
-
-    def last_commit(self) -> int:
-        batches = self._batches("commits")
-        return batches[-1] if batches else -1
-
-    def commit_record(self, batch: int) -> dict[str, Any]:
-        record: dict[str, Any] = self._json(f"commits/{batch:0{_WIDTH}d}.json")
-        return record
-
-    def planned(self, batch: int) -> dict[str, Any] | None:
-        planned: dict[str, Any] | None = self._json(f"offsets/{batch:0{_WIDTH}d}.json")
-        return planned
-
-    def write_plan(self, batch: int, plan: dict[str, Any]) -> None:
-        self.store.write_bytes(
-            f"{self.root}/offsets/{batch:0{_WIDTH}d}.json", json.dumps(plan).encode()
-        )
-
-    def write_commit(self, batch: int, record: dict[str, Any]) -> None:
-        self.store.write_bytes(
-            f"{self.root}/commits/{batch:0{_WIDTH}d}.json", json.dumps(record).encode()
-        )
-        for folder in ("offsets", "commits"):
-            for old in self._batches(folder):
-                if old <= batch - _KEEP_LOG:
-                    self.store.remove(f"{self.root}/{folder}/{old:0{_WIDTH}d}.json")
-
-    @property
-    def state_root(self) -> str:
-        return f"{self.root}/state"
-
-    def state(self) -> Any:
-        from sparkjet.core.runtime.stream import StatePaths
-
-        return StatePaths(self.store, self.state_root)
-
-    def delete(self) -> None:
-        self.store.remove(self.root, recursive=True)
 
 
 @dataclass
@@ -177,19 +103,8 @@ class StreamLoop:
         self.on_batch = on_batch
         self.sources = [n for n in plan.nodes if n.op == "source"]
 
-    def _shards(self) -> int:
-        meta = self.checkpoint.meta()
-        if meta is None:
-            meta = {
-                "format": 1,
-                "shards": self.engine.parallelism(),
-                "stages": sorted(self.plan.names.values()),
-            }
-            self.checkpoint.write_meta(meta)
-        return int(meta["shards"])
-
     def run(self) -> StopReason:
-        shards = self._shards()
+        shards = self.checkpoint.shards(self.engine.parallelism(), list(self.plan.names.values()))
         committed = self.checkpoint.last_commit()
         if committed >= 0:
             ends = self.checkpoint.commit_record(committed)["ends"]

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from sparkjet.plugin import (
     ALL_GUARANTEES,
     BatchedItems,
+    CommitLog,
+    CommitLogSink,
     JobContext,
-    Sink,
     Source,
+    StoreAccess,
     TaskContext,
     hookimpl,
 )
@@ -59,35 +60,16 @@ class ListSource(Source):
         return {"name": self.name, "items": None}
 
 
-class ListSink(Sink):
+class ListSink(CommitLogSink):
     """Appends the job's output to the store's list ``name``, in order, in one commit."""
 
     kind = "list"
     guarantees = ALL_GUARANTEES
+    record_op = "append"
 
-    def prepare(self, context: JobContext) -> Any:
-        """Runs on the driver: a writer token naming this sink's staged segments."""
-        return f"{context.job_id}-{uuid.uuid4().hex[:12]}"
-
-    def write(self, state: Any, items: Iterator[Any], context: TaskContext) -> Any:
-        """Runs on an executor: stage this partition's items."""
-        return context.store.list_log(self.name).stage(items, state)
-
-    def commit(self, state: Any, messages: list[Any], context: JobContext) -> None:
-        """Runs on the driver: one record naming every partition's items, in order."""
-        parts = [part for message in messages for part in message]
-        log = context.store.list_log(self.name)
-        if context.commit_token is None:
-            log.commit("append", parts, writer=context.job_id)
-        else:  # a micro-batch: commit it once, even when replayed after a failure
-            log.commit_once("append", parts, token=context.commit_token, writer=context.writer_id)
-
-    def abort(self, state: Any, messages: list[Any], context: JobContext) -> None:
-        """Runs on the driver: delete staged segment files, also of lost messages."""
-        log = context.store.list_log(self.name)
-        for message in messages:
-            log.discard(message)
-        log.discard_writer(state)
+    def log(self, store: StoreAccess) -> CommitLog:
+        """Runs on the driver and on executors: the list's commit log."""
+        return store.list_log(self.name)
 
 
 def _chunks(items: list[Any], parts: int) -> list[list[Any]]:

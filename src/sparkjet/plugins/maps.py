@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from sparkjet.plugin import (
     ALL_GUARANTEES,
+    CommitLog,
+    CommitLogSink,
     JobContext,
-    Sink,
     Source,
+    StoreAccess,
     TaskContext,
     hookimpl,
 )
@@ -44,7 +45,7 @@ class MapSource(Source):
         return partition  # type: ignore[no-any-return]
 
 
-class MapSink(Sink):
+class MapSink(CommitLogSink):
     """Upserts ``(key, value)`` items into the store's map ``name`` in one commit.
 
     When a key occurs more than once, the last one in encounter order wins.
@@ -52,10 +53,11 @@ class MapSink(Sink):
 
     kind = "map"
     guarantees = ALL_GUARANTEES
+    record_op = "put"
 
-    def prepare(self, context: JobContext) -> Any:
-        """Runs on the driver: a writer token naming this sink's staged segments."""
-        return f"{context.job_id}-{uuid.uuid4().hex[:12]}"
+    def log(self, store: StoreAccess) -> CommitLog:
+        """Runs on the driver and on executors: the map's commit log."""
+        return store.map_log(self.name)
 
     def write(self, state: Any, items: Iterator[Any], context: TaskContext) -> Any:
         """Runs on an executor: check and stage this partition's pairs."""
@@ -73,23 +75,7 @@ class MapSink(Sink):
                     f"map sink '{self.name}': key {key!r} is not hashable"
                 ) from None
             pairs.append((key, item[1]))
-        return context.store.map_log(self.name).stage(pairs, state)
-
-    def commit(self, state: Any, messages: list[Any], context: JobContext) -> None:
-        """Runs on the driver: one record upserting every partition's pairs, in order."""
-        parts = [part for message in messages for part in message]
-        log = context.store.map_log(self.name)
-        if context.commit_token is None:
-            log.commit("put", parts, writer=context.job_id)
-        else:  # a micro-batch: commit it once, even when replayed after a failure
-            log.commit_once("put", parts, token=context.commit_token, writer=context.writer_id)
-
-    def abort(self, state: Any, messages: list[Any], context: JobContext) -> None:
-        """Runs on the driver: delete staged segment files, also of lost messages."""
-        log = context.store.map_log(self.name)
-        for message in messages:
-            log.discard(message)
-        log.discard_writer(state)
+        return self.log(context.store).stage(pairs, state)
 
 
 @hookimpl

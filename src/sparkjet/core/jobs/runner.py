@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from sparkjet.core.checkpoint import Checkpoint
 from sparkjet.core.contracts import JobContext
 from sparkjet.core.engine import Engine, Execution
 from sparkjet.core.errors import JobCancelledError, JobFailedError, JobStateError
@@ -34,7 +35,7 @@ from sparkjet.core.model import JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.core.planner import Plan
 from sparkjet.core.plugins import PluginHost
 from sparkjet.core.store import JobRecords, Store
-from sparkjet.core.streaming import Checkpoint, StopReason, StreamLoop, StreamProgress
+from sparkjet.core.streaming import StopReason, StreamLoop, StreamProgress
 
 if TYPE_CHECKING:
     from sparkjet.core.jobs.handle import Job

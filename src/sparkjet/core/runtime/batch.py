@@ -28,14 +28,17 @@ from typing import Any
 from sparkjet.core.contracts import JobContext, TaskContext
 from sparkjet.core.errors import JobFailedError
 from sparkjet.core.fusion import (
+    FOLDING,
     FusedPass,
     Op,
     SortKey,
     StageFailure,
     Terminal,
+    TerminalKind,
     decode_failure,
 )
-from sparkjet.core.graph import STATELESS, Transform
+from sparkjet.core.graph import KEYED, STATELESS, OpKind, Transform
+from sparkjet.core.keyed import KeyedFold, folded_records, keyed_fold, reduce_batch
 from sparkjet.core.planner import Plan
 
 log = logging.getLogger("sparkjet.batch")
@@ -80,7 +83,59 @@ def _fail(stage: str, fused: FusedPass | None, exc: BaseException) -> StageFailu
     return StageFailure(found or stage, exc)
 
 
-class ReadTask:
+class Task:
+    """Base of the executor-side tasks: failure attribution and counting.
+
+    A task runs a partition's work inside ``with self.attributing():``, which
+    turns an exception into a :class:`StageFailure` naming the task's stage
+    (or, when a fused pass's generated code raised, the stage of that line),
+    and reports what it emitted with :meth:`count` or :meth:`count_pass`.
+    Both happen once per partition, never per item: the fused pass's loop
+    stays the hot loop.
+    """
+
+    stage: str
+    #: The job's counts accumulator, or None when metrics are off.
+    counts: Any
+    #: The fused pass the task runs, whose stages failures may be attributed to.
+    fused: FusedPass | None = None
+
+    def attributing(self) -> _Attributing:
+        """A context manager raising failures inside it as this task's StageFailure."""
+        return _Attributing(self)
+
+    def failure(self, exc: BaseException) -> StageFailure:
+        """``exc`` as a StageFailure of the stage it belongs to."""
+        return _fail(self.stage, self.fused, exc)
+
+    def count(self, emitted: dict[str, int]) -> None:
+        """Add ``{stage: emitted}`` (and other named counts) to the job's counts."""
+        if self.counts is not None and emitted:
+            self.counts.add(emitted)
+
+    def count_pass(self, raw: dict[str, int]) -> None:
+        """Add what each stage of the fused pass emitted, from its raw counters."""
+        if self.counts is not None and self.fused is not None:
+            stages = self.fused.stage_counts(raw)
+            self.count({stage: out for stage, (_, out) in stages.items()})
+
+
+class _Attributing:
+    __slots__ = ("task",)
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        # Exception only: GeneratorExit and KeyboardInterrupt pass through as they are.
+        if isinstance(exc, Exception):
+            raise self.task.failure(exc) from None
+
+
+class ReadTask(Task):
     """Reads one source partition descriptor per Spark partition."""
 
     def __init__(self, source: Any, stage: str, context: TaskContext, counts: Any) -> None:
@@ -93,13 +148,10 @@ class ReadTask:
         """The partition's items: the source's own list when it returns one."""
         wanted = list(descriptors)
         if len(wanted) == 1:
-            try:
+            with self.attributing():
                 items = self.source.read(wanted[0], self._context(pidx))
-            except Exception as exc:
-                raise _fail(self.stage, None, exc) from None
             if isinstance(items, list | tuple):
-                if self.counts is not None:
-                    self.counts.add({self.stage: len(items)})
+                self.count({self.stage: len(items)})
                 return items
             return self._counted(pidx, [], items)
         return self._counted(pidx, wanted, None)
@@ -109,7 +161,7 @@ class ReadTask:
 
     def _counted(self, pidx: int, descriptors: list[Any], first: Any) -> Iterator[Any]:
         n = 0
-        try:
+        with self.attributing():
             if first is not None:
                 for item in first:
                     n += 1
@@ -118,14 +170,13 @@ class ReadTask:
                 for item in self.source.read(descriptor, self._context(pidx)):
                     n += 1
                     yield item
-        except Exception as exc:
-            raise _fail(self.stage, None, exc) from None
-        if self.counts is not None:
-            self.counts.add({self.stage: n})
+        self.count({self.stage: n})
 
 
-class PassTask:
-    """Runs a fused pass over one partition; ``emit`` shapes what it yields."""
+class PassTask(Task):
+    """Runs a fused pass over one partition; its terminal shapes what it yields."""
+
+    fused: FusedPass
 
     def __init__(
         self, fused: FusedPass, stage: str, counts: Any, reader: ReadTask | None = None
@@ -133,113 +184,31 @@ class PassTask:
         self.fused, self.stage, self.counts, self.reader = fused, stage, counts, reader
 
     def __call__(self, pidx: int, items: Iterator[Any]) -> Iterator[Any]:
+        fused = self.fused
         counts: dict[str, int] = {}
-        state: dict[str, Any] = {"pidx": pidx}
-        kind = self.fused.terminal.kind
-        try:
+        with self.attributing():
             if self.reader is not None:
                 items = iter(self.reader.items(pidx, items))
-            if kind in ("yield", "tag", "keyed", "sortkey"):
-                yield from self.fused.run(items, counts, state)
-            elif kind == "group":
-                state.update(accs={}, firsts={})
-                self.fused.consume(items, counts, state)
-                firsts = state["firsts"]
-                for key, acc in state["accs"].items():
-                    yield (key, (pidx, firsts[key], key, acc))
-            elif kind == "distinct":
-                state["seen"] = {}
-                self.fused.consume(items, counts, state)
-                for key, (pos, item) in state["seen"].items():
-                    yield (key, (pidx, pos, item))
-            elif kind == "fold":
-                create = self.fused.terminal.create
-                assert create is not None
-                state["acc"] = create()
-                self.fused.consume(items, counts, state)
-                yield (0, (pidx, state["acc"]))
-        except Exception as exc:
-            raise _fail(self.stage, self.fused, exc) from None
-        if self.counts is not None:
-            emitted = {stage: out for stage, (_, out) in self.fused.stage_counts(counts).items()}
-            if emitted:
-                self.counts.add(emitted)
+            if fused.terminal.kind in FOLDING:
+                yield from folded_records(fused, pidx, items, counts)
+            else:
+                yield from fused.run(items, counts, {"pidx": pidx})
+        self.count_pass(counts)
 
 
-class ReduceTask:
-    """Reduce side of keyed stages; yields ``(position, output)`` pairs."""
+class ReduceTask(Task):
+    """Reduce side of a keyed stage or the global aggregate; yields ``(position, output)``."""
 
-    def __init__(self, node_op: str, stage: str, params: dict[str, Any], counts: Any) -> None:
-        self.op, self.stage, self.params, self.counts = node_op, stage, params, counts
+    def __init__(self, fold: KeyedFold, stage: str, counts: Any) -> None:
+        self.fold, self.stage, self.counts = fold, stage, counts
 
     def __call__(self, records: Iterator[tuple[Any, Any]]) -> Iterator[Any]:
         n = 0
-        try:
-            for out in self._reduce(records):
+        with self.attributing():
+            for out in reduce_batch(self.fold, records):
                 n += 1
                 yield out
-        except Exception as exc:
-            raise _fail(self.stage, None, exc) from None
-        if self.counts is not None:
-            self.counts.add({self.stage: n})
-
-    def _reduce(self, records: Iterator[tuple[Any, Any]]) -> Iterator[Any]:
-        groups: dict[Any, list[Any]] = {}
-        for key, payload in records:
-            bucket = groups.get(key)
-            if bucket is None:
-                groups[key] = [payload]
-            else:
-                bucket.append(payload)
-        op: Any = self.params.get("operation")
-        for parts in groups.values():
-            parts.sort(key=_position)
-            if self.op == "group_aggregate" and op.combine is not None:
-                _, pos, key, acc = parts[0]
-                for part in parts[1:]:
-                    acc = op.combine(acc, part[3])
-                yield ((parts[0][0], pos, 0), (key, op.finish(acc)))
-            elif self.op == "group_aggregate":
-                key = parts[0][3]
-                acc = op.create()
-                for part in parts:
-                    acc = op.accumulate(acc, part[2])
-                yield ((parts[0][0], parts[0][1], 0), (key, op.finish(acc)))
-            elif self.op == "group_apply":
-                transform = self.params["transform"]
-                key = parts[0][3]
-                _, outputs = transform.process(
-                    transform.create_state(), key, [part[2] for part in parts]
-                )
-                for j, output in enumerate(outputs):
-                    yield ((parts[0][0], parts[0][1], j), output)
-            elif self.op == "map_stateful":
-                key = parts[0][3]
-                state = self.params["create_fn"]()
-                map_fn = self.params["map_fn"]
-                j = 0
-                for part in parts:
-                    output = map_fn(state, key, part[2])
-                    if output is not None:
-                        yield ((part[0], part[1], j), output)
-                        j += 1
-            elif self.op == "distinct":
-                yield ((parts[0][0], parts[0][1], 0), parts[0][2])
-            elif self.op == "aggregate":
-                yield from self._global(parts, op)
-        if self.op == "aggregate" and not groups:
-            yield ((0, 0, 0), op.finish(op.create()))
-
-    def _global(self, parts: list[Any], op: Any) -> Iterator[Any]:
-        if op.combine is not None:
-            acc = parts[0][1]
-            for part in parts[1:]:  # (pidx, acc) sorted by partition
-                acc = op.combine(acc, part[1])
-        else:
-            acc = op.create()
-            for part in parts:  # (pidx, pos, item)
-                acc = op.accumulate(acc, part[2])
-        yield ((0, 0, 0), op.finish(acc))
+        self.count({self.stage: n})
 
 
 _PYTHON_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit)): (.*)$")
@@ -280,10 +249,6 @@ def _count_records(records: Iterator[Any]) -> Iterator[int]:
     yield n
 
 
-def _position(payload: tuple[Any, ...]) -> tuple[Any, Any]:
-    return (payload[0], payload[1])
-
-
 def _to_partition_of_origin(record: tuple[Any, Any]) -> tuple[int, Any]:
     return (record[0][0], record)
 
@@ -292,29 +257,22 @@ def _identity_partition(pidx: int) -> int:
     return pidx
 
 
-def _constant_partition(_key: Any) -> int:
-    return 0
-
-
 def _restore_order(records: Iterator[tuple[int, Any]]) -> Iterator[Any]:
     ordered = sorted((record for _, record in records), key=_first)
     for _, output in ordered:
         yield output
 
 
-class SortTask:
+class SortTask(Task):
     """Sorts one range partition of ``(SortKey, item)`` pairs."""
 
     def __init__(self, stage: str, counts: Any) -> None:
         self.stage, self.counts = stage, counts
 
     def __call__(self, pairs: Iterator[tuple[SortKey, Any]]) -> Iterator[Any]:
-        try:
+        with self.attributing():
             ordered = sorted(pairs, key=_first)
-        except Exception as exc:
-            raise _fail(self.stage, None, exc) from None
-        if self.counts is not None:
-            self.counts.add({self.stage: len(ordered)})
+        self.count({self.stage: len(ordered)})
         for _, item in ordered:
             yield item
 
@@ -329,8 +287,10 @@ class RangePartition:
         return bisect.bisect_left(self.bounds, key)
 
 
-class SinkTask:
+class SinkTask(Task):
     """Writes one partition to a sink (after the fused pass feeding it)."""
+
+    fused: FusedPass
 
     def __init__(
         self,
@@ -348,19 +308,14 @@ class SinkTask:
     def __call__(self, pidx: int, items: Iterator[Any]) -> Iterator[Any]:
         counts: dict[str, int] = {}
         ctx = TaskContext(self.context.job_id, pidx, self.context.store, self.context.options)
-        try:
+        with self.attributing():
             source: Any = items
             if self.reader is not None:
                 source = self.reader.items(pidx, items)
             if self.fused.ops or self.reader is None:
                 source = self.fused.run(iter(source), counts, {"pidx": pidx})
             message = self.sink.write(self.state, source, ctx)
-        except Exception as exc:
-            raise _fail(self.stage, self.fused, exc) from None
-        if self.counts is not None:
-            emitted = {stage: out for stage, (_, out) in self.fused.stage_counts(counts).items()}
-            if emitted:
-                self.counts.add(emitted)
+        self.count_pass(counts)
         yield message
 
 
@@ -418,23 +373,23 @@ class BatchRun:
 
     def _node(self, node: Transform, flows: dict[Transform, Flow]) -> Flow | None:
         name = self.plan.name(node)
-        if node.op == "source":
+        if node.op == OpKind.SOURCE:
             return self._source(node, name)
         if node.op in STATELESS:
             upstream = flows[node.inputs[0]]
             assert node.fn is not None
             return Flow(upstream.rdd, [*upstream.ops, Op(node.op, name, node.fn)], upstream.reader)
-        if node.op == "merge":
+        if node.op == OpKind.MERGE:
             rdds = [self._materialize(flows[i], name) for i in node.inputs]
             return Flow(self.sc.union(rdds))
-        if node.op == "sink":
+        if node.op == OpKind.SINK:
             self._sink(node, name, flows[node.inputs[0]])
             return None
-        if node.op in ("group_aggregate", "group_apply", "map_stateful", "distinct"):
+        if node.op in KEYED:
             return self._keyed(node, name, flows[node.inputs[0]])
-        if node.op == "aggregate":
+        if node.op == OpKind.AGGREGATE:
             return self._global_aggregate(node, name, flows[node.inputs[0]])
-        if node.op == "sort":
+        if node.op == OpKind.SORT:
             return self._sort(node, name, flows[node.inputs[0]])
         raise AssertionError(f"unknown operation {node.op}")  # pragma: no cover
 
@@ -457,7 +412,7 @@ class BatchRun:
         return source.partitions(ctx)  # type: ignore[no-any-return]
 
     def _pass(self, flow: Flow, stage: str, terminal: Terminal | None = None) -> FusedPass:
-        return FusedPass(list(flow.ops), terminal or Terminal("yield"), self.metrics)
+        return FusedPass(list(flow.ops), terminal or Terminal(TerminalKind.YIELD), self.metrics)
 
     def _materialize(self, flow: Flow, stage: str) -> Any:
         if not flow.ops:
@@ -475,28 +430,23 @@ class BatchRun:
         self._persisted.append(rdd)
         return Flow(rdd)
 
-    def _map_side(self, node: Transform, name: str, flow: Flow) -> Any:
+    def _map_side(self, fold: KeyedFold, node: Transform, name: str, flow: Flow) -> Any:
         """The map side of a keyed stage, fused into the pass that feeds it.
 
-        Yields ``(key, partial)`` records: a partial accumulator per key when
-        the operation combines, the first item per key for ``distinct``, and
-        every item otherwise (not combinable, or stateful transforms).
+        Yields ``(key, part)`` records (:mod:`sparkjet.core.keyed`): a partial
+        accumulator per key when the operation combines, the first item per
+        key for ``distinct``, and every item otherwise (not combinable, or
+        stateful transforms).
         """
-        op: Any = node.params.get("operation")
-        if node.op == "group_aggregate" and op.combine is not None:
-            terminal = Terminal("group", name, node.fn, op.create, op.accumulate, inline=op.inline)
-        elif node.op == "distinct":
-            terminal = Terminal("distinct", name, node.fn)
-        else:
-            terminal = Terminal("keyed", name, node.fn)
+        terminal = fold.terminal(name, node.fn)
         return flow.rdd.mapPartitionsWithIndex(
             PassTask(self._pass(flow, name, terminal), name, self.counts, flow.reader), True
         )
 
     def _keyed(self, node: Transform, name: str, flow: Flow) -> Flow:
-        mapped = self._map_side(node, name, flow)
-        params = {**node.params, "key_fn": node.fn}
-        task = ReduceTask(node.op, name, params, self.counts)
+        fold = keyed_fold(node.op, node.params)
+        mapped = self._map_side(fold, node, name, flow)
+        task = ReduceTask(fold, name, self.counts)
         return Flow(self._reduce(mapped, task, self.parallelism))
 
     def _reduce(self, mapped: Any, task: ReduceTask, partitions: int) -> Any:
@@ -528,21 +478,15 @@ class BatchRun:
         )
 
     def _global_aggregate(self, node: Transform, name: str, flow: Flow) -> Flow:
-        op = node.params["operation"]
-        if op.combine is not None:
-            terminal = Terminal("fold", name, None, op.create, op.accumulate)
-        else:
-            terminal = Terminal("keyed", name, _constant_partition)
-        mapped = flow.rdd.mapPartitionsWithIndex(
-            PassTask(self._pass(flow, name, terminal), name, self.counts, flow.reader), True
-        )
-        task = ReduceTask("aggregate", name, node.params, self.counts)
+        fold = keyed_fold(OpKind.AGGREGATE, node.params)
+        mapped = self._map_side(fold, node, name, flow)
+        task = ReduceTask(fold, name, self.counts)
         return Flow(self._reduce(mapped, task, 1))
 
     def _sort(self, node: Transform, name: str, flow: Flow) -> Flow:
         from pyspark import StorageLevel
 
-        terminal = Terminal("sortkey", name, node.fn, reverse=node.params["reverse"])
+        terminal = Terminal(TerminalKind.SORTKEY, name, node.fn, reverse=node.params["reverse"])
         keyed = flow.rdd.mapPartitionsWithIndex(
             PassTask(self._pass(flow, name, terminal), name, self.counts, flow.reader), True
         ).persist(StorageLevel.MEMORY_AND_DISK)
