@@ -269,6 +269,8 @@ class CommitLogSink(Sink):
 
     #: The op of the record :meth:`commit` appends ("append" for lists, "put" for maps).
     record_op: ClassVar[str]
+    #: Staged output commits once per micro-batch, so every guarantee holds.
+    guarantees: ClassVar[frozenset[ProcessingGuarantee]] = ALL_GUARANTEES
 
     @abstractmethod
     def log(self, store: StoreAccess) -> CommitLog:
