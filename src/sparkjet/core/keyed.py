@@ -62,6 +62,9 @@ position = itemgetter(0, 1)
 
 #: Where the global aggregate's one output goes.
 _ORIGIN = (0, 0, 0)
+#: Batch outputs are handed on in runs of about this many: a generator step per key
+#: would cost as much as a small key's fold, one list of all would hold them all.
+_FLUSH = 1024
 
 
 class _Missing:
@@ -332,11 +335,15 @@ def reduce_batch(fold: KeyedFold, records: Iterable[tuple[Any, Any]]) -> Iterato
     """Batch reduce side: fold each key from no state; yields ``(position, output)``."""
     groups = group_parts(records)
     out: list[tuple[Any, Any]] = []
+    fold_key = fold.fold
     for group_key, parts in groups.items():
-        parts.sort(key=position)
-        fold.fold(group_key, parts, MISSING, out)
-        yield from out
-        out.clear()
+        if len(parts) > 1:
+            parts.sort(key=position)
+        fold_key(group_key, parts, MISSING, out)
+        if len(out) >= _FLUSH:
+            yield from out
+            out.clear()
+    yield from out
     if not groups:
         yield from fold.empty()
 
@@ -364,9 +371,11 @@ def fold_into(
             del touched[key]
     out: list[tuple[Any, Any]] = []
     get = values.get
+    fold_key = fold.fold
     for group_key, parts in groups.items():
-        parts.sort(key=position)
-        key, entry = fold.fold(group_key, parts, get(group_key, MISSING), out)
+        if len(parts) > 1:
+            parts.sort(key=position)
+        key, entry = fold_key(group_key, parts, get(group_key, MISSING), out)
         values[key] = entry
         if ttl_ms:
             touched[key] = now_ms
