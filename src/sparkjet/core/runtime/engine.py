@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from sparkjet.core.checkpoint import StatePaths
 from sparkjet.core.config import Config
 from sparkjet.core.contracts import JobContext
 from sparkjet.core.graph import Transform
@@ -17,7 +18,7 @@ from sparkjet.core.planner import Plan
 from sparkjet.core.plugins import PluginHost
 from sparkjet.core.runtime import session
 from sparkjet.core.runtime.batch import BatchRun
-from sparkjet.core.runtime.stream import MicroBatch, StatePaths
+from sparkjet.core.runtime.stream import MicroBatch
 
 
 class SparkEngine:
