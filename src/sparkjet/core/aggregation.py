@@ -1,16 +1,6 @@
-"""Aggregate operations (public face: :mod:`sparkjet.aggregate`).
+"""Aggregate operations: the four functions of an aggregation and the built-in ones.
 
-An :class:`AggregateOperation` has four functions, as in Jet:
-
-- ``create()`` makes a fresh accumulator (once per key, per partition);
-- ``accumulate(acc, item)`` folds one item in and returns the accumulator
-  (it may return a new object or the mutated one);
-- ``combine(left, right)`` merges two accumulators, ``left`` holding earlier
-  items; ``None`` means the operation cannot be split, so all items of a key
-  are brought together before accumulating (slower, but order-exact);
-- ``finish(acc)`` turns the accumulator into the emitted result.
-
-All four run on Spark executors and are shipped with cloudpickle.
+The public face, with the contract of each function, is :mod:`sparkjet.aggregate`.
 """
 
 from __future__ import annotations
@@ -19,17 +9,6 @@ import copy
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
-
-__all__ = [
-    "AggregateOperation",
-    "averaging",
-    "counting",
-    "max_by",
-    "min_by",
-    "summing",
-    "to_list",
-    "to_set",
-]
 
 _IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), frozenset)
 

@@ -6,21 +6,6 @@ All of them derive from :class:`SparkjetError`. Each message names the culprit
 
 from __future__ import annotations
 
-__all__ = [
-    "ConfigError",
-    "JobAlreadyExistsError",
-    "JobCancelledError",
-    "JobFailedError",
-    "JobNotFoundError",
-    "JobStateError",
-    "PipelineDefinitionError",
-    "PluginError",
-    "ProcessingGuaranteeError",
-    "SparkjetError",
-    "StoreError",
-    "TimeoutException",
-]
-
 
 class SparkjetError(Exception):
     """Base class of every error sparkjet raises on purpose."""
