@@ -27,10 +27,16 @@ class SparkEngine:
     def __init__(self, config: Config, plugins: PluginHost) -> None:
         self._config = config
         self._plugins = plugins
+        self._context: Any = None
 
     @property
     def _sc(self) -> Any:
-        return session.get_session(self._config, self._plugins).sparkContext
+        # Looking the session up costs a JVM round trip (about 7 ms): keep its
+        # context, and look again only once it has been stopped.
+        sc = self._context
+        if sc is None or sc._jsc is None:
+            sc = self._context = session.get_session(self._config, self._plugins).sparkContext
+        return sc
 
     def parallelism(self) -> int:
         return max(1, int(self._sc.defaultParallelism))
