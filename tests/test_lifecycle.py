@@ -324,6 +324,25 @@ def test_a_failing_micro_batch_suspends_with_suspend_on_failure(
         job.join(timeout=10)
 
 
+
+def test_a_cancel_that_races_the_suspend_ends_the_job(fake_client: Client) -> None:
+    """A cancel arriving while the job thread is still stopping (here: from its own
+    SUSPENDED listener, before the thread returns) ends the job exactly once."""
+    fake_client.get_stream("events", partitions=1)
+    job = submit_stream(fake_client, "racing")
+
+    def cancel_on_suspend(event: JobStatusEvent) -> None:
+        if event.new_status is S.SUSPENDED:
+            job.cancel()
+
+    job.add_status_listener(cancel_on_suspend)
+    job.suspend()
+    with pytest.raises(JobCancelledError):
+        job.join(timeout=10)
+    assert job.status is S.FAILED and job.is_user_cancelled()
+    with pytest.raises(JobStateError, match="it is FAILED, not SUSPENDED"):
+        job.resume()
+
 # --- the control protocol: another process acts through the store ------------------
 
 
@@ -432,15 +451,20 @@ def test_a_driver_that_died_while_running_reads_suspended_and_only_one_process_t
         thread.start()
     for thread in threads:
         thread.join(timeout=10)
-    # One process wins the claim and drives the job; the other either loses the
-    # claim or, finding a live driver by then, asks it through the control folder.
+    # One process wins the claim and drives the job; the other loses the claim,
+    # finds the job already STARTING or RUNNING and is refused, or, finding a
+    # live driver of a job still SUSPENDED, asks it through the control folder.
     assert len(outcomes) == 2 and "took over" in outcomes
     assert [v.is_driven_here() for v in views if v is not None].count(True) == 1
     claims = sorted(p.name for p in (Path(fake_client.store.root) / "jobs" / job.id).iterdir()
                     if p.name.startswith("owner-"))
     assert claims == ["owner-000001"]
+    refused = re.compile(
+        rf"(job 'contested' \({job.id}\): another process is taking it over already"
+        rf"|cannot resume job 'contested' \({job.id}\): it is (STARTING|RUNNING), not SUSPENDED)$"
+    )
     for outcome in outcomes:
-        assert outcome == "took over" or outcome.startswith(f"job 'contested' ({job.id})")
+        assert outcome == "took over" or refused.match(outcome), outcome
     winner = next(v for v in views if v is not None and v.is_driven_here())
     assert winner.wait_for_status(S.RUNNING, timeout=10) is S.RUNNING
     winner.cancel()

@@ -189,7 +189,7 @@ class Job:
         """
         runner = self._runner
         if runner is not None:
-            runner.listeners.append(listener)
+            runner.add_listener(listener)
             return
         threading.Thread(
             target=self._poll_status, args=(listener,), daemon=True,

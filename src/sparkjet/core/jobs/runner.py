@@ -85,6 +85,14 @@ class JobRunner:
         self._future_work_cancelled = False
         self._stop_cause: str | None = None
         self._last_cluster_check = 0.0
+        #: Orders status writes with listener registration: a listener added
+        #: after a status became visible never hears of that change.
+        self.status_lock = threading.Lock()
+        #: True while no job thread runs the work (not started yet, or
+        #: suspended): a cancel then ends the job itself. Guarded by
+        #: ``_park_lock`` so a cancel racing a suspend ends the job exactly once.
+        self._parked = True
+        self._park_lock = threading.Lock()
         self.thread: threading.Thread | None = None
         self.watcher = threading.Thread(
             target=self._watch, name=f"sparkjet-watch-{job.id}", daemon=True
@@ -98,11 +106,13 @@ class JobRunner:
     def set_status(
         self, new: JobStatus, description: str | None = None, user_requested: bool = False
     ) -> None:
-        old = self.lease.status
-        check_transition(self.job.label, old, new)
-        self.write_record(status=new.value)
+        with self.status_lock:
+            old = self.lease.status
+            check_transition(self.job.label, old, new)
+            self.write_record(status=new.value)
+            listeners = list(self.listeners)
         event = JobStatusEvent(old, new, description, user_requested)
-        for listener in list(self.listeners):
+        for listener in listeners:
             try:
                 listener(event)
             except Exception:
@@ -133,8 +143,15 @@ class JobRunner:
 
     # --- threads --------------------------------------------------------------
 
+    def add_listener(self, listener: Callable[[JobStatusEvent], None]) -> None:
+        """Call ``listener`` on every status change from now on."""
+        with self.status_lock:
+            self.listeners.append(listener)
+
     def start(self, resuming: bool = False) -> None:
         self.stop_request = None
+        with self._park_lock:
+            self._parked = False
         self.thread = threading.Thread(
             target=self._run, args=(resuming,), name=f"sparkjet-job-{self.job.id}",
             daemon=False,
@@ -198,9 +215,20 @@ class JobRunner:
     def cancel(self) -> None:
         self.cancel_requested.set()
         self._future_work_cancelled = self.services.engine.cancel(self.job.id)
-        if not self.running_here and not self.done.is_set():
+        with self._park_lock:
+            end_now = self._parked and not self.done.is_set()
+            self._parked = False  # whoever ends a parked job ends it once
+        if end_now:
             # Suspended: nothing runs, end the job now.
             self._end_suspended_by_cancel()
+
+    def _park(self) -> None:
+        """The job thread stops here, SUSPENDED; a cancel that came meanwhile ends the job."""
+        with self._park_lock:
+            if not self.cancel_requested.is_set():
+                self._parked = True
+                return
+        self._end_suspended_by_cancel()
 
     def suspend(self) -> None:
         self._check(Action.SUSPEND)
@@ -217,6 +245,10 @@ class JobRunner:
             old.join(timeout=30)  # it wrote SUSPENDED and is running listeners and hooks
         if self.running_here:
             raise JobStateError(f"cannot resume job {self.job.label}: it is still stopping")
+        with self._park_lock:
+            if not self._parked:  # a cancel ended it meanwhile
+                raise JobStateError(f"cannot resume job {self.job.label}: it was cancelled")
+            self._parked = False
         self.set_status(JobStatus.STARTING)
         self.start(resuming=True)
 
@@ -251,6 +283,7 @@ class JobRunner:
                     self.cluster.reset()  # resuming re-counts what it has
                     self.write_record(suspension_cause=cause)
                     self.set_status(JobStatus.SUSPENDED, cause, user_requested=by_user)
+                    self._park()
                     return
             else:
                 self._run_batch()
@@ -359,6 +392,7 @@ class JobRunner:
             cause = self.services.redact(str(error))
             self.write_record(suspension_cause=cause)
             self.set_status(JobStatus.SUSPENDED, cause)
+            self._park()
             return
         self.error = error
         if self.plan.streaming:
