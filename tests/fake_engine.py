@@ -123,6 +123,7 @@ class FakeEngine:
         state: StatePaths,
         shards: int,
         now_ms: int,
+        on_commit: Callable[[], None] | None = None,
     ) -> FakeExecution:
         job_id = job_context(plan.nodes[0]).job_id
         # What a source stage "emitted": the items in its planned range.
@@ -131,7 +132,7 @@ class FakeEngine:
             for name, (start, end) in source_ranges.items()
         } if metrics else {}
         call = Call("micro_batch", job_id, batch, committed, dict(source_ranges))
-        return FakeExecution(self, call, cancelled, None, counts)
+        return FakeExecution(self, call, cancelled, on_commit, counts)
 
     def micro_batches(self, job_id: str) -> list[Call]:
         with self.lock:

@@ -25,7 +25,7 @@ from sparkjet.core.store import Store, encode_name
 
 @pytest.fixture
 def store(tmp_path: Path) -> Store:
-    return Store(str(tmp_path / "store"))
+    return Store(str(tmp_path))  # the checkpoints below live in it
 
 
 def files(root: str) -> set[str]:
@@ -114,6 +114,9 @@ def test_state_versions_written_and_superseded(store: Store, tmp_path: Path) -> 
     assert sorted(p.name for p in shard.iterdir()) == [
         "00000000000000000001-1.state",  # kept: batch 2 may be replayed from it
         "00000000000000000002-1.state",
+        # Kept: an older batch's attempt never deletes a newer batch's version
+        # (it may be a stray attempt racing a newer driver); batch 3 replaces it.
+        "00000000000000000003-2.state",
     ]
     raw = (shard / "00000000000000000002-1.state").read_bytes()
     assert size == len(raw)

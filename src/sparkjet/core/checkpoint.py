@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 
 import cloudpickle
 
+from sparkjet.core.errors import StoreError
 from sparkjet.core.naming import encode_name
 from sparkjet.core.store import Store
 
@@ -134,15 +135,28 @@ class StatePaths:
 
     def size(self, stage: str, shard: int, version: StateVersion) -> int:
         """The size of a version's file in bytes."""
-        return int(self.store.fs.size(f"{self.shard_dir(stage, shard)}/{version.name}"))
+        return self.store.size(f"{self.shard_dir(stage, shard)}/{version.name}")
 
     def read(
         self, stage: str, shard: int, version: StateVersion
     ) -> tuple[dict[Any, Any], dict[Any, int], int]:
         """A version's ``(values, touched, size in bytes)``."""
-        raw = self.store.read_bytes(f"{self.shard_dir(stage, shard)}/{version.name}")
-        data = cloudpickle.loads(raw)
-        return data["values"], data["touched"], len(raw)
+        path = f"{self.shard_dir(stage, shard)}/{version.name}"
+        raw = self.store.read_bytes(path)
+        try:
+            data = cloudpickle.loads(raw)
+            values, touched = data["values"], data["touched"]
+        except Exception as exc:
+            raise StoreError(self.store.redact(
+                f"stage {stage!r}: state file {path!r} is corrupt or truncated "
+                f"({len(raw)} bytes): {type(exc).__name__}: {exc}"
+            )) from exc
+        if len(values) != version.keys:
+            raise StoreError(self.store.redact(
+                f"stage {stage!r}: state file {path!r} holds {len(values)} keys, "
+                f"its name says {version.keys}"
+            ))
+        return values, touched, len(raw)
 
     def write(
         self,
@@ -155,18 +169,19 @@ class StatePaths:
     ) -> int:
         """Write ``batch``'s version of a shard; returns its size in bytes.
 
-        Removes what a failed attempt of this batch (or a later one) left
-        first, and ``superseded`` (older versions) after: the version this
-        batch started from stays, for a replay of it.
+        Removes what a failed attempt of this same batch left under another
+        key count first, and ``superseded`` (older versions) after: the
+        version this batch started from stays, for a replay of it. Never
+        touches a newer batch's version: a late or stray attempt of an old
+        batch must not delete what a newer one wrote.
         """
         data = cloudpickle.dumps({"values": values, "touched": touched})
         folder = self.shard_dir(stage, shard)
+        name = f"{batch:0{_WIDTH}d}-{len(values)}{_STATE_SUFFIX}"
         for version in self.versions(stage, shard):
-            if version.batch >= batch:
+            if version.batch == batch and version.name != name:
                 self.store.remove(f"{folder}/{version.name}")
-        self.store.write_bytes(
-            f"{folder}/{batch:0{_WIDTH}d}-{len(values)}{_STATE_SUFFIX}", data
-        )
+        self.store.write_bytes(f"{folder}/{name}", data)
         for version in superseded:
             self.store.remove(f"{folder}/{version.name}")
         return len(data)
@@ -203,7 +218,11 @@ class Checkpoint:
         meta = self.meta()
         if meta is None:
             meta = {"format": FORMAT, "shards": max(1, int(default)), "stages": sorted(stages)}
-            self.write_meta(meta)
+            if not self.store.create_exclusive(
+                f"{self.root}/{_META}", json.dumps(meta).encode()
+            ):
+                meta = self.meta()  # another driver wrote it first: its count stands
+                assert meta is not None
         return int(meta["shards"])
 
     def _batches(self, folder: str) -> list[int]:
@@ -227,21 +246,35 @@ class Checkpoint:
         planned: dict[str, Any] | None = self._json(_batch_file(_OFFSETS, batch))
         return planned
 
-    def write_plan(self, batch: int, plan: dict[str, Any]) -> None:
-        """Record ``batch``'s planned ranges before running it (the write-ahead log)."""
-        self.store.write_bytes(
-            f"{self.root}/{_batch_file(_OFFSETS, batch)}", json.dumps(plan).encode()
-        )
+    def write_plan(self, batch: int, plan: dict[str, Any]) -> dict[str, Any]:
+        """Record ``batch``'s planned ranges before running it (the write-ahead log).
 
-    def write_commit(self, batch: int, record: dict[str, Any]) -> None:
-        """Record ``batch`` as committed; forget the log of batches long committed."""
-        self.store.write_bytes(
+        Create-only: a batch has one plan for its life. If another driver
+        planned it first, that plan is returned and must be run instead.
+        """
+        if self.store.create_exclusive(
+            f"{self.root}/{_batch_file(_OFFSETS, batch)}", json.dumps(plan).encode()
+        ):
+            return plan
+        standing = self.planned(batch)
+        assert standing is not None
+        return standing
+
+    def write_commit(self, batch: int, record: dict[str, Any]) -> bool:
+        """Record ``batch`` as committed; forget the log of batches long committed.
+
+        Create-only: False if the batch was committed already (by another
+        driver, which is then the job's driver: the caller checks its fence).
+        """
+        if not self.store.create_exclusive(
             f"{self.root}/{_batch_file(_COMMITS, batch)}", json.dumps(record).encode()
-        )
+        ):
+            return False
         for folder in (_OFFSETS, _COMMITS):
             for old in self._batches(folder):
                 if old <= batch - _KEEP_LOG:
                     self.store.remove(f"{self.root}/{_batch_file(folder, old)}")
+        return True
 
     @property
     def state_root(self) -> str:

@@ -41,6 +41,16 @@ class Client:
     def __repr__(self) -> str:
         return self.config.redact(f"<sparkjet Client store={self.store.url!r}>")
 
+    def __reduce__(self) -> Any:
+        # A client holds the whole configuration, secrets included; a function
+        # that captured it would carry them into pipeline.pkl in the store and
+        # to every executor. Submit names the stage whose function does.
+        raise TypeError(
+            "a sparkjet Client cannot be pickled (it holds the configuration and its "
+            "secrets): do not capture the client in a pipeline's functions; read what they "
+            "need before submitting, or use a source"
+        )
+
     @property
     def spark(self) -> Any:
         """The Spark session (started on first use)."""

@@ -85,6 +85,7 @@ class Engine(Protocol):
         state: StatePaths,
         shards: int,
         now_ms: int,
+        on_commit: Callable[[], None] | None = None,
     ) -> Execution:
         """One micro-batch of a streaming plan.
 
@@ -94,4 +95,5 @@ class Engine(Protocol):
         :param state: where the keyed state lives in the checkpoint.
         :param shards: how many state shards the keys are spread over.
         :param now_ms: the batch's planned time (TTL expiry), the same on a replay.
+        :param on_commit: called just before the sinks commit (the runner's fence check).
         """

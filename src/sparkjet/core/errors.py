@@ -77,6 +77,20 @@ class JobStateError(SparkjetError):
     """The job is not in a status that allows the requested action (names job and status)."""
 
 
+class JobFencedError(JobStateError):
+    """Another process took over the job this process drove (a newer epoch).
+
+    Raised from ``join()`` in the process that was fenced off: it stopped
+    itself without writing anything more, and the message names the newer
+    epoch and the driver that holds it. The job goes on there.
+    """
+
+    def __init__(self, message: str, epoch: int) -> None:
+        super().__init__(message)
+        #: The epoch of the driver that took the job over.
+        self.epoch = epoch
+
+
 class StoreError(SparkjetError):
     """Reading or writing the store (lists, maps, job records) failed: names the path."""
 

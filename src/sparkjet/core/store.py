@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import pickle
+import posixpath
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -30,7 +33,11 @@ from sparkjet.core.errors import StoreError
 from sparkjet.core.naming import PICKLE_PROTOCOL, decode_name, encode_name
 from sparkjet.core.streams import StreamLog
 
+log = logging.getLogger("sparkjet.store")
+
 _SEQ_WIDTH = 20
+#: The checkpoint folders a job record may name (see JobRecords.checkpoint_path).
+_CHECKPOINT_FOLDER = re.compile(r"checkpoint|scratch-[0-9a-f]{8}")
 #: Batches up to this many items travel inline in a commit record.
 INLINE_LIMIT = 10_000
 
@@ -58,6 +65,7 @@ class Store:
         self.redact = redact or _no_secrets
         self._fs: Any = None
         self._root: str | None = None
+        self._conditional: bool | None = None
 
     def _error(self, message: str) -> StoreError:
         return StoreError(self.redact(message))
@@ -102,10 +110,43 @@ class Store:
         return "/".join([self.root, *parts])
 
     # --- primitive file operations, all errors naming the path ------------
+    #
+    # Object stores as they are: s3fs and gcsfs cache listings per process, and
+    # another process (a publisher, a second driver, an executor) may have
+    # written since. Every listing and existence check here asks the store
+    # afresh; nothing is trusted from a cache.
+
+    def _inside(self, path: str) -> str:
+        """``path`` if it lies under the root; StoreError otherwise (never touch outside)."""
+        root = self.root
+        normal = posixpath.normpath(path)
+        if not root:
+            return normal
+        if normal != root and not normal.startswith(root.rstrip("/") + "/"):
+            raise self._error(
+                f"refusing to touch {path!r}: it is outside store {self.shown_url!r}"
+            )
+        return normal
+
+    def _fresh(self, path: str) -> None:
+        with contextlib.suppress(Exception):
+            self.fs.invalidate_cache(path)
 
     def read_bytes(self, path: str) -> bytes:
+        self._fresh(path)  # s3fs sizes a read from its (maybe stale) listing cache
         try:
             data: bytes = self.fs.cat_file(path)
+            return data
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            raise self._error(f"cannot read {path!r} in store {self.shown_url!r}: {exc}") from exc
+
+    def read_range(self, path: str, start: int, end: int) -> bytes:
+        """Bytes ``start`` to ``end`` of ``path`` (fewer if the file is shorter)."""
+        self._fresh(path)
+        try:
+            data: bytes = self.fs.cat_file(path, start=start, end=end)
             return data
         except FileNotFoundError:
             raise
@@ -127,35 +168,128 @@ class Store:
         except Exception as exc:
             raise self._error(f"cannot write {path!r} in store {self.shown_url!r}: {exc}") from exc
 
-    def create_exclusive(self, path: str, data: bytes) -> bool:
-        """Create ``path`` only if it does not exist; False if it already does."""
-        self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-        if _is_local(self.fs):
-            tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-            with open(tmp, "wb") as fh:
-                fh.write(data)
-            try:
-                os.link(tmp, path)  # atomic, fails if path exists; content complete
-            except FileExistsError:
-                return False
-            finally:
-                os.unlink(tmp)
-            return True
-        try:
+    @property
+    def conditional_writes(self) -> bool:
+        """Whether the store enforces create-only writes (probed once per process).
+
+        Local folders always do (a hard link fails on an existing name). On
+        other filesystems a probe file is created twice through the
+        filesystem's create-only call (``pipe_file(mode="create")`` where the
+        filesystem implements it, as s3fs and gcsfs do with ``If-None-Match``
+        and ``ifGenerationMatch=0``; else ``open(mode="xb")``): the second
+        create must be refused. Where it is not, :meth:`create_exclusive`
+        falls back to check-then-write, which two writers can race, and
+        EXACTLY_ONCE is refused at submit.
+        """
+        if self._conditional is None:
+            self._conditional = _is_local(self.fs) or self._probe_conditional()
+        return self._conditional
+
+    def _create_only(self, path: str, data: bytes) -> None:
+        """The filesystem's own create-only write; FileExistsError if ``path`` exists."""
+        if _implements_pipe_file(self.fs):
+            self.fs.pipe_file(path, data, mode="create")
+        else:
             with self.fs.open(path, "xb") as fh:
                 fh.write(data)
-            return True
-        except FileExistsError:
-            return False
-        except (ValueError, NotImplementedError):
-            # Backends without conditional writes: check, then write (documented race).
-            if self.fs.exists(path):
+
+    def _probe_conditional(self) -> bool:
+        path = self.path("_probe", f"create-only-{uuid.uuid4().hex}")
+        try:
+            self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+            try:
+                self._create_only(path, b"1")
+            except (ValueError, NotImplementedError, TypeError):
+                return False  # the filesystem has no create-only mode at all
+            try:
+                self._create_only(path, b"2")
+            except FileExistsError:
+                return True
+            except (ValueError, NotImplementedError, TypeError):
                 return False
-            self.fs.pipe_file(path, data)
-            return True
+            log.warning(
+                "store %s does not enforce create-only writes (a probe file was created "
+                "twice); EXACTLY_ONCE is refused on it", self.shown_url,
+            )
+            return False  # the second create went through: the server ignores the condition
+        except Exception as exc:
+            raise self._error(
+                f"cannot probe store {self.shown_url!r} for create-only writes: {exc}"
+            ) from exc
+        finally:
+            with contextlib.suppress(Exception):
+                self.fs.rm(path)
+
+    def create_exclusive(self, path: str, data: bytes) -> bool:
+        """Create ``path`` only if it does not exist; False if it already does.
+
+        A create that the filesystem client retried after it had landed
+        reports "already exists"; the file is then read back, and a file
+        holding exactly ``data`` counts as written by this call. So callers
+        whose payloads could collide with another writer's make them unique
+        (a writer token or a nonce in the payload).
+        """
+        try:
+            self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+            if _is_local(self.fs):
+                tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+                with open(tmp, "wb") as fh:
+                    fh.write(data)
+                try:
+                    os.link(tmp, path)  # atomic, fails if path exists; content complete
+                except FileExistsError:
+                    return False
+                finally:
+                    os.unlink(tmp)
+                return True
+            if not self.conditional_writes:
+                # Check, then write: documented as racy; EXACTLY_ONCE is refused here.
+                if self.exists(path):
+                    return False
+                self.fs.pipe_file(path, data)
+                return True
+            try:
+                self._create_only(path, data)
+                return True
+            except FileExistsError:
+                return self._landed(path, data)
+            finally:
+                self._fresh(path)
+        except StoreError:
+            raise
+        except Exception as exc:
+            raise self._error(
+                f"cannot create {path!r} in store {self.shown_url!r}: {exc}"
+            ) from exc
+
+    def _landed(self, path: str, data: bytes) -> bool:
+        """After "already exists": True if the file holds ``data`` (our own retried write)."""
+        try:
+            return self.read_bytes(path) == data
+        except FileNotFoundError:
+            return False
+
+    def exists(self, path: str) -> bool:
+        """Whether ``path`` exists, asked afresh."""
+        self._fresh(path)
+        try:
+            return bool(self.fs.exists(path))
+        except Exception as exc:
+            raise self._error(f"cannot stat {path!r} in store {self.shown_url!r}: {exc}") from exc
+
+    def size(self, path: str) -> int:
+        """The size of ``path`` in bytes, asked afresh."""
+        self._fresh(path)
+        try:
+            return int(self.fs.size(path))
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            raise self._error(f"cannot stat {path!r} in store {self.shown_url!r}: {exc}") from exc
 
     def listdir(self, path: str) -> list[str]:
-        """Base names of the entries in ``path`` (empty if it does not exist)."""
+        """Base names of the entries in ``path`` (empty if it does not exist), listed afresh."""
+        self._fresh(path)
         try:
             entries = self.fs.ls(path, detail=False)
         except FileNotFoundError:
@@ -165,8 +299,19 @@ class Store:
         return sorted(e.rstrip("/").rsplit("/", 1)[-1] for e in entries)
 
     def remove(self, path: str, recursive: bool = False) -> None:
+        """Delete ``path`` (a whole folder with ``recursive``); never anything outside the root."""
+        target = self._inside(path)
+        if recursive and target == self.root:
+            raise self._error(f"refusing to delete the whole store {self.shown_url!r}")
         with contextlib.suppress(FileNotFoundError):
-            self.fs.rm(path, recursive=recursive)
+            self.fs.rm(target, recursive=recursive)
+        self._fresh(target)
+
+    def move(self, src: str, dst: str) -> None:
+        """Rename ``src`` to ``dst`` inside the store."""
+        target = self._inside(dst)
+        self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+        self.fs.mv(self._inside(src), target)
 
     # --- data structures ---------------------------------------------------
 
@@ -183,6 +328,16 @@ class Store:
     def names(self, kind: str) -> list[str]:
         """Names of the data structures of ``kind`` ("lists", "maps")."""
         return [decode_name(n) for n in self.listdir(self.path(kind))]
+
+
+def _implements_pipe_file(fs: Any) -> bool:
+    """Whether ``fs`` has a ``pipe_file`` of its own (fsspec's default checks, then writes)."""
+    from fsspec.asyn import AsyncFileSystem
+    from fsspec.spec import AbstractFileSystem
+
+    if isinstance(fs, AsyncFileSystem) and type(fs)._pipe_file is not AsyncFileSystem._pipe_file:
+        return True
+    return type(fs).pipe_file is not AbstractFileSystem.pipe_file
 
 
 def _is_local(fs: Any) -> bool:
@@ -231,13 +386,20 @@ class CommitLog:
 
     def read_segment(self, path: str) -> list[Any]:
         try:
-            items: list[Any] = pickle.loads(self.store.read_bytes(path))
+            raw = self.store.read_bytes(path)
         except FileNotFoundError as exc:
             raise StoreError(
                 self.store.redact(
                     f"{self.label}: segment {path!r} named by a committed record is missing"
                 )
             ) from exc
+        try:
+            items: list[Any] = pickle.loads(raw)
+        except Exception as exc:
+            raise StoreError(self.store.redact(
+                f"{self.label}: segment {path!r} is corrupt or truncated "
+                f"({len(raw)} bytes): {type(exc).__name__}: {exc}"
+            )) from exc
         return items
 
     def sequences(self) -> list[int]:
@@ -252,8 +414,11 @@ class CommitLog:
         self, op: str, parts: list[tuple[str, Any]] | None = None, *, writer: str = "client"
     ) -> int:
         """Append one record atomically; returns its sequence number."""
+        # The nonce makes the payload this call's own, so a create that the
+        # filesystem client retried after it landed is recognised as ours.
         payload = pickle.dumps(
-            {"op": op, "parts": parts or [], "writer": writer, "time": time.time()},
+            {"op": op, "parts": parts or [], "writer": writer, "time": time.time(),
+             "nonce": uuid.uuid4().hex},
             protocol=PICKLE_PROTOCOL,
         )
         while True:
@@ -333,7 +498,7 @@ class CommitLog:
             return [("items", batch)]
         path = self.new_segment_path(writer)
         self.write_segment(path, batch)
-        if self.store.fs.exists(self._abort_marker(writer)):
+        if self.store.exists(self._abort_marker(writer)):
             # The job failed and aborted this writer while this task still ran:
             # the abort may have listed the folder before this file existed.
             self.store.remove(path)
@@ -386,23 +551,55 @@ class JobRecords:
         )
 
     def read(self, job_id: str) -> dict[str, Any] | None:
+        """The job's record, or None; StoreError naming the file if it does not parse."""
+        path = f"{self._dir(job_id)}/job.json"
         try:
-            data = self.store.read_bytes(f"{self._dir(job_id)}/job.json")
+            data = self.store.read_bytes(path)
         except FileNotFoundError:
             return None
-        record: dict[str, Any] = json.loads(data)
+        try:
+            record = json.loads(data)
+            if not isinstance(record, dict) or record.get("id") != job_id:
+                raise ValueError(f"not the record of job {job_id}")
+        except ValueError as exc:
+            raise StoreError(self.store.redact(
+                f"job record {path!r} is corrupt ({len(data)} bytes): {exc}"
+            )) from exc
         return record
 
     def ids(self) -> list[str]:
         return [decode_name(n) for n in self.store.listdir(self.store.path("jobs"))]
 
     def all(self) -> list[dict[str, Any]]:
+        """Every readable record; a corrupt one is logged (naming its file) and skipped."""
         out = []
         for job_id in self.ids():
-            record = self.read(job_id)
+            try:
+                record = self.read(job_id)
+            except StoreError as exc:
+                log.warning("skipping a job: %s", exc)
+                continue
             if record is not None:
                 out.append(record)
         return out
+
+    def checkpoint_path(self, record: dict[str, Any]) -> str | None:
+        """The checkpoint folder a record names, checked to be one of the job's own.
+
+        The field is read from a file anyone with write access to the store can
+        edit; a value that is not ``checkpoint`` or ``scratch-<hex>`` is refused,
+        so no crafted record steers a recursive delete outside the job's folder.
+        """
+        folder = record.get("checkpoint")
+        if folder is None:
+            return None
+        if not isinstance(folder, str) or not _CHECKPOINT_FOLDER.fullmatch(folder):
+            raise StoreError(self.store.redact(
+                f"job {record.get('id')!r}: its record's checkpoint field {folder!r} is not a "
+                "checkpoint folder of the job ('checkpoint' or 'scratch-<hex>'); refusing to "
+                "use it (was the record edited?)"
+            ))
+        return self.path(str(record["id"]), folder)
 
     # Names: one active job per name, across processes, by a create-only lock file.
 
@@ -435,16 +632,35 @@ class JobRecords:
         self.store.write_bytes(path, json.dumps({"action": action, "payload": payload}).encode())
 
     def take_requests_with_payload(self, job_id: str) -> list[tuple[str, Any]]:
+        """Take (read and delete) the job's pending control requests, oldest first.
+
+        A file that does not parse is moved to ``control/quarantine/`` and
+        logged with its name; it never stops the driver from taking the rest.
+        """
         folder = f"{self._dir(job_id)}/control"
         taken = []
         for entry in self.store.listdir(folder):
-            if entry.endswith(".req"):
-                try:
-                    payload = json.loads(self.store.read_bytes(f"{folder}/{entry}")).get("payload")
-                except (FileNotFoundError, ValueError):
-                    payload = None
-                taken.append((entry[:-4].split("-", 1)[1], payload))
-                self.store.remove(f"{folder}/{entry}")
+            if not entry.endswith(".req"):
+                continue
+            path = f"{folder}/{entry}"
+            try:
+                raw = self.store.read_bytes(path)
+            except FileNotFoundError:
+                continue  # taken meanwhile
+            try:
+                request = json.loads(raw)
+                action = entry[:-4].split("-", 1)[1]
+                if not isinstance(request, dict) or request.get("action") != action:
+                    raise ValueError("its action does not match its name")
+            except (ValueError, IndexError) as exc:
+                self.store.move(path, f"{folder}/quarantine/{entry}")
+                log.warning(
+                    "job %s: control request %r does not parse (%s); moved to %s/quarantine/",
+                    job_id, path, exc, folder,
+                )
+                continue
+            taken.append((action, request.get("payload")))
+            self.store.remove(path)
         return taken
 
     def take_requests(self, job_id: str) -> list[str]:

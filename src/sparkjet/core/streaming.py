@@ -90,6 +90,7 @@ class StreamLoop:
         cancelled: Callable[[], bool],
         progress: StreamProgress,
         on_batch: Callable[[], None] = lambda: None,
+        fence: Callable[[], None] = lambda: None,
     ) -> None:
         self.plan = plan
         self.engine = engine
@@ -101,6 +102,9 @@ class StreamLoop:
         self.cancelled = cancelled
         self.progress = progress
         self.on_batch = on_batch
+        #: Raises JobFencedError once another driver took the job over; called
+        #: before every write-ahead plan and every commit point.
+        self.fence = fence
         self.sources = [n for n in plan.nodes if n.op == "source"]
 
     def run(self) -> StopReason:
@@ -133,7 +137,8 @@ class StreamLoop:
                     continue
                 planned = {"batch": batch, "starts": ends, "ends": latest,
                            "time": int(time.time() * 1000)}
-                self.checkpoint.write_plan(batch, planned)
+                self.fence()
+                planned = self.checkpoint.write_plan(batch, planned)
             else:
                 log.info("replaying micro-batch %d with its recorded offsets", batch)
             micro = self.engine.micro_batch(
@@ -144,13 +149,17 @@ class StreamLoop:
                     for name in planned["ends"]
                 },
                 state=state, shards=shards, now_ms=int(planned["time"]),
+                on_commit=self.fence,
             )
             micro.run()
             duration_ms = int((time.monotonic() - started) * 1000)
-            self.checkpoint.write_commit(
+            self.fence()
+            if not self.checkpoint.write_commit(
                 batch, {"ends": planned["ends"], "time": int(time.time() * 1000),
                         "duration_ms": duration_ms},
-            )
+            ):
+                self.fence()  # committed by another driver: this one was replaced
+                log.warning("micro-batch %d was committed already; going on after it", batch)
             self._record(micro.stage_counts(), batch, duration_ms)
             ends = planned["ends"]
             batch += 1

@@ -12,7 +12,15 @@ lists the partition again and takes the next one. A chunk file is::
     rest      pickle of the list of items
 
 The token lets an exactly-once writer (a sink replaying a micro-batch) find
-out whether its chunk already landed.
+out whether its chunk already landed; a plain publisher's token is a random
+``~<hex>``, so no two publishers' chunks are ever byte-equal (a create that
+the filesystem client retried is recognised by its content, see
+:meth:`sparkjet.core.store.Store.create_exclusive`).
+
+Reading checks what the offsets promise: chunk ``n`` of a partition must
+start where chunk ``n-1`` ends, and hold as many items as its header says.
+A gap (a missing or overstated chunk) or a truncated chunk is an error naming
+the file, never a silent loss.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from __future__ import annotations
 import json
 import pickle
 import random
+import secrets
 import struct
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -58,7 +67,7 @@ class StreamLog:
     # --- metadata -------------------------------------------------------------
 
     def exists(self) -> bool:
-        return bool(self.store.fs.exists(f"{self.folder}/meta.json"))
+        return self.store.exists(f"{self.folder}/meta.json")
 
     def create(self, partitions: int) -> bool:
         """Create the stream with ``partitions`` partitions; False if it already exists."""
@@ -96,11 +105,21 @@ class StreamLog:
             if entry.endswith(".chunk") and entry[: -len(".chunk")].isdigit()
         )
 
+    def _chunk_path(self, partition: int, start: int) -> str:
+        return f"{self._pdir(partition)}/{chunk_name(start)}"
+
+    def _corrupt(self, path: str, why: str) -> StoreError:
+        return StoreError(self.store.redact(f"stream {self.name!r}: chunk {path!r} {why}"))
+
     def _header(self, partition: int, start: int) -> tuple[int, str]:
-        path = f"{self._pdir(partition)}/{chunk_name(start)}"
-        head = self.store.fs.cat_file(path, start=0, end=_HEADER.size + 512)
+        path = self._chunk_path(partition, start)
+        head = self.store.read_range(path, 0, _HEADER.size + 512)
+        if len(head) < _HEADER.size:
+            raise self._corrupt(path, f"is truncated ({len(head)} bytes, no header)")
         count, token_len = _HEADER.unpack_from(head)
-        token = head[_HEADER.size : _HEADER.size + token_len].decode()
+        if len(head) < _HEADER.size + token_len:
+            raise self._corrupt(path, "is truncated (its writer token is cut off)")
+        token = head[_HEADER.size : _HEADER.size + token_len].decode("utf-8", "replace")
         return count, token
 
     # --- offsets --------------------------------------------------------------
@@ -122,11 +141,15 @@ class StreamLog:
     # --- writing --------------------------------------------------------------
 
     def append(self, partition: int, items: list[Any], token: str = "") -> int:
-        """Append ``items`` as one chunk; returns its first offset."""
+        """Append ``items`` as one chunk; returns its first offset.
+
+        ``token`` names an exactly-once writer's batch (see :meth:`find_token`);
+        without one the chunk gets a random token of its own.
+        """
         if not items:
             return self.end_offset(partition)
         payload = pickle.dumps(items, protocol=PICKLE_PROTOCOL)
-        encoded = token.encode()
+        encoded = (token or f"~{secrets.token_hex(8)}").encode()
         data = _HEADER.pack(len(items), len(encoded)) + encoded + payload
         while True:
             start = self.end_offset(partition)
@@ -187,22 +210,64 @@ class StreamLog:
     # --- reading --------------------------------------------------------------
 
     def read(self, partition: int, start: int, end: int) -> list[Any]:
-        """Items at offsets ``start`` (inclusive) to ``end`` (exclusive) of ``partition``."""
+        """Items at offsets ``start`` (inclusive) to ``end`` (exclusive) of ``partition``.
+
+        Exactly ``end - start`` items, or a StoreError naming the chunk that
+        breaks the promise (missing, truncated, or counted wrong).
+        """
         out: list[Any] = []
         if end <= start:
             return out
         starts = self.chunk_starts(partition)
+        expected = None  # where the next chunk must start
         for i, chunk_start in enumerate(starts):
             chunk_end = starts[i + 1] if i + 1 < len(starts) else None
             if chunk_end is not None and chunk_end <= start:
                 continue
             if chunk_start >= end:
                 break
-            raw = self.store.read_bytes(f"{self._pdir(partition)}/{chunk_name(chunk_start)}")
-            count, token_len = _HEADER.unpack_from(raw)
-            items = pickle.loads(raw[_HEADER.size + token_len :])
+            path = self._chunk_path(partition, chunk_start)
+            if expected is not None and chunk_start != expected:
+                raise self._corrupt(
+                    path, f"starts at offset {chunk_start}, but the chunk before it ends at "
+                    f"{expected}: offsets {expected} to {chunk_start - 1} are missing"
+                )
+            items = self._items(path, partition, chunk_start, chunk_end)
             lo = max(start - chunk_start, 0)
-            hi = min(end - chunk_start, count)
+            hi = min(end - chunk_start, len(items))
             out.extend(items[lo:hi])
+            expected = chunk_start + len(items)
+        if len(out) != end - start:
+            first = self._chunk_path(partition, starts[0]) if starts else self._pdir(partition)
+            raise StoreError(self.store.redact(
+                f"stream {self.name!r} partition {partition}: offsets {start} to {end - 1} were "
+                f"promised but {len(out)} items were found (first chunk {first!r}); "
+                "a chunk is missing or was deleted"
+            ))
         return out
 
+    def _items(self, path: str, partition: int, start: int, next_start: int | None) -> list[Any]:
+        """The items of one chunk, checked against its header and the next chunk's offset."""
+        raw = self.store.read_bytes(path)
+        if len(raw) < _HEADER.size:
+            raise self._corrupt(path, f"is truncated ({len(raw)} bytes, no header)")
+        count, token_len = _HEADER.unpack_from(raw)
+        try:
+            items = pickle.loads(raw[_HEADER.size + token_len :])
+        except Exception as exc:
+            raise self._corrupt(
+                path, f"is corrupt or truncated ({len(raw)} bytes): {type(exc).__name__}: {exc}"
+            ) from exc
+        if not isinstance(items, list) or len(items) != count:
+            got = len(items) if isinstance(items, list) else type(items).__name__
+            raise self._corrupt(path, f"says it holds {count} items but holds {got}")
+        if next_start is not None and next_start != start + count:
+            gap = (
+                f"offsets {start + count} to {next_start - 1} are missing"
+                if next_start > start + count else "the two overlap"
+            )
+            raise self._corrupt(
+                path, f"holds offsets {start} to {start + count - 1}, but the next chunk of "
+                f"partition {partition} starts at {next_start}: {gap}"
+            )
+        return items

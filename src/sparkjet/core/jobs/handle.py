@@ -89,7 +89,9 @@ class Job:
 
     @property
     def _runner(self) -> JobRunner | None:
-        return self._service._runners.get(self.id)
+        """The runner driving the job here; None elsewhere, or once this process was fenced off."""
+        runner = self._service._runners.get(self.id)
+        return runner if runner is not None and runner.lease.fenced is None else None
 
     def _refresh(self) -> dict[str, Any]:
         if self._runner is None:
@@ -216,8 +218,10 @@ class Job:
         :raises TimeoutException: ``timeout`` seconds passed first.
         :raises JobCancelledError: the job was cancelled.
         :raises JobFailedError: the job failed (stage named, cause chained).
+        :raises JobFencedError: this process drove the job until another one
+            took it over; the job goes on there.
         """
-        runner = self._runner
+        runner = self._service._runners.get(self.id)
         if runner is not None:
             if not runner.done.wait(timeout):
                 raise TimeoutException(

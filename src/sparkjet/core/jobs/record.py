@@ -20,6 +20,7 @@ import threading
 import time
 from typing import Any
 
+from sparkjet.core.errors import JobFencedError
 from sparkjet.core.model import JobStatus
 from sparkjet.core.store import JobRecords
 
@@ -69,20 +70,63 @@ class Lease:
     ``data`` is the same dict the job's handle reads in this process, so the
     handle sees changes at once; writes are serialised by one lock because
     the job thread and the watcher thread both write.
+
+    Fencing: a driver holds the job at its *epoch* (0 from submit, one more
+    at each take-over). Taking a job over creates ``owner-<epoch>`` with a
+    create-only write, so the file ``owner-<epoch + 1>`` existing means this
+    driver was judged dead and replaced. :meth:`check_fence` asks the store
+    for it afresh; the record writes, the write-ahead plans and the commit
+    points call it, and a fenced driver stops without writing again.
     """
 
     def __init__(self, records: JobRecords, data: dict[str, Any]) -> None:
         self.records = records
         self.data = data
         self._lock = threading.Lock()
+        #: Set once this driver found itself fenced off; it never writes again.
+        self.fenced: JobFencedError | None = None
 
     @property
     def status(self) -> JobStatus:
         return JobStatus(self.data["status"])
 
+    @property
+    def epoch(self) -> int:
+        return int(self.data.get("epoch", 0))
+
+    def _owner_path(self, epoch: int) -> str:
+        return self.records.path(self.data["id"], f"owner-{epoch:06d}")
+
+    def check_fence(self) -> None:
+        """Raise :class:`JobFencedError` if another driver took the job over from this one."""
+        if self.fenced is not None:
+            raise self.fenced
+        newer = self.epoch + 1
+        path = self._owner_path(newer)
+        if not self.records.store.exists(path):
+            return
+        try:
+            owner = json.loads(self.records.store.read_bytes(path))
+            who = f"host {owner.get('host')!r}, pid {owner.get('pid')}"
+        except (FileNotFoundError, ValueError):
+            who = "another process"
+        label = f"'{self.data['name']}' ({self.data['id']})" if self.data.get("name") else (
+            self.data["id"]
+        )
+        self.fenced = JobFencedError(
+            f"job {label}: this driver (epoch {self.epoch}) was fenced off: {who} took the "
+            f"job over at epoch {newer}; this process stopped driving it and wrote nothing more",
+            newer,
+        )
+        raise self.fenced
+
     def write(self, **changes: Any) -> None:
-        """Apply ``changes``, stamp the heartbeat and this driver, and store the record."""
+        """Apply ``changes``, stamp the heartbeat and this driver, and store the record.
+
+        :raises JobFencedError: another driver took the job over; nothing was stored.
+        """
         with self._lock:
+            self.check_fence()
             self.data.update(changes)
             self.data["heartbeat"] = time.time()
             self.data["driver"] = this_driver()
@@ -95,5 +139,8 @@ class Lease:
 
     def claim(self, epoch: int) -> bool:
         """Win the create-only claim on ``epoch`` (taking the job over); False if taken."""
-        path = self.records.path(self.data["id"], f"owner-{epoch:06d}")
-        return self.records.store.create_exclusive(path, json.dumps(this_driver()).encode())
+        # The nonce tells two claimants in one process apart (see Store.create_exclusive).
+        claim = {**this_driver(), "nonce": secrets.token_hex(8)}
+        return self.records.store.create_exclusive(
+            self._owner_path(epoch), json.dumps(claim).encode()
+        )

@@ -21,7 +21,12 @@ from typing import TYPE_CHECKING, Any
 from sparkjet.core.checkpoint import Checkpoint
 from sparkjet.core.contracts import JobContext
 from sparkjet.core.engine import Engine, Execution
-from sparkjet.core.errors import JobCancelledError, JobFailedError, JobStateError
+from sparkjet.core.errors import (
+    JobCancelledError,
+    JobFailedError,
+    JobFencedError,
+    JobStateError,
+)
 from sparkjet.core.graph import Transform
 from sparkjet.core.jobs.lifecycle import (
     Action,
@@ -163,6 +168,8 @@ class JobRunner:
     def _watch(self) -> None:
         last_beat = time.monotonic()
         while not self.done.wait(CONTROL_POLL_SECONDS):
+            # The heartbeat has a try of its own: nothing the control folder
+            # holds may stop it, or the job would be judged dead and taken over.
             try:
                 if self.cancel_requested.is_set() and not self._future_work_cancelled:
                     # Engines that cancel only running work: repeat until the runner
@@ -172,11 +179,26 @@ class JobRunner:
                     self.job.id
                 ):
                     self._handle_request(action, payload)
-                if time.monotonic() - last_beat >= HEARTBEAT_SECONDS:
+            except Exception:
+                log.exception("job %s: taking control requests failed", self.job.label)
+            if time.monotonic() - last_beat >= HEARTBEAT_SECONDS:
+                try:
                     self.write_record()
                     last_beat = time.monotonic()
-            except Exception:
-                log.exception("job %s: watcher failed", self.job.label)
+                except JobFencedError as exc:
+                    self._stop_fenced(exc)
+                    return
+                except Exception:
+                    log.exception("job %s: heartbeat failed", self.job.label)
+
+    def _stop_fenced(self, exc: JobFencedError) -> None:
+        """Another driver took the job over: stop here, writing nothing more (it is theirs)."""
+        if self.error is None:
+            log.error("%s", exc)
+        self.error = exc
+        self.cancel_requested.set()  # the loop stops at its next check
+        self.services.engine.cancel(self.job.id)  # and running Spark work stops now
+        self.done.set()
 
     def _handle_request(self, action: str, payload: Any) -> None:
         """Carry out a control request from another process; what cannot be done is logged."""
@@ -304,21 +326,21 @@ class JobRunner:
         self.execution.run()
 
     def _checkpoint(self) -> Checkpoint:
-        folder = self.job._record.get("checkpoint")
-        if folder is None:
+        path = self.services.records.checkpoint_path(self.job._record)
+        if path is None:
             if self.job.config.processing_guarantee is ProcessingGuarantee.NONE:
                 folder = f"scratch-{secrets.token_hex(4)}"  # thrown away on restart
             else:
                 folder = "checkpoint"
             self.write_record(checkpoint=folder)
-        return Checkpoint(self.services.store, self.services.records.path(self.job.id, folder))
+            path = self.services.records.path(self.job.id, folder)
+        return Checkpoint(self.services.store, path)
 
     def _discard_checkpoint(self) -> None:
-        folder = self.job._record.get("checkpoint")
-        if folder is not None:
-            Checkpoint(
-                self.services.store, self.services.records.path(self.job.id, folder)
-            ).delete()
+        self.lease.check_fence()  # the checkpoint belongs to the newer driver now
+        path = self.services.records.checkpoint_path(self.job._record)
+        if path is not None:
+            Checkpoint(self.services.store, path).delete()
             self.write_record(checkpoint=None)
 
     def _cluster_check(self) -> StopReason | None:
@@ -359,6 +381,7 @@ class JobRunner:
                 cancelled=self.cancel_requested.is_set,
                 progress=self.progress,
                 on_batch=self._after_batch,
+                fence=self.lease.check_fence,
             )
             reason = loop.run()
             if reason is StopReason.CANCEL:
@@ -377,6 +400,9 @@ class JobRunner:
 
     def _failed(self, exc: BaseException) -> None:
         job = self.job
+        if self.lease.fenced is not None or isinstance(exc, JobFencedError):
+            self._stop_fenced(self.lease.fenced or exc)  # type: ignore[arg-type]
+            return
         self.execution_completion = now_ms()
         if self.cancel_requested.is_set():
             error: BaseException = JobCancelledError(f"job {job.label} was cancelled")

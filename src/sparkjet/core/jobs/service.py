@@ -13,11 +13,12 @@ from sparkjet.core.errors import (
     JobAlreadyExistsError,
     JobStateError,
     PipelineDefinitionError,
+    ProcessingGuaranteeError,
 )
 from sparkjet.core.jobs.handle import Job
 from sparkjet.core.jobs.record import new_job_id, now_ms, this_driver
 from sparkjet.core.jobs.runner import JobRunner, Services
-from sparkjet.core.model import JobConfig, JobStatus
+from sparkjet.core.model import JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.core.planner import plan
 
 log = logging.getLogger("sparkjet.jobs")
@@ -56,6 +57,20 @@ class JetService:
                 "a snapshot is not supported by this version of sparkjet"
             )
         validated = plan(pipeline, self.services.plugins, config.processing_guarantee)
+        store = self.services.store
+        if (
+            validated.streaming
+            and config.processing_guarantee is ProcessingGuarantee.EXACTLY_ONCE
+            and not store.conditional_writes
+        ):
+            raise ProcessingGuaranteeError(
+                f"EXACTLY_ONCE needs a store that enforces create-only writes, and store "
+                f"{store.shown_url!r} does not: a probe file was created twice (the server, "
+                "or the installed fsspec/s3fs/gcsfs release, ignores the condition), so two "
+                "drivers could both commit a batch; use AT_LEAST_ONCE here, or a store and "
+                "filesystem release that send conditional writes",
+                [f"store {store.shown_url}: create-only writes not enforced"],
+            )
         if config.suspend_on_failure and not validated.streaming:
             raise PipelineDefinitionError(
                 "JobConfig.suspend_on_failure=True: batch jobs cannot be suspended; a failed "
@@ -77,7 +92,7 @@ class JetService:
                 "id": job_id,
                 "name": config.name,
                 "status": JobStatus.NOT_RUNNING.value,
-                "config": config.to_dict(),
+                "config": self._stored_config(config),
                 "submission_time": now_ms(),
                 "completion_time": -1,
                 "execution_start_time": -1,
@@ -95,6 +110,20 @@ class JetService:
             runner.write_record()
         runner.start()
         return job
+
+    def _stored_config(self, config: JobConfig) -> dict[str, Any]:
+        """The configuration as the job record keeps it: configured secrets masked.
+
+        ``arguments`` come from a command line and may repeat a secret that the
+        configuration resolved from the environment; the record is readable by
+        everyone with access to the store.
+        """
+        stored = config.to_dict()
+        redact = self.services.redact
+        stored["arguments"] = [
+            redact(a) if isinstance(a, str) else a for a in stored.get("arguments", [])
+        ]
+        return stored
 
     def _take_over(self, job: Job) -> JobRunner:
         """Adopt a job whose driver died, so it can be resumed or cancelled here."""

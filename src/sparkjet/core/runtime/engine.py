@@ -75,9 +75,10 @@ class SparkEngine:
         state: StatePaths,
         shards: int,
         now_ms: int,
+        on_commit: Callable[[], None] | None = None,
     ) -> MicroBatch:
         return MicroBatch(
             plan, self._sc, job_context, metrics, batch=batch, committed=committed,
             source_ranges=dict(source_ranges), state=state, shards=shards,
-            cancelled=cancelled, now_ms=now_ms,
+            cancelled=cancelled, now_ms=now_ms, on_commit=on_commit,
         )

@@ -90,6 +90,7 @@ class MicroBatch(BatchRun):
         shards: int,
         cancelled: Callable[[], bool] = lambda: False,
         now_ms: int | None = None,
+        on_commit: Callable[[], None] | None = None,
     ) -> None:
         checkpoint_id = state.root.rstrip("/").rsplit("/", 2)[-2]  # .../<checkpoint>/state
 
@@ -98,7 +99,7 @@ class MicroBatch(BatchRun):
                 job_context(node), batch_id=batch, checkpoint_id=checkpoint_id
             )
 
-        super().__init__(plan, sc, with_batch, metrics, cancelled)
+        super().__init__(plan, sc, with_batch, metrics, cancelled, on_commit)
         self.batch = batch
         self.committed = committed
         self.source_ranges = source_ranges

@@ -1,0 +1,429 @@
+"""Durable state on a store other processes share: what the store and the checkpoint
+promise when files go missing, get truncated or tampered with, when a filesystem
+client retries a create, and when a second driver takes a job over from one that
+is still alive (fencing). No Spark here: jobs run on the fake engine.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+from fsspec.implementations.memory import MemoryFileSystem
+
+from sparkjet.core.checkpoint import Checkpoint, StatePaths
+from sparkjet.core.client import Client
+from sparkjet.core.config import load_config
+from sparkjet.core.jobs import handle as handle_module
+from sparkjet.core.jobs import record as record_module
+from sparkjet.core.jobs import runner as runner_module
+from sparkjet.core.store import CommitLog, JobRecords, Store
+from sparkjet.core.streams import StreamLog
+from sparkjet.errors import (
+    JobCancelledError,
+    JobFencedError,
+    ProcessingGuaranteeError,
+    StoreError,
+)
+from sparkjet.job import JobConfig, JobStatus, ProcessingGuarantee
+from sparkjet.pipeline import Pipeline, StreamSource
+from tests.conftest import wait_until
+from tests.fake_engine import FakeEngine
+
+S = JobStatus
+EXACTLY_ONCE = ProcessingGuarantee.EXACTLY_ONCE
+
+
+@pytest.fixture(params=["file", "memory"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    if request.param == "file":
+        return Store(str(tmp_path / "store"))
+    return Store(f"memory://durable-{tmp_path.name}")
+
+
+# --- create-only writes ---------------------------------------------------------------
+
+
+def test_a_retried_create_that_landed_counts_as_ours_and_a_rival_does_not(
+    tmp_path: Path,
+) -> None:
+    """s3fs and gcsfs retry a PUT whose answer was lost; the retry then hears "exists"."""
+    store = Store(f"memory://retry-{tmp_path.name}")
+    path = store.path("log", "0001.rec")
+    store.fs.pipe_file(path, b"mine")  # the first attempt landed, its answer was lost
+    assert store.create_exclusive(path, b"mine") is True  # recognised by reading back
+    assert store.create_exclusive(path, b"someone else's") is False
+    assert store.read_bytes(path) == b"mine"
+
+
+def test_commit_records_and_chunks_are_unique_so_read_back_cannot_confuse_writers(
+    store: Store,
+) -> None:
+    log = store.list_log("l")
+    first, second = log.commit("append", [("items", [1])]), log.commit("append", [("items", [1])])
+    assert second == first + 1
+    stream = StreamLog(store, "s")
+    stream.create(1)
+    stream.append(0, ["same"])
+    stream.append(0, ["same"])  # equal items from two publishers: two chunks, two tokens
+    assert stream.read(0, 0, 2) == ["same", "same"]
+    assert stream._header(0, 0)[1] != stream._header(0, 1)[1]
+
+
+class IgnoresConditionsFS(MemoryFileSystem):
+    """A filesystem whose server ignores create-only conditions (as some S3 look-alikes do)."""
+
+    protocol = "ignorescond"
+
+    def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        return super()._open(path, mode.replace("x", "w"), **kwargs)
+
+
+fsspec.register_implementation("ignorescond", IgnoresConditionsFS, clobber=True)
+
+
+def test_a_store_that_ignores_create_only_writes_is_found_and_refuses_exactly_once(
+    tmp_path: Path,
+) -> None:
+    url = f"ignorescond://cond-{tmp_path.name}"
+    assert Store(url).conditional_writes is False
+    assert Store(f"memory://cond-{tmp_path.name}").conditional_writes is True
+    assert Store(str(tmp_path / "local")).conditional_writes is True
+
+    client = Client(load_config({"store": {"url": url}}), engine=FakeEngine())
+    client.get_stream("events", partitions=1)
+    with pytest.raises(ProcessingGuaranteeError, match=rf"store '{url}' does not") as info:
+        client.get_jet().submit(stream_pipeline(), JobConfig(processing_guarantee=EXACTLY_ONCE))
+    assert "create-only writes" in str(info.value)
+
+
+# --- the store never reaches outside its root --------------------------------------------
+
+
+def test_remove_refuses_paths_outside_the_store(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "store"))
+    outside = tmp_path / "precious"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("x")
+    with pytest.raises(StoreError, match="outside store"):
+        store.remove(store.path("jobs", "..", "..", "precious"), recursive=True)
+    with pytest.raises(StoreError, match="the whole store"):
+        store.remove(store.path(), recursive=True)
+    assert (outside / "keep.txt").exists()
+
+
+def test_a_tampered_checkpoint_field_is_refused_and_deletes_nothing(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "store"))
+    records = JobRecords(store)
+    outside = tmp_path / "precious"
+    outside.mkdir()
+    for bad in ["../../../precious", "/etc", "checkpoint/../..", 7]:
+        with pytest.raises(StoreError, match=r"checkpoint field .* is not a checkpoint folder"):
+            records.checkpoint_path({"id": "ab12-cd34-ef56-7890", "checkpoint": bad})
+    assert records.checkpoint_path({"id": "j", "checkpoint": "scratch-0a1b2c3d"}).endswith(
+        "/jobs/j/scratch-0a1b2c3d"
+    )
+    assert outside.exists()
+
+
+# --- corrupt and truncated files name themselves -----------------------------------------
+
+
+def test_a_corrupt_job_record_is_named_and_skipped_in_listings(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    records = JobRecords(store)
+    records.write({"id": "good", "status": "RUNNING"})
+    store.write_bytes(records.path("bad", "job.json"), b'{"id": "bad", "sta')
+    with pytest.raises(StoreError, match=r"job record '.*/jobs/bad/job.json' is corrupt"):
+        records.read("bad")
+    with caplog.at_level(logging.WARNING, logger="sparkjet.store"):
+        assert [r["id"] for r in records.all()] == ["good"]
+    assert "jobs/bad/job.json" in caplog.text
+
+
+def chunk_bytes(items: list[Any], count: int | None = None, token: bytes = b"") -> bytes:
+    header = struct.pack(">QH", len(items) if count is None else count, len(token))
+    return header + token + pickle.dumps(items)
+
+
+def test_stream_reads_check_what_the_offsets_promise(store: Store) -> None:
+    stream = StreamLog(store, "s")
+    stream.create(1)
+    stream.append(0, [0, 1, 2])
+    stream.append(0, [3, 4])
+    stream.append(0, [5])
+    assert stream.read(0, 1, 6) == [1, 2, 3, 4, 5]
+    folder = f"{stream.folder}/p0000"
+
+    # A missing middle chunk: offsets 3 and 4 are gone, never silently skipped.
+    middle = store.read_bytes(f"{folder}/{3:020d}.chunk")
+    store.remove(f"{folder}/{3:020d}.chunk")
+    with pytest.raises(StoreError, match=r"offsets 3 to 4 are missing"):
+        stream.read(0, 0, 6)
+    store.write_bytes(f"{folder}/{3:020d}.chunk", middle)
+
+    # A chunk that overstates its count.
+    store.write_bytes(f"{folder}/{3:020d}.chunk", chunk_bytes([3, 4], count=3))
+    with pytest.raises(StoreError, match=r"00000000000000000003.chunk' says it holds 3 items"):
+        stream.read(0, 0, 6)
+
+    # A truncated chunk.
+    store.write_bytes(f"{folder}/{3:020d}.chunk", middle[:-5])
+    with pytest.raises(StoreError, match=r"00000000000000000003.chunk' is corrupt or truncated"):
+        stream.read(0, 0, 6)
+    store.write_bytes(f"{folder}/{3:020d}.chunk", middle[:4])
+    with pytest.raises(StoreError, match=r"is truncated \(4 bytes, no header\)"):
+        stream.read(0, 3, 5)
+
+    # Offsets past the end were promised but are not there.
+    store.write_bytes(f"{folder}/{3:020d}.chunk", middle)
+    with pytest.raises(StoreError, match=r"offsets 4 to 8 were promised but 2 items"):
+        stream.read(0, 4, 9)
+
+
+def test_corrupt_segments_and_state_files_name_their_file(store: Store) -> None:
+    log = CommitLog(store, store.path("lists", "l"), "list 'l'")
+    path = log.new_segment_path("w")
+    store.write_bytes(path, pickle.dumps(list(range(100)))[:-10])
+    with pytest.raises(StoreError, match=r"list 'l': segment '.*' is corrupt or truncated"):
+        log.read_segment(path)
+
+    paths = StatePaths(store, store.path("jobs", "j", "checkpoint", "state"))
+    paths.write("counts", 0, 3, {"a": 1, "b": 2}, {}, superseded=[])
+    version = paths.versions("counts", 0)[0]
+    file = f"{paths.shard_dir('counts', 0)}/{version.name}"
+    store.write_bytes(file, store.read_bytes(file)[:-7])
+    with pytest.raises(StoreError, match=r"stage 'counts': state file '.*-2.state' is corrupt"):
+        paths.read("counts", 0, version)
+
+
+# --- checkpoint writes that two drivers may race ------------------------------------------
+
+
+def test_a_batch_has_one_plan_and_one_commit(store: Store) -> None:
+    checkpoint = Checkpoint(store, store.path("jobs", "j", "checkpoint"))
+    first = {"batch": 4, "starts": {"s": [0]}, "ends": {"s": [10]}, "time": 1}
+    late = {"batch": 4, "starts": {"s": [0]}, "ends": {"s": [25]}, "time": 2}
+    assert checkpoint.write_plan(4, first) == first
+    assert checkpoint.write_plan(4, late) == first  # the late driver runs the standing plan
+    assert checkpoint.write_commit(4, {"ends": {"s": [10]}, "time": 3}) is True
+    assert checkpoint.write_commit(4, {"ends": {"s": [25]}, "time": 4}) is False
+    assert checkpoint.commit_record(4)["ends"] == {"s": [10]}
+    assert checkpoint.shards(2, ["s"]) == 2
+    assert checkpoint.shards(8, ["s"]) == 2  # fixed for the checkpoint's life
+
+
+def test_a_late_attempt_of_an_old_batch_never_deletes_a_newer_version(store: Store) -> None:
+    paths = StatePaths(store, store.path("jobs", "j", "checkpoint", "state"))
+    paths.write("counts", 0, 5, {"a": 5}, {}, superseded=[])
+    paths.write("counts", 0, 3, {"a": 3, "b": 1}, {}, superseded=[])  # a stray attempt of 3
+    assert [(v.batch, v.keys) for v in paths.versions("counts", 0)] == [(3, 2), (5, 1)]
+    paths.write("counts", 0, 3, {"a": 3}, {}, superseded=[])  # its retry, other key count
+    assert [(v.batch, v.keys) for v in paths.versions("counts", 0)] == [(3, 1), (5, 1)]
+
+
+# --- jobs: control files and fencing ----------------------------------------------------
+
+
+def stream_pipeline() -> Pipeline:
+    p = Pipeline.create()
+    p.read_from(StreamSource("events")).set_name("events").write_to(Pipeline.to_list("out"))
+    return p
+
+
+_clients: list[Client] = []
+
+
+def make_client(store_url: str, engine: FakeEngine) -> Client:
+    client = Client(load_config({"store": {"url": store_url}}), engine=engine)
+    _clients.append(client)
+    return client
+
+
+@pytest.fixture(autouse=True)
+def _fast_and_tidy(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(runner_module, "CLUSTER_CHECK_SECONDS", 0.0)
+    monkeypatch.setattr(runner_module, "CONTROL_POLL_SECONDS", 0.02)
+    monkeypatch.setattr(runner_module, "HEARTBEAT_SECONDS", 0.05)
+    yield
+    while _clients:
+        for job_runner in list(_clients.pop().get_jet()._runners.values()):
+            if not job_runner.done.is_set():
+                job_runner.cancel()
+                job_runner.done.wait(10)
+            job_runner.done.set()
+
+
+def submit(client: Client, name: str) -> Any:
+    job = client.get_jet().submit(stream_pipeline(), JobConfig(
+        name=name, processing_guarantee=EXACTLY_ONCE, snapshot_interval_millis=10,
+    ))
+    wait_until(lambda: job.status is S.RUNNING, timeout=10, what=f"{name} to run")
+    return job
+
+
+def test_malformed_control_files_are_quarantined_and_never_stop_the_heartbeat(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = make_client(store_url, FakeEngine())
+    client.get_stream("events", partitions=1)
+    job = submit(client, "steady")
+    control = Path(client.store.root) / "jobs" / job.id / "control"
+    control.mkdir(parents=True, exist_ok=True)
+    with caplog.at_level(logging.WARNING, logger="sparkjet.store"):
+        (control / "garbage.req").write_text("{}")  # no action in its name
+        (control / "00000000000000000001-suspend.req").write_text('{"action": "susp')
+        record = client.get_jet().records.read(job.id) or {}
+        beat = record["heartbeat"]
+        wait_until(lambda: sorted(p.name for p in (control / "quarantine").glob("*")) == [
+            "00000000000000000001-suspend.req", "garbage.req"], timeout=10,
+            what="both files quarantined")
+        wait_until(lambda: (client.get_jet().records.read(job.id) or {})["heartbeat"] > beat,
+                   timeout=10, what="the heartbeat to go on")
+    assert job.status is S.RUNNING  # the truncated "suspend" was not acted on
+    assert "garbage.req' does not parse" in caplog.text
+    job.cancel()
+    with pytest.raises(JobCancelledError):
+        job.join(timeout=10)
+
+
+def test_a_tampered_checkpoint_field_stops_cancel_before_it_deletes(
+    store_url: str, tmp_path: Path
+) -> None:
+    client = make_client(store_url, FakeEngine())
+    client.get_stream("events", partitions=1)
+    job = submit(client, "tampered")
+    job.suspend()
+    job.wait_for_status(S.SUSPENDED, timeout=10)
+    outside = tmp_path / "precious"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("x")
+    runner = client.get_jet()._runners[job.id]
+    runner.lease.stage(checkpoint="../../../precious")
+    with pytest.raises(StoreError, match=r"checkpoint field '\.\./\.\./\.\./precious'"):
+        runner._discard_checkpoint()
+    assert (outside / "keep.txt").exists()
+    runner.lease.stage(checkpoint="checkpoint")
+    job.cancel()
+    with pytest.raises(JobCancelledError):
+        job.join(timeout=10)
+
+
+def test_a_driver_taken_over_while_alive_is_fenced_and_stops_writing(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Driver A looks dead to B (a long pause, a partition) but lives on. B takes the
+    job over at epoch 1; A finds itself fenced at its next write and stops; no batch is
+    planned or committed twice, and the record stays B's."""
+    engine_a, engine_b = FakeEngine(), FakeEngine()
+    a = make_client(store_url, engine_a)
+    stream = a.get_stream("events", partitions=1)
+    job_a = submit(a, "zombie")
+    stream.publish_all(range(3))
+    wait_until(lambda: job_a.get_metrics()["lastCommittedBatch"] >= 0, timeout=10,
+               what="A's first batch")
+
+    b = make_client(store_url, engine_b)
+    job_b = b.get_jet().get_job(job_a.id)
+    assert job_b is not None
+    engine_a.gate.clear()  # A is "paused" inside its next micro-batch
+    stream.publish_all(range(3, 6))
+    checkpoint = Path(a.store.root) / "jobs" / job_a.id / "checkpoint"
+    wait_until(lambda: (checkpoint / "offsets" / f"{1:020d}.json").exists(), timeout=10,
+               what="A to plan batch 1 and run it")
+    # B judges A dead (its heartbeat looked stale from where B stands).
+    monkeypatch.setattr(handle_module, "driver_alive", lambda record: False)
+    job_b.resume()
+    assert job_b.is_driven_here()
+    assert job_b.wait_for_status(S.RUNNING, timeout=10) is S.RUNNING
+    stream.publish_all(range(6, 9))
+    wait_until(lambda: job_b.get_metrics()["lastCommittedBatch"] >= 2, timeout=10,
+               what="B to commit batches 1 and 2")
+
+    engine_a.gate.set()  # A wakes up
+    with pytest.raises(JobFencedError, match=r"epoch 0\) was fenced off: .* at epoch 1") as info:
+        job_a.join(timeout=10)
+    assert info.value.epoch == 1
+    record = b.get_jet().records.read(job_a.id) or {}
+    assert record["epoch"] == 1 and record["status"] == S.RUNNING.value
+    assert not job_a.is_driven_here()  # A's handle now reads the store: B drives the job
+
+    commits = sorted(p.name for p in (checkpoint / "commits").iterdir())
+    ends = [json.loads((checkpoint / "commits" / n).read_text())["ends"]["events"]
+            for n in commits]
+    # One plan and one commit per batch: B replayed A's batch 1 with A's plan.
+    assert [int(n[:-5]) for n in commits] == [0, 1, 2] and ends == [[3], [6], [9]]
+    assert [(c.batch, c.source_ranges["events"]) for c in engine_b.micro_batches(job_a.id)] == [
+        (1, ([3], [6])), (2, ([6], [9]))]
+    job_b.cancel()
+    with pytest.raises(JobCancelledError):
+        job_b.join(timeout=10)
+
+
+def test_the_lease_checks_its_fence_before_every_write(store_url: str) -> None:
+    store = Store(store_url)
+    records = JobRecords(store)
+    data: dict[str, Any] = {"id": "f00d-f00d-f00d-f00d", "name": "n", "status": "RUNNING"}
+    lease = record_module.Lease(records, data)
+    lease.write()
+    rival = record_module.Lease(records, dict(data, epoch=0))
+    assert rival.claim(1) and not rival.claim(1)
+    with pytest.raises(JobFencedError, match=r"job 'n' \(f00d-f00d-f00d-f00d\): this driver "
+                       r"\(epoch 0\) was fenced off: host '.*', pid \d+ took the job over at "
+                       r"epoch 1"):
+        lease.write(status="SUSPENDED")
+    assert (records.read(data["id"]) or {})["status"] == "RUNNING"  # nothing stored
+
+
+# --- secrets never reach the store ----------------------------------------------------------
+
+
+def test_a_canary_secret_reaches_no_store_file(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    canary = "canary-7f3a9c1e-do-not-persist"
+    monkeypatch.setenv("SPARKJET_TEST_CANARY", canary)
+    client = Client(load_config({
+        "store": {"url": store_url},
+        "plugins": {"some-plugin": {"token": "${env:SPARKJET_TEST_CANARY}"}},
+    }), engine=FakeEngine())
+    _clients.append(client)
+    stream = client.get_stream("events", partitions=1)
+
+    # A function that captured the client would carry the configuration into
+    # pipeline.pkl: refused at submit, naming the stage.
+    captured = Pipeline.create()
+    captured.read_from(StreamSource("events")).map(lambda x: (client, x)).set_name("leaky") \
+        .write_to(Pipeline.to_list("out"))
+    with pytest.raises(Exception, match=r"stage 'leaky'.*a sparkjet Client cannot be pickled"):
+        client.get_jet().submit(captured, JobConfig(processing_guarantee=EXACTLY_ONCE))
+
+    job = client.get_jet().submit(stream_pipeline(), JobConfig(
+        name="plain", processing_guarantee=EXACTLY_ONCE, snapshot_interval_millis=10,
+        arguments=["--token", canary],
+    ))
+    stream.publish_all(range(5))
+    wait_until(lambda: job.get_metrics()["lastCommittedBatch"] >= 0, timeout=10, what="a batch")
+    record = client.get_jet().records.read(job.id) or {}
+    assert record["config"]["arguments"] == ["--token", "***"]
+    assert job.config.arguments == ["--token", "***"]
+
+    def leaks() -> list[Path]:
+        files = [p for p in Path(store_url).rglob("*") if p.is_file()]
+        assert len(files) >= 3  # record, pipeline, stream chunks: something to scan
+        return [p for p in files if canary.encode() in p.read_bytes()]
+
+    assert (Path(store_url) / "jobs" / job.id / "pipeline.pkl").exists()
+    assert leaks() == []
+    job.cancel()
+    with pytest.raises(JobCancelledError):
+        job.join(timeout=10)
+    assert leaks() == []
