@@ -12,6 +12,9 @@ import pytest
 
 import sparkjet
 
+# Real S3 and GCS servers on 127.0.0.1, and the store conformance suite.
+pytest_plugins = ["sparkjet.testing"]
+
 #: Settings for the one session the whole test process shares.
 TEST_SPARK = {
     "master": "local[2]",

@@ -238,7 +238,7 @@ class Store:
                 try:
                     os.link(tmp, path)  # atomic, fails if path exists; content complete
                 except FileExistsError:
-                    return False
+                    return self._landed(path, data)  # the same rule on every filesystem
                 finally:
                     os.unlink(tmp)
                 return True
