@@ -427,3 +427,31 @@ def test_a_canary_secret_reaches_no_store_file(
     with pytest.raises(JobCancelledError):
         job.join(timeout=10)
     assert leaks() == []
+
+
+def test_a_replayed_stream_sink_batch_lands_with_its_first_split(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first attempt appended partition 0 and died; the replay sees its items in
+    another order (a shuffle's fetch order) and must still land every item once."""
+    stream = StreamLog(store, "out")
+    stream.create(2)
+    original = StreamLog.append
+    calls: list[int] = []
+
+    def dies_after_one(self: StreamLog, partition: int, items: list[Any], token: str = "") -> int:
+        if calls:
+            raise OSError("driver killed mid-commit")
+        calls.append(partition)
+        return original(self, partition, items, token)
+
+    monkeypatch.setattr(StreamLog, "append", dies_after_one)
+    with pytest.raises(OSError, match="mid-commit"):
+        stream.append_batch("job:sink", "job:sink:cp:7", [[0, 2], [1, 3]])
+    monkeypatch.setattr(StreamLog, "append", original)
+    stream.append_batch("job:sink", "job:sink:cp:7", [[1, 3], [0, 2]])  # another order
+    assert stream.read(0, 0, stream.end_offset(0)) == [0, 2]
+    assert stream.read(1, 0, stream.end_offset(1)) == [1, 3]
+    stream.append_batch("job:sink", "job:sink:cp:7", [[9], [9]])  # a third, complete: no-op
+    assert stream.end_offsets() == [2, 2]
+    assert not any(n.endswith(".pending") for n in store.listdir(f"{stream.folder}/writers"))

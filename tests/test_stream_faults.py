@@ -13,6 +13,7 @@ every process a test starts is killed in its teardown.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import signal
@@ -36,6 +37,7 @@ from sparkjet.errors import (
 )
 from sparkjet.job import Job, JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.pipeline import Pipeline, StreamSource
+from sparkjet.testing import StoreLocation
 from tests.conftest import wait_until
 from tests.faults import flaky_sink
 
@@ -254,12 +256,19 @@ def wait_settled(size: Callable[[], int], at_least: int, timeout: float) -> int:
 # --- 1 and 2: SIGKILLed drivers ----------------------------------------------------------
 
 
+def driver_args(location: StoreLocation, name: str, guarantee: str, marker: Path) -> list[str]:
+    """The driver subprocess's arguments for a job ``name`` in the store at ``location``."""
+    return [location.url, name, guarantee, "--interval", "200",
+            "--store-options", json.dumps(location.options), "--marker", str(marker)]
+
+
 def run_crash_scenario(
     guarantee: str,
-    store_url: str,
+    location: StoreLocation,
     drivers: Callable[..., Driver],
     producers: list[Producer],
     kills: list[str],
+    marker: Path,
 ) -> tuple[list[int], dict[str, int], str]:
     """Run the job through ``kills`` SIGKILLs; returns (seqs in list, map, diagnostics).
 
@@ -274,11 +283,11 @@ def run_crash_scenario(
     seed = int(os.environ.get("SPARKJET_FAULT_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)
     print(f"fault seed {seed} (set SPARKJET_FAULT_SEED to repeat)")
-    client = sparkjet.connect(store={"url": store_url})
+    client = sparkjet.connect(store=location.connect_overrides())
     stream = client.get_stream("events", partitions=2)
     seen = client.get_list("seen")
     name = f"faults-{guarantee.lower()}"
-    args = [store_url, name, guarantee, "--interval", "200"]
+    args = driver_args(location, name, guarantee, marker)
 
     # The producer is held to an allowance: a quarter of the items for the first
     # driver, nine tenths in equal steps as the next drivers resume, the rest once
@@ -352,9 +361,14 @@ def test_exactly_once_survives_sigkilled_drivers(
     store_url: str, drivers: Callable[..., Driver], producers: list[Producer]
 ) -> None:
     seqs, counts, log = run_crash_scenario(
-        "EXACTLY_ONCE", store_url, drivers, producers,
-        kills=["committed", "window", "early", "committed"],
+        "EXACTLY_ONCE", StoreLocation(store_url), drivers, producers,
+        kills=["committed", "window", "early", "committed"], marker=Path(f"{store_url}.paused"),
     )
+    assert_exactly_once(seqs, counts, log)
+
+
+def assert_exactly_once(seqs: list[int], counts: dict[str, int], log: str) -> None:
+    """Every item once in the list, and the keyed counts equal to the plain-Python oracle."""
     print(log)
     assert Counter(seqs) == Counter(range(N_ITEMS)), (
         f"list 'seen' is not every item exactly once: {describe_multiset(seqs, N_ITEMS)}\n{log}"
@@ -365,12 +379,91 @@ def test_exactly_once_survives_sigkilled_drivers(
 
 
 @pytest.mark.slow
+@pytest.mark.storage
+def test_exactly_once_survives_sigkilled_drivers_on_s3(
+    s3_location: StoreLocation, tmp_path: Path, drivers: Callable[..., Driver],
+    producers: list[Producer],
+) -> None:
+    """The store on S3 (moto): the job's driver in one process, the publisher in this one."""
+    seqs, counts, log = run_crash_scenario(
+        "EXACTLY_ONCE", s3_location.fresh(), drivers, producers,
+        kills=["committed", "window", "committed"], marker=tmp_path / "paused",
+    )
+    assert_exactly_once(seqs, counts, log)
+
+
+@pytest.mark.slow
+@pytest.mark.storage
+def test_a_publisher_and_a_job_in_two_processes_on_gcs(
+    gcs_location: StoreLocation, tmp_path: Path, drivers: Callable[..., Driver],
+    producers: list[Producer],
+) -> None:
+    """The store on GCS (fake-gcs-server): one driver killed and resumed on the way."""
+    seqs, counts, log = run_crash_scenario(
+        "EXACTLY_ONCE", gcs_location.fresh(), drivers, producers,
+        kills=["committed"], marker=tmp_path / "paused",
+    )
+    assert_exactly_once(seqs, counts, log)
+
+
+@pytest.mark.slow
+@pytest.mark.storage
+def test_a_paused_driver_taken_over_is_fenced_and_stops_itself(
+    s3_location: StoreLocation, tmp_path: Path, drivers: Callable[..., Driver],
+    producers: list[Producer],
+) -> None:
+    """Driver A is SIGSTOPped past the stale time; B resumes the job; A continues with
+    SIGCONT, finds itself fenced and exits without writing; no item lost or doubled."""
+    location = s3_location.fresh()
+    seed = int(os.environ.get("SPARKJET_FAULT_SEED", random.randrange(1 << 30)))
+    print(f"fault seed {seed} (set SPARKJET_FAULT_SEED to repeat)")
+    client = sparkjet.connect(store=location.connect_overrides())
+    stream = client.get_stream("events", partitions=2)
+    args = driver_args(location, "fenced", "EXACTLY_ONCE", tmp_path / "paused")
+    producer = Producer(stream, N_ITEMS, random.Random(seed), allowance=N_ITEMS // 3)
+    producers.append(producer)
+    a = drivers(*args)
+    job_id = a.wait_for_line("SUBMITTED", 120).split()[1]
+    job = client.get_jet().get_job(job_id)
+    assert job is not None
+    producer.start()
+    wait_until(lambda: last_committed(job) >= 2, 120, "A's first micro-batches", interval=0.05)
+
+    os.killpg(a.proc.pid, signal.SIGSTOP)  # the driver, its JVM and its Python workers
+    paused_at = time.monotonic()
+    try:
+        wait_until(lambda: job.status is JobStatus.SUSPENDED, 90, "A to look dead")
+        assert a.proc.poll() is None  # stopped, not dead: only its heartbeat went stale
+        b = drivers(*args)
+        b.wait_for_line("RESUMED", 120)
+        producer.allow(N_ITEMS * 2 // 3)
+        base = last_committed(job)
+        wait_until(lambda: last_committed(job) >= base + 2, 120, "B's micro-batches")
+    finally:
+        os.killpg(a.proc.pid, signal.SIGCONT)
+    print(f"A was stopped for {time.monotonic() - paused_at:.1f} s")
+    a.wait_for_line("FENCED", 120)
+    assert a.proc.wait(timeout=60) == 4
+    assert "was fenced off" in a.stderr_tail() and "at epoch 1" in a.stderr_tail()
+
+    producer.allow(N_ITEMS)
+    producer.join(timeout=180)
+    assert producer.error is None and not producer.is_alive()
+    wait_until(lambda: caught_up(client, job_id), 180, "B to commit the whole stream")
+    record = client.get_jet().records.read(job_id) or {}
+    assert record["epoch"] == 1 and b.proc.poll() is None
+    seqs = [entry["seq"] for entry in client.get_list("seen").get_all()]
+    counts = dict(client.get_map("counts").entry_set())
+    assert_exactly_once(seqs, counts, f"seed {seed}")
+
+
+@pytest.mark.slow
 def test_at_least_once_survives_sigkilled_drivers(
     store_url: str, drivers: Callable[..., Driver], producers: list[Producer]
 ) -> None:
     seqs, counts, log = run_crash_scenario(
-        "AT_LEAST_ONCE", store_url, drivers, producers,
-        kills=["committed", "window", "committed"],
+        "AT_LEAST_ONCE", StoreLocation(store_url), drivers, producers,
+        kills=["committed", "window", "committed"], marker=Path(f"{store_url}.paused"),
     )
     print(log)
     present = set(seqs)

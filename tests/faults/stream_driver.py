@@ -1,6 +1,7 @@
 """A streaming-job driver the fault tests start as a subprocess and SIGKILL.
 
     python stream_driver.py STORE JOB_NAME GUARANTEE [--interval MS] [--pause-at BATCH]
+        [--store-options JSON] [--marker PATH]
 
 The first run submits the job (``events`` stream -> counts per key into map
 ``counts``, and every raw item into list ``seen``); a later run finds the job by
@@ -9,13 +10,16 @@ name and resumes it (its previous driver died, so the job reads SUSPENDED and
 
 Progress goes to stdout, one line each, flushed: ``SUBMITTED <id>`` or
 ``RESUMED <id>`` (or ``REFUSED <why>`` and exit status 3 when ``resume()``
-raises JobStateError), and ``PAUSED <batch>``. SIGUSR1 dumps every thread's
-stack to stderr.
+raises JobStateError), ``PAUSED <batch>``, and ``FENCED <epoch>`` (exit status
+4) when another process took the job over while this one lived.
+``--store-options`` gives the store's fsspec options (an S3 or GCS server's
+endpoint and credentials) as JSON. SIGUSR1 dumps every thread's stack to
+stderr.
 
 ``--pause-at BATCH`` injects the worst moment for a crash: the driver stops
 for good after micro-batch BATCH's sinks have committed and before its
-checkpoint commit is written (the first time only: a marker file next to the
-store remembers it), so the test can SIGKILL it right there and the next
+checkpoint commit is written (the first time only: a marker file, ``--marker``
+or next to a local store, remembers it), so the test can SIGKILL it right there and the next
 driver must replay a batch that already landed in the sinks.
 """
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import json
 import os
 import signal
 import sys
@@ -80,18 +85,22 @@ def main() -> int:
     parser.add_argument("guarantee", choices=["EXACTLY_ONCE", "AT_LEAST_ONCE"])
     parser.add_argument("--interval", type=int, default=200)
     parser.add_argument("--pause-at", type=int, default=None)
+    parser.add_argument("--store-options", default="{}")
+    parser.add_argument("--marker", default=None)
     args = parser.parse_args()
     # The test sends SIGUSR1 before it gives up on a driver: every thread's stack to stderr.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
     import sparkjet
-    from sparkjet.errors import JobStateError
+    from sparkjet.errors import JobFencedError, JobStateError
     from sparkjet.job import JobConfig, ProcessingGuarantee
 
     if args.pause_at is not None:
-        _install_pause(args.pause_at, f"{args.store}.paused-{args.pause_at}")
-    client = sparkjet.connect(store={"url": args.store}, spark=SPARK)
+        _install_pause(args.pause_at, args.marker or f"{args.store}.paused-{args.pause_at}")
+    options = json.loads(args.store_options)
+    store = {"url": args.store, "options": options} if options else {"url": args.store}
+    client = sparkjet.connect(store=store, spark=SPARK)
     jet = client.get_jet()
     job = jet.get_job_by_name(args.name)
     if job is None or job.is_terminal():
@@ -108,7 +117,12 @@ def main() -> int:
             print(f"REFUSED {exc}", flush=True)
             return 3
         print(f"RESUMED {job.id}", flush=True)
-    job.join()
+    try:
+        job.join()
+    except JobFencedError as exc:
+        print(f"FENCED {exc.epoch}", flush=True)
+        print(exc, file=sys.stderr, flush=True)
+        return 4
     print("ENDED", flush=True)
     return 0
 

@@ -207,6 +207,54 @@ class StreamLog:
             if start >= from_offset
         )
 
+    def append_batch(self, writer: str, token: str, buckets: list[list[Any]]) -> None:
+        """Append one batch's items, ``buckets[p]`` to partition ``p``, once per ``token``.
+
+        For a sink replaying a micro-batch: partitions whose chunk with
+        ``token`` landed already are skipped. The split into partitions is
+        written ahead (``writers/<writer>.<token>.pending``) before the first
+        append, and a replay uses that split, not its own: the order in which
+        a replay sees its items (after a shuffle, fetch order) may differ, so
+        splitting again could append another item set to the partitions that
+        had not landed yet, losing some items and doubling others.
+        """
+        if len(buckets) != self.partitions:
+            raise StoreError(
+                f"stream {self.name!r}: {len(buckets)} buckets for {self.partitions} partitions"
+            )
+        pending = (
+            f"{self.folder}/writers/{encode_name('writer', writer)}."
+            f"{encode_name('token', token)}.pending"
+        )
+        starts = self.writer_starts(writer)
+        done = [self.find_token(p, token, starts[p]) for p in range(self.partitions)]
+        if not any(done):
+            # Remember where this batch starts, so a replay after a crash in the
+            # middle finds the chunks that landed.
+            self.record_writer_starts(writer)
+            data = pickle.dumps(buckets, protocol=PICKLE_PROTOCOL)
+            if not self.store.create_exclusive(pending, data):
+                buckets = self._pending(pending)  # an earlier attempt's split stands
+        else:
+            try:
+                buckets = self._pending(pending)
+            except FileNotFoundError:
+                return  # every partition landed; the split was forgotten after
+        for partition, bucket in enumerate(buckets):
+            if bucket and not done[partition]:
+                self.append(partition, bucket, token)
+        self.store.remove(pending)
+
+    def _pending(self, path: str) -> list[list[Any]]:
+        raw = self.store.read_bytes(path)
+        try:
+            buckets: list[list[Any]] = pickle.loads(raw)
+        except Exception as exc:
+            raise StoreError(self.store.redact(
+                f"stream {self.name!r}: pending batch {path!r} is corrupt or truncated: {exc}"
+            )) from exc
+        return buckets
+
     # --- reading --------------------------------------------------------------
 
     def read(self, partition: int, start: int, end: int) -> list[Any]:

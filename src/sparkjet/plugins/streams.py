@@ -69,8 +69,9 @@ class StreamSink(Sink):
     """Appends the job's output to the store's stream ``name``.
 
     In a streaming job each micro-batch is appended once, even when a batch is
-    replayed after a failure: chunks carry the batch's token, and a replayed
-    commit skips the partitions that already hold it.
+    replayed after a failure: chunks carry the batch's token, the batch's split
+    into partitions is written ahead, and a replayed commit appends the
+    recorded split to the partitions that do not hold the token yet.
     """
 
     kind = "stream"
@@ -87,21 +88,14 @@ class StreamSink(Sink):
             log.create(context.parallelism)
         items = [item for message in messages for item in message]
         n = log.partitions
-        token = context.commit_token or ""
+        buckets = [items[partition::n] for partition in range(n)]
+        token = context.commit_token
         if token:
-            # Where this writer's last batch may start: the ends before its appends.
-            starts = log.writer_starts(context.writer_id)
-            done = [log.find_token(p, token, starts[p]) for p in range(n)]
-            if not any(done):
-                # Before appending, remember where this batch starts, so a replay
-                # after a crash in the middle finds the chunks that landed.
-                log.record_writer_starts(context.writer_id)
-        else:
-            done = [False] * n
-        for partition in range(n):
-            bucket = items[partition::n]  # deterministic, so a replay picks the same partitions
-            if bucket and not done[partition]:
-                log.append(partition, bucket, token)
+            log.append_batch(context.writer_id, token, buckets)
+            return
+        for partition, bucket in enumerate(buckets):
+            if bucket:
+                log.append(partition, bucket)
 
 
 @hookimpl
