@@ -14,7 +14,9 @@ import cloudpickle
 import pytest
 
 from sparkjet.core.checkpoint import (
+    COMPACT_EVERY,
     Checkpoint,
+    ShardState,
     StablePartition,
     StatePaths,
     StateVersion,
@@ -49,7 +51,7 @@ def test_checkpoint_files_and_contents(store: Store, tmp_path: Path) -> None:
         "commits/00000000000000000000.json",
     }
     meta = json.loads((tmp_path / "cp" / "meta.json").read_text())
-    assert meta == {"format": 1, "shards": 3, "stages": ["a", "b"]}
+    assert meta == {"format": 2, "shards": 3, "stages": ["a", "b"]}
     assert json.loads((tmp_path / "cp/offsets/00000000000000000000.json").read_text()) == plan
     assert cp.planned(0) == plan
     assert cp.last_commit() == 0
@@ -91,9 +93,9 @@ def test_reads_a_checkpoint_written_by_hand_in_the_format(store: Store, tmp_path
     assert cp.planned(4) == {"batch": 4, "ends": {"s": 9}}
     paths = cp.state()
     assert paths.shard_dir("count by key", 1) == str(shard)
-    assert paths.versions("count by key", 1) == [
-        (2, 1, "00000000000000000002-1.state"),
-        (4, 1, "00000000000000000004-1.state"),
+    assert paths.versions("count by key", 1) == [  # format-1 names carry no size
+        StateVersion(2, 1, "00000000000000000002-1.state", True, -1),
+        StateVersion(4, 1, "00000000000000000004-1.state", True, -1),
     ]
     usable = paths.usable("count by key", 1, committed=3)
     assert usable == [StateVersion(2, 1, "00000000000000000002-1.state")]
@@ -106,27 +108,60 @@ def test_state_versions_written_and_superseded(store: Store, tmp_path: Path) -> 
     paths = StatePaths(store, str(tmp_path / "state"))
     shard = Path(paths.shard_dir("s", 0))
     assert shard == tmp_path / "state" / encode_name("stage", "s") / "0000"
-    paths.write("s", 0, 1, {"a": ("a", 1)}, {}, superseded=[])
-    paths.write("s", 0, 3, {"a": ("a", 2), "b": ("b", 1)}, {}, superseded=[])  # a failed try
-    started_from = paths.usable("s", 0, committed=2)
-    assert [v.batch for v in started_from] == [1]
-    size = paths.write("s", 0, 2, {"a": ("a", 2)}, {"a": 5}, superseded=started_from[:-1])
-    assert sorted(p.name for p in shard.iterdir()) == [
-        "00000000000000000001-1.state",  # kept: batch 2 may be replayed from it
-        "00000000000000000002-1.state",
-        # Kept: an older batch's attempt never deletes a newer batch's version
-        # (it may be a stray attempt racing a newer driver); batch 3 replaces it.
-        "00000000000000000003-2.state",
-    ]
-    raw = (shard / "00000000000000000002-1.state").read_bytes()
-    assert size == len(raw)
-    assert cloudpickle.loads(raw) == {"values": {"a": ("a", 2)}, "touched": {"a": 5}}
-    newest = paths.usable("s", 0, committed=2)
-    paths.write("s", 0, 3, {}, {}, superseded=newest[:-1])
-    assert sorted(p.name for p in shard.iterdir()) == [
-        "00000000000000000002-1.state",
-        "00000000000000000003-0.state",
-    ]
+
+    def names() -> list[str]:
+        return sorted(p.name for p in shard.iterdir())
+
+    def step(batch: int, committed: int, changes: dict[str, int], drop: list[str]) -> ShardState:
+        versions = paths.versions("s", 0)
+        state = paths.read_chain("s", 0, StatePaths.chain(versions, committed))
+        for key in drop:
+            del state.values[key]
+        state.values.update({k: (k, v) for k, v in changes.items()})
+        return paths.write("s", 0, batch, state, list(changes), drop, versions)
+
+    first = step(1, 0, dict.fromkeys("abcdwxyz", 1), [])  # nothing before: a full copy
+    assert [v.name for v in first.chain] == [names()[0]]
+    assert names()[0].startswith("00000000000000000001-8-") and names()[0].endswith(".state")
+    step(2, 1, {"a": 2}, [])  # one key of eight: a changelog
+    step(3, 2, {"e": 1}, ["b"])
+    assert [n.rsplit(".", 1)[1] for n in names()] == ["state", "delta", "delta"]
+    delta = cloudpickle.loads((shard / names()[2]).read_bytes())
+    assert delta == {"set": {"e": ("e", 1)}, "touched": {}, "removed": ["b"]}
+    state = paths.read_chain("s", 0, paths.usable("s", 0, committed=3))
+    assert state.values == {"a": ("a", 2), "e": ("e", 1)} | {k: (k, 1) for k in "cdwxyz"}
+    assert paths.read_chain("s", 0, paths.usable("s", 0, committed=2)).values["b"] == ("b", 1)
+
+    # A failed attempt of batch 4 left a file; its replay (another key count) replaces it.
+    step(4, 3, {"f": 1, "g": 1, "h": 1, "i": 1, "j": 1}, [])
+    failed = names()[-1]
+    step(4, 3, {"f": 1}, [])
+    assert failed not in names() and names()[-1].startswith("00000000000000000004-9-")
+
+    # A batch that changes at least half the keys writes a full copy. The chain it
+    # started from stays (batch 5 may be replayed from it) until a batch after it
+    # writes: that one starts from the new copy, so the files before it go.
+    step(5, 4, dict.fromkeys("acdef", 9), [])
+    assert names()[-1].endswith(".state") and len(names()) == 5
+    step(6, 5, {"a": 10}, [])
+    assert [n.split("-")[0][-1] for n in names()] == ["5", "6"]
+    step(7, 6, {"a": 11}, [])
+    assert [n.split("-")[0][-1] for n in names()] == ["5", "6", "7"]
+    assert paths.read_chain("s", 0, paths.usable("s", 0, committed=7)).values["a"] == ("a", 11)
+
+
+def test_a_full_copy_at_least_every_compact_every_batches(store: Store, tmp_path: Path) -> None:
+    paths = StatePaths(store, str(tmp_path / "state"))
+    kinds = []
+    for batch in range(1, 2 * COMPACT_EVERY + 2):
+        versions = paths.versions("s", 0)
+        state = paths.read_chain("s", 0, StatePaths.chain(versions, batch - 1))
+        state.values.setdefault("base", list(range(100)))
+        state.values[f"new{batch}"] = batch
+        after = paths.write("s", 0, batch, state, [f"new{batch}"], [], versions)
+        kinds.append("F" if after.chain[-1].full else "d")
+        assert len(after.chain) <= COMPACT_EVERY
+    assert "".join(kinds) == "F" + ("d" * (COMPACT_EVERY - 1) + "F") * 2
 
 
 @pytest.mark.parametrize(

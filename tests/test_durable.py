@@ -18,7 +18,7 @@ import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from sparkjet.core.checkpoint import Checkpoint, StatePaths
+from sparkjet.core.checkpoint import Checkpoint, ShardState, StatePaths
 from sparkjet.core.client import Client
 from sparkjet.core.config import load_config
 from sparkjet.core.jobs import handle as handle_module
@@ -197,12 +197,18 @@ def test_corrupt_segments_and_state_files_name_their_file(store: Store) -> None:
         log.read_segment(path)
 
     paths = StatePaths(store, store.path("jobs", "j", "checkpoint", "state"))
-    paths.write("counts", 0, 3, {"a": 1, "b": 2}, {}, superseded=[])
+    write_full(paths, 3, {"a": 1, "b": 2})
     version = paths.versions("counts", 0)[0]
     file = f"{paths.shard_dir('counts', 0)}/{version.name}"
     store.write_bytes(file, store.read_bytes(file)[:-7])
-    with pytest.raises(StoreError, match=r"stage 'counts': state file '.*-2.state' is corrupt"):
+    with pytest.raises(StoreError, match=r"stage 'counts': state file '.*-2-\d+.state' is corrupt"):
         paths.read("counts", 0, version)
+
+
+def write_full(paths: StatePaths, batch: int, values: dict[Any, Any]) -> None:
+    """Write ``batch``'s state of shard 0 of stage ``counts`` (a full copy: no chain)."""
+    paths.write("counts", 0, batch, ShardState(values, {}, []), list(values), [],
+                paths.versions("counts", 0))
 
 
 # --- checkpoint writes that two drivers may race ------------------------------------------
@@ -223,10 +229,10 @@ def test_a_batch_has_one_plan_and_one_commit(store: Store) -> None:
 
 def test_a_late_attempt_of_an_old_batch_never_deletes_a_newer_version(store: Store) -> None:
     paths = StatePaths(store, store.path("jobs", "j", "checkpoint", "state"))
-    paths.write("counts", 0, 5, {"a": 5}, {}, superseded=[])
-    paths.write("counts", 0, 3, {"a": 3, "b": 1}, {}, superseded=[])  # a stray attempt of 3
+    write_full(paths, 5, {"a": 5})
+    write_full(paths, 3, {"a": 3, "b": 1})  # a stray attempt of 3
     assert [(v.batch, v.keys) for v in paths.versions("counts", 0)] == [(3, 2), (5, 1)]
-    paths.write("counts", 0, 3, {"a": 3}, {}, superseded=[])  # its retry, other key count
+    write_full(paths, 3, {"a": 3})  # its retry, other key count
     assert [(v.batch, v.keys) for v in paths.versions("counts", 0)] == [(3, 1), (5, 1)]
 
 

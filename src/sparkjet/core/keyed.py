@@ -355,6 +355,8 @@ def fold_into(
     touched: dict[Any, int],
     now_ms: int,
     ttl_ms: int | None,
+    changed: list[Any] | None = None,
+    removed: list[Any] | None = None,
 ) -> list[Any]:
     """Streaming reduce side: fold a micro-batch's parts into a shard's per-key state.
 
@@ -362,13 +364,16 @@ def fold_into(
     ``values`` maps each key to its entry and ``touched`` to when it last had
     items (kept only with a TTL); both are updated in place. Keys whose TTL
     ran out are forgotten first, so this batch sees them as new. Returns the
-    outputs.
+    outputs; the keys set are appended to ``changed`` and those dropped by
+    the TTL to ``removed`` (the batch's changelog).
     """
     if ttl_ms:
         horizon = now_ms - int(ttl_ms)
         for key in [k for k, t in touched.items() if t < horizon]:
             values.pop(key, None)
             del touched[key]
+            if removed is not None:
+                removed.append(key)
     out: list[tuple[Any, Any]] = []
     get = values.get
     fold_key = fold.fold
@@ -379,4 +384,6 @@ def fold_into(
         values[key] = entry
         if ttl_ms:
             touched[key] = now_ms
+        if changed is not None:
+            changed.append(key)
     return [output for _, output in out]

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from sparkjet.core.checkpoint import StablePartition, StatePaths
+from sparkjet.core.checkpoint import ShardState, StablePartition, StatePaths, StateVersion
 from sparkjet.core.contracts import JobContext
 from sparkjet.core.graph import Transform
 from sparkjet.core.keyed import KeyedFold, fold_into, group_parts, keyed_fold
@@ -30,6 +30,22 @@ from sparkjet.core.planner import Plan
 from sparkjet.core.runtime.batch import BatchRun, Flow, Task
 
 __all__ = ["MicroBatch", "StatePaths", "StateTask"]
+
+
+#: Shards' state kept loaded in this Python worker between micro-batches:
+#: ``(state root, stage, shard) -> (the batch it is as of, its state)``.
+#: Used only when it is as of the batch the task starts from and its files
+#: are still the shard's newest (checked against a fresh listing); a task
+#: takes its entry out while it works, so a failed task leaves none behind.
+_LOADED: dict[tuple[str, str, int], tuple[int, ShardState]] = {}
+
+
+def loaded_state_stats() -> dict[str, int]:
+    """How often this worker found a shard loaded (hits) or read it (misses)."""
+    return dict(_STATS)
+
+
+_STATS = {"hits": 0, "misses": 0}
 
 
 class StateTask(Task):
@@ -56,21 +72,40 @@ class StateTask(Task):
                     f"{self.stage}\x00bytes": size})
         yield from outputs
 
+    def _state(self, shard: int, versions: list[StateVersion]) -> ShardState:
+        """The shard's state as of the last committed batch: kept loaded here, or read."""
+        chain = StatePaths.chain(versions, self.committed)
+        cached = _LOADED.pop((self.paths.root, self.stage, shard), None)
+        if cached is not None and cached[0] == self.committed and cached[1].chain == chain:
+            _STATS["hits"] += 1
+            return cached[1]
+        _STATS["misses"] += 1
+        return self.paths.read_chain(self.stage, shard, chain)
+
     def _run(self, shard: int, records: Iterator[tuple[Any, Any]]) -> tuple[list[Any], int, int]:
         paths, stage = self.paths, self.stage
         groups = group_parts(records)
-        usable = paths.usable(stage, shard, self.committed)
+        versions = paths.versions(stage, shard)
         if not groups and not self.ttl_ms:  # nothing to fold in, nothing to expire
-            if not usable:
+            chain = StatePaths.chain(versions, self.committed)
+            if not chain:
                 return [], 0, 0
-            return [], usable[-1].keys, paths.size(stage, shard, usable[-1])
-        values: dict[Any, Any] = {}
-        touched: dict[Any, int] = {}
-        if usable:
-            values, touched, _ = paths.read(stage, shard, usable[-1])
-        outputs = fold_into(self.fold, groups, values, touched, self.now_ms, self.ttl_ms)
-        size = paths.write(stage, shard, self.batch, values, touched, superseded=usable[:-1])
-        return outputs, len(values), size
+            return [], chain[-1].keys, sum(paths.size(stage, shard, v) for v in chain)
+        state = self._state(shard, versions)
+        changed: list[Any] = []
+        removed: list[Any] = []
+        outputs = fold_into(
+            self.fold, groups, state.values, state.touched, self.now_ms, self.ttl_ms,
+            changed, removed,
+        )
+        if not changed and not removed and state.chain:
+            # Nothing changed (a TTL with nothing to expire): no file for this batch.
+            _LOADED[(paths.root, stage, shard)] = (self.batch, state)
+            return outputs, len(state.values), sum(paths.size(stage, shard, v) for v in
+                                                   state.chain)
+        after = paths.write(stage, shard, self.batch, state, changed, removed, versions)
+        _LOADED[(paths.root, stage, shard)] = (self.batch, after)
+        return outputs, len(after.values), sum(v.size for v in after.chain)
 
 
 class MicroBatch(BatchRun):
