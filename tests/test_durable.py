@@ -461,3 +461,34 @@ def test_a_replayed_stream_sink_batch_lands_with_its_first_split(
     stream.append_batch("job:sink", "job:sink:cp:7", [[9], [9]])  # a third, complete: no-op
     assert stream.end_offsets() == [2, 2]
     assert not any(n.endswith(".pending") for n in store.listdir(f"{stream.folder}/writers"))
+
+
+# --- growth: a micro-batch's commit does not read the whole log ---------------------------
+
+
+def test_commit_once_costs_the_same_however_long_the_log(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = store.list_log("long")
+    for i in range(30):
+        log.commit("append", [("items", [i])])  # other writers' history
+    listed: list[str] = []
+    original = Store.listdir
+
+    def counting(self: Store, path: str) -> list[str]:
+        listed.append(path)
+        return original(self, path)
+
+    monkeypatch.setattr(Store, "listdir", counting)
+    assert log.commit_once("append", [("items", ["b0"])], token="t0", writer="w") == 31
+    assert listed == [log.log_dir]  # the writer's first commit reads the log once
+    listed.clear()
+    log.commit("append", [("items", ["other"])], after=31)  # another writer, in between
+    for batch in range(1, 4):
+        seq = log.commit_once("append", [("items", [f"b{batch}"])], token=f"t{batch}", writer="w")
+        assert seq == 32 + batch
+    assert log.commit_once("append", [("items", ["b3"])], token="t3", writer="w") is None  # replay
+    assert listed == []  # no listing of the log on the micro-batch path
+    monkeypatch.setattr(Store, "listdir", original)
+    items = [item for r in log.live_records() for item in log.payload(r)]
+    assert items == [*range(30), "b0", "other", "b1", "b2", "b3"]

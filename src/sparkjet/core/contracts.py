@@ -290,7 +290,8 @@ class CommitLogSink(Sink):
         log = self.log(context.store)
         if context.commit_token is None:
             log.commit(self.record_op, parts, writer=context.job_id)
-        else:  # a micro-batch: commit it once, even when replayed after a failure
+        elif parts:  # a micro-batch: commit it once, even when replayed after a failure
+            # (an empty micro-batch writes no record: its replay is empty too)
             log.commit_once(
                 self.record_op, parts, token=context.commit_token, writer=context.writer_id
             )

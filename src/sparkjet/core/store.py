@@ -410,10 +410,25 @@ class CommitLog:
                 out.append(int(stem))
         return sorted(out)
 
+    def _record_path(self, seq: int) -> str:
+        return f"{self.log_dir}/{seq:0{_SEQ_WIDTH}d}.rec"
+
     def commit(
-        self, op: str, parts: list[tuple[str, Any]] | None = None, *, writer: str = "client"
+        self,
+        op: str,
+        parts: list[tuple[str, Any]] | None = None,
+        *,
+        writer: str = "client",
+        after: int | None = None,
     ) -> int:
-        """Append one record atomically; returns its sequence number."""
+        """Append one record atomically; returns its sequence number.
+
+        Records are numbered without gaps, each created only if absent. The
+        first number tried follows ``after`` (a number known to be taken), or
+        the newest in a listing of the log; a number another writer took
+        first is followed by the next, so a commit costs one create, not a
+        listing, when the caller knows where the log ends.
+        """
         # The nonce makes the payload this call's own, so a create that the
         # filesystem client retried after it landed is recognised as ours.
         payload = pickle.dumps(
@@ -421,12 +436,13 @@ class CommitLog:
              "nonce": uuid.uuid4().hex},
             protocol=PICKLE_PROTOCOL,
         )
-        while True:
+        if after is None:
             seqs = self.sequences()
-            seq = (seqs[-1] + 1) if seqs else 1
-            if self.store.create_exclusive(f"{self.log_dir}/{seq:0{_SEQ_WIDTH}d}.rec", payload):
-                return seq
-            # Another writer took that number: read the folder again and retry.
+            after = seqs[-1] if seqs else 0
+        seq = after + 1
+        while not self.store.create_exclusive(self._record_path(seq), payload):
+            seq += 1  # another writer took that number: the next one
+        return seq
 
     def commit_once(
         self, op: str, parts: list[tuple[str, Any]], *, token: str, writer: str
@@ -434,8 +450,11 @@ class CommitLog:
         """Commit unless a record with ``token`` already exists; None if it did.
 
         For replayed micro-batches: ``writers/<writer>.json`` remembers the
-        sequence number of the writer's last commit, so only records written
-        since are read to look for the token.
+        sequence number of the writer's last commit, so only the records
+        written since are read (one by one, by number: no listing of the
+        whole log) to look for the token, and the commit starts after the
+        last of them. A micro-batch's commit so costs a few requests however
+        long the log is.
         """
         index = f"{self.folder}/writers/{encode_name('writer', writer)}.json"
         try:
@@ -444,27 +463,51 @@ class CommitLog:
             after = 0
         # From the writer's own last record on: a replay finds its batch's record
         # whether or not the index was updated after it.
-        for record in self.records(after=max(0, after - 1)):
+        # A writer with no index yet (its first commit, or a crash before the
+        # index was written after it) reads the whole log once.
+        last = max(0, after - 1)
+        for record in self._tail(last) if after else self.records():
             if record.writer == token:
                 self.store.write_bytes(index, json.dumps({"seq": record.seq}).encode())
                 return None
-        seq = self.commit(op, parts, writer=token)
+            last = record.seq
+        seq = self.commit(op, parts, writer=token, after=last)
         self.store.write_bytes(index, json.dumps({"seq": seq}).encode())
         return seq
+
+    def _read_record(self, seq: int) -> Record | None:
+        path = self._record_path(seq)
+        try:
+            data = self.store.read_bytes(path)
+        except FileNotFoundError:
+            return None
+        try:
+            raw = pickle.loads(data)
+        except Exception as exc:
+            raise StoreError(
+                self.store.redact(f"{self.label}: cannot read record {path!r}: {exc}")
+            ) from exc
+        return Record(seq, raw["op"], raw["parts"], raw["writer"])
+
+    def _tail(self, after: int) -> Iterator[Record]:
+        """The records after ``after``, read by number until the first missing one."""
+        seq = after + 1
+        while (record := self._read_record(seq)) is not None:
+            yield record
+            seq += 1
 
     def records(self, after: int = 0) -> Iterator[Record]:
         """Records with sequence numbers greater than ``after``, oldest first."""
         for seq in self.sequences():
             if seq <= after:
                 continue
-            path = f"{self.log_dir}/{seq:0{_SEQ_WIDTH}d}.rec"
-            try:
-                raw = pickle.loads(self.store.read_bytes(path))
-            except Exception as exc:
-                raise StoreError(
-                    self.store.redact(f"{self.label}: cannot read record {path!r}: {exc}")
-                ) from exc
-            yield Record(seq, raw["op"], raw["parts"], raw["writer"])
+            record = self._read_record(seq)
+            if record is None:
+                raise StoreError(self.store.redact(
+                    f"{self.label}: record {self._record_path(seq)!r} was listed but is gone "
+                    "(was the log deleted while it was read?)"
+                ))
+            yield record
 
     def live_records(self) -> list[Record]:
         """The records after the newest ``clear``."""
