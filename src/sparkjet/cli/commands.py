@@ -190,6 +190,26 @@ def publish(args: argparse.Namespace, client: Client) -> int:
     return EXIT_OK
 
 
+def gc(args: argparse.Namespace, client: Client) -> int:
+    """``gc``: collect what the store no longer needs; one line per kind, with its count."""
+    report = client.collect_garbage(
+        grace_seconds=args.grace, retention_seconds=args.retention, dry_run=args.dry_run
+    )
+    verb = "Would remove" if report.dry_run else "Removed"
+    if not report.total:
+        out("Nothing to remove.")
+        return EXIT_OK
+    rows = [(kind, str(len(paths))) for kind, paths in report.removed.items()]
+    for line in table(("KIND", "COUNT"), rows):
+        out(line)
+    if args.verbose or report.dry_run:
+        for kind, paths in report.removed.items():
+            for path in paths:
+                out(f"  {kind}: {path}")
+    out(f"{verb} {report.total} in all.")
+    return EXIT_OK
+
+
 def plugins(args: argparse.Namespace, client: Client) -> int:
     """``plugins``: every loaded plugin, what it registers and the guarantees supported."""
     rows: list[tuple[str, str, str, str]] = []

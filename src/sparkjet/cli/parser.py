@@ -46,6 +46,16 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def _non_negative_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected 0 or more seconds, got {text!r}")
+    return value
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -188,6 +198,26 @@ def build_parser() -> argparse.ArgumentParser:
         "must have N partitions)",
     )
     publish.set_defaults(handler=commands.publish)
+
+    gc = subcommands.add_parser(
+        "gc", help="remove what the store no longer needs",
+        description="Remove what crashes and ended jobs left in the store: segments no "
+        "commit names, abort markers, old take-over claims, unused scratch checkpoints, "
+        "quarantined control requests and probe files older than --grace, and the folders "
+        "of jobs that ended more than --retention ago.",
+    )
+    gc.add_argument(
+        "--grace", type=_non_negative_seconds, default=3600.0, metavar="SECONDS",
+        help="leave files younger than this alone (default 3600)",
+    )
+    gc.add_argument(
+        "--retention", type=_non_negative_seconds, default=7 * 24 * 3600.0, metavar="SECONDS",
+        help="forget jobs that ended longer ago than this (default 604800: 7 days, as Jet)",
+    )
+    gc.add_argument(
+        "-n", "--dry-run", action="store_true", help="list what would go, remove nothing"
+    )
+    gc.set_defaults(handler=commands.gc)
 
     plugins = subcommands.add_parser(
         "plugins", help="list loaded plugins, what they register and the guarantees supported",

@@ -14,6 +14,12 @@ from sparkjet.core.config import Config, load_config
 from sparkjet.core.engine import Engine
 from sparkjet.core.errors import ConfigError
 from sparkjet.core.jobs import JetService, Services
+from sparkjet.core.maintenance import (
+    DEFAULT_GRACE_SECONDS,
+    DEFAULT_RETENTION_SECONDS,
+    GarbageReport,
+    collect_garbage,
+)
 from sparkjet.core.plugins import PluginHost, PluginInfo
 from sparkjet.core.store import JobRecords, Store
 from sparkjet.core.structures import IList, IMap, IStream
@@ -94,6 +100,25 @@ class Client:
         Publishing to a stream that was never created is an error naming it.
         """
         return IStream(self.store, name, partitions)
+
+    def collect_garbage(
+        self,
+        *,
+        grace_seconds: float = DEFAULT_GRACE_SECONDS,
+        retention_seconds: float = DEFAULT_RETENTION_SECONDS,
+        dry_run: bool = False,
+    ) -> GarbageReport:
+        """Remove what the store no longer needs; returns what was (or would be) removed.
+
+        Orphan segments and abort markers, old take-over claims, unused scratch
+        checkpoints, quarantined control requests and probe files older than
+        ``grace_seconds``, and the folders of jobs that ended more than
+        ``retention_seconds`` ago (see ``sparkjet gc``).
+        """
+        return collect_garbage(
+            self.store, grace_seconds=grace_seconds, retention_seconds=retention_seconds,
+            dry_run=dry_run,
+        )
 
     def redact(self, text: str) -> str:
         """``text`` with every configured secret (``${env:...}`` value) masked."""

@@ -1,0 +1,192 @@
+"""Garbage collection of the store: what no inline step removes, so months of jobs stay bounded.
+
+Lists, maps, streams and running checkpoints clean up after themselves as
+they go (a checkpoint keeps ten batches of log and one chain of state per
+shard). What is left behind by crashes and by jobs that ended is collected
+here, by ``client.collect_garbage()`` or ``sparkjet gc``:
+
+- segments of lists and maps that no committed record names (a batch job or
+  a task attempt that died before its commit), and abort markers;
+- take-over claims older than a job's current epoch, quarantined control
+  requests, and files left by the create-only probe;
+- scratch checkpoints a job's record does not name (NONE restarts);
+- whole folders of jobs that ended (COMPLETED or FAILED) longer ago than the
+  retention (Jet forgets job results after 7 days too).
+
+Only files older than the grace period are touched, so a batch job staging
+its segments right now, or a driver mid-take-over, is never raced. Every
+path is checked to lie inside the store.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sparkjet.core.errors import StoreError
+from sparkjet.core.model import JobStatus
+from sparkjet.core.store import CommitLog, JobRecords, Store
+
+log = logging.getLogger("sparkjet.store")
+
+#: Files younger than this are never collected (seconds).
+DEFAULT_GRACE_SECONDS = 3600.0
+#: Jobs that ended longer ago than this are forgotten (seconds; Jet's default is 7 days).
+DEFAULT_RETENTION_SECONDS = 7 * 24 * 3600.0
+
+
+@dataclass
+class GarbageReport:
+    """What :func:`collect_garbage` removed (or would remove, with ``dry_run``), by kind."""
+
+    dry_run: bool
+    #: kind -> paths, in the order they were found.
+    removed: dict[str, list[str]] = field(default_factory=dict)
+
+    def add(self, kind: str, path: str) -> None:
+        self.removed.setdefault(kind, []).append(path)
+
+    @property
+    def total(self) -> int:
+        """How many paths in all."""
+        return sum(len(paths) for paths in self.removed.values())
+
+
+def _mtime(info: dict[str, Any]) -> float | None:
+    """Seconds since the epoch when a file was last written, from any fsspec backend's info."""
+    for key in ("mtime", "LastModified", "updated", "created", "last_modified"):
+        value = info.get(key)
+        if value is None:
+            continue
+        if isinstance(value, int | float):
+            return float(value)
+        if isinstance(value, datetime):
+            return value.timestamp()
+        if isinstance(value, str):
+            try:
+                return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+    return None
+
+
+class _Collector:
+    def __init__(
+        self, store: Store, grace: float, retention: float, dry_run: bool, now: float
+    ) -> None:
+        self.store = store
+        self.records = JobRecords(store)
+        self.grace = grace
+        self.retention = retention
+        self.report = GarbageReport(dry_run)
+        self.now = now
+
+    def old(self, path: str) -> bool:
+        """Whether ``path`` (a file; a folder by its newest file) is older than the grace."""
+        try:
+            self.store._fresh(path)
+            info = self.store.fs.info(path)
+            if info.get("type") == "directory":
+                found = self.store.fs.find(path, detail=True)
+                times = [_mtime(i) for i in found.values()]
+                if None in times:
+                    return False
+                written = max((t for t in times if t is not None), default=0.0)
+            else:
+                written = _mtime(info) or self.now
+        except FileNotFoundError:
+            return False
+        return self.now - written > self.grace
+
+    def remove(self, kind: str, path: str, recursive: bool = False) -> None:
+        self.report.add(kind, path)
+        if not self.report.dry_run:
+            self.store.remove(path, recursive=recursive)
+
+    def logs(self) -> Iterator[CommitLog]:
+        for kind, make in (("lists", self.store.list_log), ("maps", self.store.map_log)):
+            for name in self.store.names(kind):
+                yield make(name)
+
+    def segments(self) -> None:
+        for commit_log in self.logs():
+            data = f"{commit_log.folder}/data"
+            entries = self.store.listdir(data)
+            if not entries:
+                continue
+            named = {
+                value.rsplit("/", 1)[-1]
+                for record in commit_log.records()
+                for kind, value in record.parts if kind == "segment"
+            }
+            for entry in entries:
+                path = f"{data}/{entry}"
+                if entry.startswith("aborted-"):
+                    if self.old(path):
+                        self.remove("abort markers", path)
+                elif entry not in named and self.old(path):
+                    self.remove("orphan segments", path)
+
+    def jobs(self) -> None:
+        for job_id in self.records.ids():
+            folder = self.records.path(job_id)
+            try:
+                record = self.records.read(job_id)
+            except StoreError as exc:
+                log.warning("gc: leaving job folder %s alone: %s", folder, exc)
+                continue
+            if record is None:
+                continue
+            status = JobStatus(record.get("status", JobStatus.NOT_RUNNING.value))
+            ended = int(record.get("completion_time", -1))
+            if status.is_terminal() and ended > 0 and self.now - ended / 1000 > self.retention:
+                self.remove("ended jobs", folder, recursive=True)
+                continue
+            self._job_leftovers(job_id, record)
+
+    def _job_leftovers(self, job_id: str, record: dict[str, Any]) -> None:
+        entries = self.store.listdir(self.records.path(job_id))
+        claims = sorted(e for e in entries if e.startswith("owner-"))
+        for claim in claims[:-1]:  # the newest claim names the current epoch
+            path = self.records.path(job_id, claim)
+            if self.old(path):
+                self.remove("old take-over claims", path)
+        current = record.get("checkpoint")
+        for entry in entries:
+            if entry.startswith("scratch-") and entry != current:
+                path = self.records.path(job_id, entry)
+                if self.old(path):
+                    self.remove("unused checkpoints", path, recursive=True)
+        quarantine = self.records.path(job_id, "control", "quarantine")
+        for entry in self.store.listdir(quarantine):
+            path = f"{quarantine}/{entry}"
+            if self.old(path):
+                self.remove("quarantined control requests", path)
+
+    def probes(self) -> None:
+        folder = self.store.path("_probe")
+        for entry in self.store.listdir(folder):
+            path = f"{folder}/{entry}"
+            if self.old(path):
+                self.remove("probe files", path)
+
+
+def collect_garbage(
+    store: Store,
+    *,
+    grace_seconds: float = DEFAULT_GRACE_SECONDS,
+    retention_seconds: float = DEFAULT_RETENTION_SECONDS,
+    dry_run: bool = False,
+) -> GarbageReport:
+    """Remove what the store no longer needs (see the module docstring); returns what went."""
+    if grace_seconds < 0 or retention_seconds < 0:
+        raise ValueError("grace_seconds and retention_seconds must not be negative")
+    collector = _Collector(store, grace_seconds, retention_seconds, dry_run, time.time())
+    collector.segments()
+    collector.jobs()
+    collector.probes()
+    return collector.report

@@ -1,0 +1,133 @@
+"""Garbage collection of the store (``client.collect_garbage()``, ``sparkjet gc``); no Spark."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from sparkjet.cli import main
+from sparkjet.core.client import Client
+from sparkjet.core.config import load_config
+from sparkjet.core.maintenance import collect_garbage
+from sparkjet.core.store import JobRecords, Store
+from tests.fake_engine import FakeEngine
+
+DAY = 24 * 3600.0
+
+
+def age(path: Path, seconds: float) -> None:
+    """Make ``path`` (and, for a folder, everything in it) look ``seconds`` old."""
+    then = time.time() - seconds
+    for item in [path, *path.rglob("*")] if path.is_dir() else [path]:
+        os.utime(item, (then, then))
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    return Store(str(tmp_path / "store"))
+
+
+def layout(store: Store) -> dict[str, Path]:
+    """A store with garbage of every kind, and what must stay, all two hours old."""
+    root = Path(store.root)
+    log = store.list_log("l")
+    named = log.new_segment_path("w1")
+    log.write_segment(named, list(range(3)))
+    log.commit("append", [("segment", named)])
+    orphan = log.new_segment_path("w2")  # staged by a task whose job died before its commit
+    log.write_segment(orphan, [9])
+    store.write_bytes(f"{log.folder}/data/aborted-w2", b"")
+    records = JobRecords(store)
+    now_ms = int(time.time() * 1000)
+    eight_days_ago = now_ms - int(8 * DAY * 1000)
+    records.write({"id": "old-done", "status": "COMPLETED", "completion_time": eight_days_ago})
+    records.write({"id": "new-done", "status": "FAILED", "completion_time": now_ms - 60_000})
+    records.write({"id": "running", "status": "RUNNING", "completion_time": -1,
+                   "checkpoint": "scratch-0000000b"})
+    for epoch in (1, 2, 3):
+        store.write_bytes(records.path("running", f"owner-{epoch:06d}"), b"{}")
+    store.write_bytes(records.path("running", "scratch-0000000a", "meta.json"), b"{}")
+    store.write_bytes(records.path("running", "scratch-0000000b", "meta.json"), b"{}")
+    store.write_bytes(records.path("running", "control", "quarantine", "x.req"), b"garbage")
+    store.write_bytes(store.path("_probe", "create-only-1"), b"1")
+    paths = {
+        "named": Path(named), "orphan": Path(orphan),
+        "marker": Path(f"{log.folder}/data/aborted-w2"),
+        "old-done": Path(records.path("old-done")), "new-done": Path(records.path("new-done")),
+        "claim1": Path(records.path("running", "owner-000001")),
+        "claim2": Path(records.path("running", "owner-000002")),
+        "claim3": Path(records.path("running", "owner-000003")),
+        "unused": Path(records.path("running", "scratch-0000000a")),
+        "current": Path(records.path("running", "scratch-0000000b")),
+        "quarantined": Path(records.path("running", "control", "quarantine", "x.req")),
+        "probe": Path(store.path("_probe", "create-only-1")),
+    }
+    age(root, 2 * 3600)
+    return paths
+
+
+GONE = ["orphan", "marker", "old-done", "claim1", "claim2", "unused", "quarantined", "probe"]
+KEPT = ["named", "new-done", "claim3", "current"]
+
+
+def test_gc_removes_what_nothing_needs_and_keeps_the_rest(store: Store) -> None:
+    paths = layout(store)
+    report = collect_garbage(store)
+    assert {k: len(v) for k, v in report.removed.items()} == {
+        "orphan segments": 1, "abort markers": 1, "ended jobs": 1, "old take-over claims": 2,
+        "unused checkpoints": 1, "quarantined control requests": 1, "probe files": 1,
+    }
+    assert [name for name in GONE if paths[name].exists()] == []
+    assert [name for name in KEPT if not paths[name].exists()] == []
+    assert store.list_log("l").live_records()[0].parts == [("segment", str(paths["named"]))]
+    assert collect_garbage(store).total == 0  # a second run finds nothing
+
+
+def test_gc_leaves_young_files_and_dry_runs_remove_nothing(store: Store) -> None:
+    paths = layout(store)
+    assert collect_garbage(store, grace_seconds=3 * 3600).removed.keys() == {"ended jobs"}
+    assert paths["old-done"].exists() is False and paths["orphan"].exists()
+    report = collect_garbage(store, dry_run=True)
+    assert report.dry_run and report.total == 7
+    assert [name for name in GONE if name != "old-done" and not paths[name].exists()] == []
+    with pytest.raises(ValueError, match="must not be negative"):
+        collect_garbage(store, grace_seconds=-1)
+
+
+def test_a_corrupt_record_is_left_alone(store: Store, caplog: pytest.LogCaptureFixture) -> None:
+    records = JobRecords(store)
+    store.write_bytes(records.path("broken", "job.json"), b"{not json")
+    age(Path(store.root), 30 * DAY)
+    collect_garbage(store)
+    assert Path(records.path("broken", "job.json")).exists()
+    assert "leaving job folder" in caplog.text and "broken/job.json" in caplog.text
+
+
+def test_sparkjet_gc_on_the_command_line(
+    store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    paths = layout(store)
+    config = tmp_path / "gc.toml"
+    config.write_text(f"[store]\nurl = {json.dumps(store.url)}\n", encoding="utf-8")
+    assert main(["-c", str(config), "gc", "--dry-run"]) == 0
+    shown = capsys.readouterr().out
+    assert re.search(r"^orphan segments +1$", shown, re.M) and "Would remove 8 in all." in shown
+    assert str(paths["orphan"]) in shown and paths["orphan"].exists()
+    assert main(["-c", str(config), "gc"]) == 0
+    assert "Removed 8 in all." in capsys.readouterr().out and not paths["orphan"].exists()
+    assert main(["-c", str(config), "gc"]) == 0
+    assert capsys.readouterr().out.strip() == "Nothing to remove."
+    assert main(["-c", str(config), "gc", "--grace", "-5"]) == 2
+    assert "expected 0 or more seconds, got '-5'" in capsys.readouterr().err
+
+
+def test_the_client_collects_garbage(tmp_path: Path) -> None:
+    client = Client(load_config({"store": {"url": str(tmp_path / "s")}}), engine=FakeEngine())
+    paths = layout(client.store)
+    assert client.collect_garbage(dry_run=True).total == 8 and paths["orphan"].exists()
+    assert client.collect_garbage().total == 8 and not paths["orphan"].exists()
