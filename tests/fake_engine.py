@@ -23,10 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparkjet.core.checkpoint import StatePaths
+from sparkjet.core.client import Client
+from sparkjet.core.config import load_config
 from sparkjet.core.contracts import JobContext
 from sparkjet.core.errors import JobFailedError
 from sparkjet.core.graph import Transform
 from sparkjet.core.planner import Plan
+from sparkjet.pipeline import Pipeline, StreamSource
 
 
 @dataclass
@@ -137,3 +140,32 @@ class FakeEngine:
     def micro_batches(self, job_id: str) -> list[Call]:
         with self.lock:
             return [c for c in self.calls if c.kind == "micro_batch" and c.job_id == job_id]
+
+
+def stream_pipeline() -> Pipeline:
+    """The lifecycle tests' streaming job: stream ``events`` into list ``out``."""
+    p = Pipeline.create()
+    p.read_from(StreamSource("events")).set_name("events").write_to(Pipeline.to_list("out"))
+    return p
+
+
+class FakeClients:
+    """The clients a test module makes on fake engines; :meth:`close` ends what they left."""
+
+    def __init__(self) -> None:
+        self.made: list[Client] = []
+
+    def make(self, store_url: str, engine: FakeEngine) -> Client:
+        """A client on the store at ``store_url`` whose jobs run on ``engine``."""
+        client = Client(load_config({"store": {"url": store_url}}), engine=engine)
+        self.made.append(client)
+        return client
+
+    def close(self) -> None:
+        """Cancel what a failing test left running, so its threads do not hold up the run."""
+        while self.made:
+            for job_runner in list(self.made.pop().get_jet()._runners.values()):
+                if not job_runner.done.is_set():
+                    job_runner.cancel()
+                    job_runner.done.wait(10)
+                job_runner.done.set()

@@ -35,7 +35,7 @@ from sparkjet.errors import (
 from sparkjet.job import JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.pipeline import Pipeline, StreamSource
 from tests.conftest import wait_until
-from tests.fake_engine import FakeEngine
+from tests.fake_engine import FakeClients, FakeEngine, stream_pipeline
 
 S = JobStatus
 EXACTLY_ONCE = ProcessingGuarantee.EXACTLY_ONCE
@@ -239,19 +239,8 @@ def test_a_late_attempt_of_an_old_batch_never_deletes_a_newer_version(store: Sto
 # --- jobs: control files and fencing ----------------------------------------------------
 
 
-def stream_pipeline() -> Pipeline:
-    p = Pipeline.create()
-    p.read_from(StreamSource("events")).set_name("events").write_to(Pipeline.to_list("out"))
-    return p
-
-
-_clients: list[Client] = []
-
-
-def make_client(store_url: str, engine: FakeEngine) -> Client:
-    client = Client(load_config({"store": {"url": store_url}}), engine=engine)
-    _clients.append(client)
-    return client
+_clients = FakeClients()
+make_client = _clients.make
 
 
 @pytest.fixture(autouse=True)
@@ -260,12 +249,7 @@ def _fast_and_tidy(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(runner_module, "CONTROL_POLL_SECONDS", 0.02)
     monkeypatch.setattr(runner_module, "HEARTBEAT_SECONDS", 0.05)
     yield
-    while _clients:
-        for job_runner in list(_clients.pop().get_jet()._runners.values()):
-            if not job_runner.done.is_set():
-                job_runner.cancel()
-                job_runner.done.wait(10)
-            job_runner.done.set()
+    _clients.close()
 
 
 def submit(client: Client, name: str) -> Any:
@@ -401,7 +385,7 @@ def test_a_canary_secret_reaches_no_store_file(
         "store": {"url": store_url},
         "plugins": {"some-plugin": {"token": "${env:SPARKJET_TEST_CANARY}"}},
     }), engine=FakeEngine())
-    _clients.append(client)
+    _clients.made.append(client)
     stream = client.get_stream("events", partitions=1)
 
     # A function that captured the client would carry the configuration into

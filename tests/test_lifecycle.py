@@ -24,7 +24,6 @@ from typing import Any
 import pytest
 
 from sparkjet.core.client import Client
-from sparkjet.core.config import load_config
 from sparkjet.core.jobs import runner as runner_module
 from sparkjet.core.jobs.lifecycle import (
     ACTION_FROM,
@@ -43,10 +42,10 @@ from sparkjet.errors import (
     TimeoutException,
 )
 from sparkjet.job import Job, JobConfig, JobStatus, JobStatusEvent, ProcessingGuarantee
-from sparkjet.pipeline import Pipeline, StreamSource
+from sparkjet.pipeline import Pipeline
 from sparkjet.plugin import hookimpl
 from tests.conftest import wait_until
-from tests.fake_engine import FakeEngine
+from tests.fake_engine import FakeClients, FakeEngine, stream_pipeline
 
 S = JobStatus
 EXACTLY_ONCE = ProcessingGuarantee.EXACTLY_ONCE
@@ -156,25 +155,14 @@ def engine() -> FakeEngine:
     return FakeEngine()
 
 
-_clients: list[Client] = []
-
-
-def make_client(store_url: str, engine: FakeEngine) -> Client:
-    client = Client(load_config({"store": {"url": store_url}}), engine=engine)
-    _clients.append(client)
-    return client
+_clients = FakeClients()
+make_client = _clients.make
 
 
 @pytest.fixture(autouse=True)
 def _no_job_outlives_its_test() -> Iterator[None]:
-    """Cancel what a failing test left running, so its threads do not hold up the run."""
     yield
-    while _clients:
-        for job_runner in list(_clients.pop().get_jet()._runners.values()):
-            if not job_runner.done.is_set():
-                job_runner.cancel()
-                job_runner.done.wait(10)
-            job_runner.done.set()
+    _clients.close()
 
 
 @pytest.fixture
@@ -185,12 +173,6 @@ def fake_client(store_url: str, engine: FakeEngine) -> Client:
 def batch_pipeline() -> Pipeline:
     p = Pipeline.create()
     p.read_from(Pipeline.from_list("numbers", [1, 2, 3])).write_to(Pipeline.to_list("out"))
-    return p
-
-
-def stream_pipeline() -> Pipeline:
-    p = Pipeline.create()
-    p.read_from(StreamSource("events")).set_name("events").write_to(Pipeline.to_list("out"))
     return p
 
 

@@ -51,7 +51,7 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -228,6 +228,25 @@ def memory_location() -> StoreLocation:
     return StoreLocation(f"memory://sparkjet-{uuid.uuid4().hex[:8]}")
 
 
+def _race(work: Callable[[int], None], writers: int) -> None:
+    """Run ``work(0)`` to ``work(writers - 1)`` at once on threads; fail on any error."""
+    errors: list[BaseException] = []
+
+    def run(writer: int) -> None:
+        try:
+            work(writer)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in range(writers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not any(t.is_alive() for t in threads), "a writer did not finish within 120 s"
+    assert errors == [], f"writers failed: {errors!r}"
+
+
 class StoreConformance:
     """What every store location must do; subclass it with a ``location`` fixture."""
 
@@ -277,22 +296,13 @@ class StoreConformance:
     ) -> None:
         """Writers with clients of their own race for record numbers; each commit lands once."""
         folder = location.store().path("lists", "raced")
-        errors: list[BaseException] = []
 
         def commit(writer: int) -> None:
-            try:
-                log = CommitLog(location.store(separate_client=True), folder, "list 'raced'")
-                for i in range(4):
-                    log.commit("append", [("items", [(writer, i)])])
-            except BaseException as exc:  # pragma: no cover - reported below
-                errors.append(exc)
+            log = CommitLog(location.store(separate_client=True), folder, "list 'raced'")
+            for i in range(4):
+                log.commit("append", [("items", [(writer, i)])])
 
-        threads = [threading.Thread(target=commit, args=(w,)) for w in range(4)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(120)
-        assert errors == []
+        _race(commit, 4)
         log = CommitLog(location.store(), folder, "list 'raced'")
         records = list(log.records())
         assert [r.seq for r in records] == list(range(1, 17))
@@ -305,22 +315,13 @@ class StoreConformance:
         """Publishers with clients of their own append to one partition; nothing is lost."""
         root = location.store()
         StreamLog(root, "raced").create(1)
-        errors: list[BaseException] = []
 
         def publish(writer: int) -> None:
-            try:
-                stream = StreamLog(location.store(separate_client=True), "raced")
-                for i in range(3):
-                    stream.append(0, [(writer, i, "same payload")])
-            except BaseException as exc:  # pragma: no cover - reported below
-                errors.append(exc)
+            stream = StreamLog(location.store(separate_client=True), "raced")
+            for i in range(3):
+                stream.append(0, [(writer, i, "same payload")])
 
-        threads = [threading.Thread(target=publish, args=(w,)) for w in range(4)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(120)
-        assert errors == []
+        _race(publish, 4)
         stream = StreamLog(root, "raced")
         assert stream.end_offset(0) == 12
         items = stream.read(0, 0, 12)

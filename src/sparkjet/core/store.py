@@ -158,10 +158,7 @@ class Store:
         try:
             self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
             if _is_local(self.fs):
-                tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-                with open(tmp, "wb") as fh:
-                    fh.write(data)
-                os.replace(tmp, path)
+                os.replace(_complete_temp_file(path, data), path)
             else:
                 # A single-object PUT is atomic on S3, GCS and in memory.
                 self.fs.pipe_file(path, data)
@@ -232,9 +229,7 @@ class Store:
         try:
             self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
             if _is_local(self.fs):
-                tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-                with open(tmp, "wb") as fh:
-                    fh.write(data)
+                tmp = _complete_temp_file(path, data)
                 try:
                     os.link(tmp, path)  # atomic, fails if path exists; content complete
                 except FileExistsError:
@@ -328,6 +323,14 @@ class Store:
     def names(self, kind: str) -> list[str]:
         """Names of the data structures of ``kind`` ("lists", "maps")."""
         return [decode_name(n) for n in self.listdir(self.path(kind))]
+
+
+def _complete_temp_file(path: str, data: bytes) -> str:
+    """A uniquely named file beside ``path`` holding ``data``, to rename or link into place."""
+    tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+    return tmp
 
 
 def _implements_pipe_file(fs: Any) -> bool:
