@@ -124,7 +124,7 @@ class FakeEngine:
         committed: int,
         source_ranges: Mapping[str, tuple[Any, Any]],
         state: StatePaths,
-        shards: int,
+        tasks: int,
         now_ms: int,
         on_commit: Callable[[], None] | None = None,
     ) -> FakeExecution:

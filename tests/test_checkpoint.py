@@ -7,6 +7,7 @@ change would not resume after it).
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -15,13 +16,17 @@ import pytest
 
 from sparkjet.core.checkpoint import (
     COMPACT_EVERY,
+    FORMAT,
     Checkpoint,
-    ShardState,
-    StablePartition,
+    KeyGroupPartition,
+    RangeState,
     StatePaths,
     StateVersion,
+    key_group,
     stable_hash,
+    task_range,
 )
+from sparkjet.core.errors import StoreError
 from sparkjet.core.store import Store, encode_name
 
 
@@ -40,9 +45,9 @@ def test_checkpoint_files_and_contents(store: Store, tmp_path: Path) -> None:
     assert cp.meta() is None
     assert cp.last_commit() == -1
     assert cp.planned(0) is None
-    assert cp.shards(3, ["b", "a"]) == 3
-    assert cp.shards(8, ["other"]) == 3  # fixed on first use
-    plan = {"batch": 0, "starts": {"s": 0}, "ends": {"s": 5}, "time": 1}
+    assert cp.key_groups(3, ["b", "a"]) == 3
+    assert cp.key_groups(8, ["other"]) == 3  # fixed on first use
+    plan = {"batch": 0, "starts": {"s": 0}, "ends": {"s": 5}, "time": 1, "tasks": 2}
     cp.write_plan(0, plan)
     cp.write_commit(0, {"ends": {"s": 5}, "time": 2, "duration_ms": 3})
     assert files(root) == {
@@ -51,13 +56,14 @@ def test_checkpoint_files_and_contents(store: Store, tmp_path: Path) -> None:
         "commits/00000000000000000000.json",
     }
     meta = json.loads((tmp_path / "cp" / "meta.json").read_text())
-    assert meta == {"format": 2, "shards": 3, "stages": ["a", "b"]}
+    assert meta == {"format": 3, "key_groups": 3, "stages": ["a", "b"]}
     assert json.loads((tmp_path / "cp/offsets/00000000000000000000.json").read_text()) == plan
     assert cp.planned(0) == plan
     assert cp.last_commit() == 0
     assert cp.commit_record(0)["ends"] == {"s": 5}
     assert cp.state_root == f"{root}/state"
-    assert cp.state().root == f"{root}/state"
+    assert cp.state(3).root == f"{root}/state"
+    assert cp.state(3).key_groups == 3
     cp.delete()
     assert not (tmp_path / "cp").exists()
 
@@ -87,78 +93,189 @@ def test_reads_a_checkpoint_written_by_hand_in_the_format(store: Store, tmp_path
     (shard / "00000000000000000004-1.state").write_bytes(b"left by a failed attempt")
 
     cp = Checkpoint(store, str(cp_dir))
-    assert cp.shards(16, ["x"]) == 2
+    assert cp.key_groups(16, ["x"]) == 2  # its shards are its key groups
     assert cp.last_commit() == 3
     assert cp.commit_record(3) == {"ends": {"s": 7}}
     assert cp.planned(4) == {"batch": 4, "ends": {"s": 9}}
-    paths = cp.state()
+    paths = cp.state(2)
     assert paths.shard_dir("count by key", 1) == str(shard)
-    assert paths.versions("count by key", 1) == [  # format-1 names carry no size
-        StateVersion(2, 1, "00000000000000000002-1.state", True, -1),
-        StateVersion(4, 1, "00000000000000000004-1.state", True, -1),
+    assert paths.versions("count by key", 1, 2) == [  # format-1 names carry no size
+        StateVersion(2, 1, "00000000000000000002-1.state", True, -1, 1, 2, "0001"),
+        StateVersion(4, 1, "00000000000000000004-1.state", True, -1, 1, 2, "0001"),
     ]
-    usable = paths.usable("count by key", 1, committed=3)
-    assert usable == [StateVersion(2, 1, "00000000000000000002-1.state")]
-    values, touched, size = paths.read("count by key", 1, usable[-1])
-    assert (values, touched) == (state["values"], state["touched"])
-    assert size == paths.size("count by key", 1, usable[-1])
+    assert paths.versions("count by key", 0, 1) == []
+    chain = StatePaths.chain(paths.versions("count by key", 1, 2), 3, 1, 2)
+    assert [v.name for v in chain] == ["00000000000000000002-1.state"]
+    read, size = paths.read("count by key", 1, 2, committed=3)
+    assert (read.values, read.touched) == (state["values"], state["touched"])
+    assert size == paths.size("count by key", chain[-1]) == len(cloudpickle.dumps(state))
+
+
+def test_a_format_2_checkpoint_goes_on_in_the_flat_layout_with_fewer_tasks(
+    store: Store, tmp_path: Path
+) -> None:
+    cp_dir = tmp_path / "old"
+    stage = cp_dir / "state" / encode_name("stage", "s")
+    (cp_dir / "meta.json").parent.mkdir(parents=True)
+    (cp_dir / "meta.json").write_text('{"format": 2, "shards": 2, "stages": ["s"]}')
+    for shard in (0, 1):  # format 2: a full copy, then a changelog, per shard folder
+        keys = [k for k in ("a", "b", "c", "d", "e") if stable_hash(k) % 2 == shard]
+        (stage / f"{shard:04d}").mkdir(parents=True)
+        full = cloudpickle.dumps({"values": {k: 1 for k in keys}, "touched": {}})
+        delta = cloudpickle.dumps({"set": {keys[0]: 2}, "touched": {}, "removed": keys[1:2]})
+        for name, data in ((f"{1:020d}-{len(keys)}-{len(full)}.state", full),
+                           (f"{2:020d}-{len(keys) - 1}-{len(delta)}.delta", delta)):
+            (stage / f"{shard:04d}" / name).write_bytes(data)
+    cp = Checkpoint(store, str(cp_dir))
+    paths = cp.state(cp.key_groups(128, ["s"]))
+    # One task now owns both key groups (old shards): it reads both folders.
+    state, _ = paths.read("s", 0, 2, committed=2)
+    expected = {"a": 1, "b": 1, "c": 1, "d": 1, "e": 1}
+    for shard in (0, 1):
+        keys = [k for k in expected if stable_hash(k) % 2 == shard]
+        expected[keys[0]] = 2
+        del expected[keys[1]]
+    assert state.values == expected
+    # Its next batch writes a full copy of both, in the flat layout.
+    after = paths.write("s", 0, 2, 3, state, [], [], paths.versions("s", 0, 2))
+    assert [v.name for v in after.chain] == [
+        f"{3:020d}-00000-00002-{len(expected)}-{after.chain[0].size}.state"
+    ]
+    assert paths.read("s", 0, 2, committed=3)[0].values == expected
+    assert paths.read("s", 1, 2, committed=3)[0].values == {
+        k: v for k, v in expected.items() if stable_hash(k) % 2 == 1
+    }
+    # The shard folders' files are superseded now (sparkjet gc removes them).
+    assert {v.folder for v in paths.superseded("s", 3)} == {"0000", "0001"}
+    assert len(paths.superseded("s", 3)) == 4
+
+
+def test_a_checkpoint_of_a_newer_format_is_refused(store: Store, tmp_path: Path) -> None:
+    (tmp_path / "new").mkdir()
+    (tmp_path / "new" / "meta.json").write_text(
+        json.dumps({"format": FORMAT + 1, "key_groups": 4, "stages": []})
+    )
+    with pytest.raises(StoreError, match=rf"has format {FORMAT + 1}; .*up to {FORMAT}"):
+        Checkpoint(store, str(tmp_path / "new")).key_groups(128, [])
 
 
 def test_state_versions_written_and_superseded(store: Store, tmp_path: Path) -> None:
-    paths = StatePaths(store, str(tmp_path / "state"))
-    shard = Path(paths.shard_dir("s", 0))
-    assert shard == tmp_path / "state" / encode_name("stage", "s") / "0000"
+    paths = StatePaths(store, str(tmp_path / "state"), key_groups=1)
+    folder = Path(paths.stage_dir("s"))
+    assert folder == tmp_path / "state" / encode_name("stage", "s")
 
     def names() -> list[str]:
-        return sorted(p.name for p in shard.iterdir())
+        return sorted(p.name for p in folder.iterdir())
 
-    def step(batch: int, committed: int, changes: dict[str, int], drop: list[str]) -> ShardState:
-        versions = paths.versions("s", 0)
-        state = paths.read_chain("s", 0, StatePaths.chain(versions, committed))
+    def step(batch: int, committed: int, changes: dict[str, int], drop: list[str]) -> RangeState:
+        versions = paths.versions("s")
+        state = paths.read_chain("s", 0, 1, StatePaths.chain(versions, committed, 0, 1))
         for key in drop:
             del state.values[key]
         state.values.update({k: (k, v) for k, v in changes.items()})
-        return paths.write("s", 0, batch, state, list(changes), drop, versions)
+        return paths.write("s", 0, 1, batch, state, list(changes), drop, versions)
 
     first = step(1, 0, dict.fromkeys("abcdwxyz", 1), [])  # nothing before: a full copy
     assert [v.name for v in first.chain] == [names()[0]]
-    assert names()[0].startswith("00000000000000000001-8-") and names()[0].endswith(".state")
+    assert names()[0].startswith("00000000000000000001-00000-00001-8-")
+    assert names()[0].endswith(".state")
     step(2, 1, {"a": 2}, [])  # one key of eight: a changelog
     step(3, 2, {"e": 1}, ["b"])
     assert [n.rsplit(".", 1)[1] for n in names()] == ["state", "delta", "delta"]
-    delta = cloudpickle.loads((shard / names()[2]).read_bytes())
+    delta = cloudpickle.loads((folder / names()[2]).read_bytes())
     assert delta == {"set": {"e": ("e", 1)}, "touched": {}, "removed": ["b"]}
-    state = paths.read_chain("s", 0, paths.usable("s", 0, committed=3))
+    state, _ = paths.read("s", 0, 1, committed=3)
     assert state.values == {"a": ("a", 2), "e": ("e", 1)} | {k: (k, 1) for k in "cdwxyz"}
-    assert paths.read_chain("s", 0, paths.usable("s", 0, committed=2)).values["b"] == ("b", 1)
+    assert paths.read("s", 0, 1, committed=2)[0].values["b"] == ("b", 1)
 
-    # A failed attempt of batch 4 left a file; its replay (another key count) replaces it.
-    step(4, 3, {"f": 1, "g": 1, "h": 1, "i": 1, "j": 1}, [])
-    failed = names()[-1]
+    # A second attempt of batch 4 writes the same state under the same name; a
+    # stray file of batch 4 under another name is passed over (the first by name
+    # stands), never deleted under a reader.
     step(4, 3, {"f": 1}, [])
-    assert failed not in names() and names()[-1].startswith("00000000000000000004-9-")
+    step(4, 3, {"f": 1}, [])
+    assert len(names()) == 4 and names()[-1].startswith("00000000000000000004-00000-00001-9-")
+    (folder / names()[-1].replace("-9-", "-99-")).write_bytes(b"a stray attempt's")
+    assert paths.read("s", 0, 1, committed=4)[0].values["f"] == ("f", 1)
 
     # A batch that changes at least half the keys writes a full copy. The chain it
     # started from stays (batch 5 may be replayed from it) until a batch after it
     # writes: that one starts from the new copy, so the files before it go.
     step(5, 4, dict.fromkeys("acdef", 9), [])
-    assert names()[-1].endswith(".state") and len(names()) == 5
+    assert names()[-1].endswith(".state") and len(names()) == 6
     step(6, 5, {"a": 10}, [])
     assert [n.split("-")[0][-1] for n in names()] == ["5", "6"]
     step(7, 6, {"a": 11}, [])
     assert [n.split("-")[0][-1] for n in names()] == ["5", "6", "7"]
-    assert paths.read_chain("s", 0, paths.usable("s", 0, committed=7)).values["a"] == ("a", 11)
+    assert paths.read("s", 0, 1, committed=7)[0].values["a"] == ("a", 11)
+
+
+def test_state_carries_over_to_another_number_of_tasks(store: Store, tmp_path: Path) -> None:
+    groups = 8
+    paths = StatePaths(store, str(tmp_path / "state"), key_groups=groups)
+    keys = [f"k{i}" for i in range(40)]
+
+    def run(batch: int, tasks: int, add: int, only: list[str] = keys) -> dict[str, int]:
+        """One batch with ``tasks`` tasks: the keys ``only`` + ``add``; the whole state after."""
+        everything: dict[str, int] = {}
+        versions = paths.versions("s")
+        for task in range(tasks):
+            lo, hi = task_range(task, tasks, groups)
+            state, _ = paths.read("s", lo, hi, committed=batch - 1)
+            assert all(lo <= key_group(k, groups) < hi for k in state.values)
+            mine = [k for k in only if KeyGroupPartition(groups, tasks)(k) == task]
+            for key in mine:
+                state.values[key] = state.values.get(key, 0) + add
+            own = all((v.lo, v.hi) == (lo, hi) for v in state.chain)
+            if mine or not own:  # as a state task: no file when nothing changed
+                paths.write("s", lo, hi, batch, state, mine, [], versions)
+            everything |= paths.read("s", lo, hi, committed=batch)[0].values
+        return everything
+
+    def kinds(batch: int) -> str:
+        return "".join(sorted("F" if v.full else "d" for v in paths.versions("s")
+                              if v.batch == batch))
+
+    assert run(1, 2, 1) == dict.fromkeys(keys, 1)
+    assert run(2, 2, 1, keys[:4]) == dict.fromkeys(keys, 1) | dict.fromkeys(keys[:4], 2)
+    assert kinds(2) == "dd"  # changelogs of the two ranges
+    assert run(3, 2, 1, keys[4:]) == dict.fromkeys(keys, 2)
+    assert run(4, 3, 10, keys[:1]) == dict.fromkeys(keys, 2) | {"k0": 12}
+    assert kinds(4) == "FFF"  # three ranges from the two: full copies, changed or not
+    assert run(5, 1, 100) == dict.fromkeys(keys, 102) | {"k0": 112}  # one from the three
+    assert run(6, 4, 1000) == dict.fromkeys(keys, 1102) | {"k0": 1112}
+    assert run(7, 4, 1, keys[:1]) == dict.fromkeys(keys, 1102) | {"k0": 1113}
+    assert kinds(7) == "d"  # only k0's range changed
+    # Batch 7's state needs batch 6's full copies and batch 7's changelog only.
+    live = {(v.batch, v.lo, v.hi) for v in paths.versions("s")} - {
+        (v.batch, v.lo, v.hi) for v in paths.superseded("s", 7)
+    }
+    k0 = task_range(KeyGroupPartition(groups, 4)("k0"), 4, groups)
+    assert live == {(6, *task_range(t, 4, groups)) for t in range(4)} | {(7, *k0)}
+    for version in paths.superseded("s", 7):
+        store.remove(paths.path("s", version))
+    assert run(8, 2, 1) == dict.fromkeys(keys, 1103) | {"k0": 1114}
+
+
+@pytest.mark.parametrize(("tasks", "groups"), [(1, 1), (2, 128), (3, 128), (7, 10), (10, 10)])
+def test_key_groups_go_to_the_task_whose_range_holds_them(tasks: int, groups: int) -> None:
+    ranges = [task_range(t, tasks, groups) for t in range(tasks)]
+    assert ranges[0][0] == 0 and ranges[-1][1] == groups
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
+    partition = KeyGroupPartition(groups, tasks)
+    for key in range(500):
+        lo, hi = ranges[partition(key)]
+        assert lo <= key_group(key, groups) < hi
 
 
 def test_a_full_copy_at_least_every_compact_every_batches(store: Store, tmp_path: Path) -> None:
-    paths = StatePaths(store, str(tmp_path / "state"))
+    paths = StatePaths(store, str(tmp_path / "state"), key_groups=4)
     kinds = []
     for batch in range(1, 2 * COMPACT_EVERY + 2):
-        versions = paths.versions("s", 0)
-        state = paths.read_chain("s", 0, StatePaths.chain(versions, batch - 1))
+        versions = paths.versions("s", 0, 2)
+        state, _ = paths.read("s", 0, 2, committed=batch - 1)
         state.values.setdefault("base", list(range(100)))
         state.values[f"new{batch}"] = batch
-        after = paths.write("s", 0, batch, state, [f"new{batch}"], [], versions)
+        after = paths.write("s", 0, 2, batch, state, [f"new{batch}"], [], versions)
         kinds.append("F" if after.chain[-1].full else "d")
         assert len(after.chain) <= COMPACT_EVERY
     assert "".join(kinds) == "F" + ("d" * (COMPACT_EVERY - 1) + "F") * 2
@@ -181,6 +298,6 @@ def test_a_full_copy_at_least_every_compact_every_batches(store: Store, tmp_path
     ],
 )
 def test_stable_hash_is_pinned(key: object, expected: int) -> None:
-    # Keys were assigned to shards with these values; a change would lose state.
+    # Keys were assigned to key groups with these values; a change would lose state.
     assert stable_hash(key) == expected
-    assert StablePartition()(key) == expected
+    assert key_group(key, 128) == expected % 128

@@ -18,7 +18,7 @@ import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from sparkjet.core.checkpoint import Checkpoint, ShardState, StatePaths
+from sparkjet.core.checkpoint import Checkpoint, RangeState, StatePaths
 from sparkjet.core.client import Client
 from sparkjet.core.config import load_config
 from sparkjet.core.jobs import handle as handle_module
@@ -198,17 +198,17 @@ def test_corrupt_segments_and_state_files_name_their_file(store: Store) -> None:
 
     paths = StatePaths(store, store.path("jobs", "j", "checkpoint", "state"))
     write_full(paths, 3, {"a": 1, "b": 2})
-    version = paths.versions("counts", 0)[0]
-    file = f"{paths.shard_dir('counts', 0)}/{version.name}"
+    version = paths.versions("counts")[0]
+    file = paths.path("counts", version)
     store.write_bytes(file, store.read_bytes(file)[:-7])
     with pytest.raises(StoreError, match=r"stage 'counts': state file '.*-2-\d+.state' is corrupt"):
-        paths.read("counts", 0, version)
+        paths.read("counts", 0, 128, committed=3)
 
 
 def write_full(paths: StatePaths, batch: int, values: dict[Any, Any]) -> None:
-    """Write ``batch``'s state of shard 0 of stage ``counts`` (a full copy: no chain)."""
-    paths.write("counts", 0, batch, ShardState(values, {}, []), list(values), [],
-                paths.versions("counts", 0))
+    """Write ``batch``'s state of all key groups of stage ``counts`` (a full copy: no chain)."""
+    paths.write("counts", 0, paths.key_groups, batch, RangeState(values, {}, []), list(values),
+                [], paths.versions("counts"))
 
 
 # --- checkpoint writes that two drivers may race ------------------------------------------
@@ -223,17 +223,20 @@ def test_a_batch_has_one_plan_and_one_commit(store: Store) -> None:
     assert checkpoint.write_commit(4, {"ends": {"s": [10]}, "time": 3}) is True
     assert checkpoint.write_commit(4, {"ends": {"s": [25]}, "time": 4}) is False
     assert checkpoint.commit_record(4)["ends"] == {"s": [10]}
-    assert checkpoint.shards(2, ["s"]) == 2
-    assert checkpoint.shards(8, ["s"]) == 2  # fixed for the checkpoint's life
+    assert checkpoint.key_groups(2, ["s"]) == 2
+    assert checkpoint.key_groups(8, ["s"]) == 2  # fixed for the checkpoint's life
 
 
 def test_a_late_attempt_of_an_old_batch_never_deletes_a_newer_version(store: Store) -> None:
     paths = StatePaths(store, store.path("jobs", "j", "checkpoint", "state"))
     write_full(paths, 5, {"a": 5})
     write_full(paths, 3, {"a": 3, "b": 1})  # a stray attempt of 3
-    assert [(v.batch, v.keys) for v in paths.versions("counts", 0)] == [(3, 2), (5, 1)]
-    write_full(paths, 3, {"a": 3})  # its retry, other key count
-    assert [(v.batch, v.keys) for v in paths.versions("counts", 0)] == [(3, 1), (5, 1)]
+    assert [(v.batch, v.keys) for v in paths.versions("counts")] == [(3, 2), (5, 1)]
+    write_full(paths, 3, {"a": 3})  # another, other key count: both stay, 5 stays
+    assert [(v.batch, v.keys) for v in paths.versions("counts")] == [(3, 1), (3, 2), (5, 1)]
+    assert paths.read("counts", 0, 128, committed=5)[0].values == {"a": 5}
+    # As of 3, the first by name stands, whichever attempt a reader lists first.
+    assert paths.read("counts", 0, 128, committed=3)[0].values == {"a": 3}
 
 
 # --- jobs: control files and fencing ----------------------------------------------------
@@ -476,3 +479,50 @@ def test_commit_once_costs_the_same_however_long_the_log(
     monkeypatch.setattr(Store, "listdir", original)
     items = [item for r in log.live_records() for item in log.payload(r)]
     assert items == [*range(30), "b0", "other", "b1", "b2", "b3"]
+
+
+_OVER_MEMORY = r"""
+import resource, sys
+from sparkjet.aggregate import counting
+from sparkjet.core.checkpoint import RangeState, StatePaths
+from sparkjet.core.keyed import keyed_fold
+from sparkjet.core.runtime.stream import StateTask
+from sparkjet.core.store import Store
+
+store = Store(sys.argv[1])
+paths = StatePaths(store, store.path("state"), key_groups=1)
+values = {f"key-{i}": (f"key-{i}", i) for i in range(int(sys.argv[2]))}
+paths.write("counts", 0, 1, 0, RangeState(values, {}, []), [], [], [])
+del values
+size = sum(v.size for v in paths.versions("counts"))
+# As PySpark does with spark.executor.pyspark.memory: a cap on the address space.
+with open("/proc/self/status") as fh:
+    used = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmSize"))
+resource.setrlimit(resource.RLIMIT_AS, (used + 2 * size, resource.RLIM_INFINITY))
+fold = keyed_fold("aggregate", {"operation": counting()})
+task = StateTask(fold, "counts", None, paths, 1, 0, 0, None, 1)
+try:
+    list(task(0, iter([])))
+    list(task(0, iter([("key-1", (0, 1))])))
+except Exception as exc:
+    from sparkjet.core.fusion import decode_failure
+    stage, cause, _ = decode_failure(str(exc))
+    print(type(exc).__name__, stage, type(cause).__name__, cause)
+else:
+    print("loaded", size)
+"""
+
+
+def test_state_over_a_workers_memory_is_a_clear_error(tmp_path: Path) -> None:
+    """A worker capped as spark.executor.pyspark.memory caps it: the stage and the fix, named."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _OVER_MEMORY, str(tmp_path / "store"), "400000"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert "StageFailure" in out.stdout, out.stdout + out.stderr
+    assert "counts" in out.stdout and "MemoryError" in out.stdout
+    assert "key groups [0, 1) of 1 does not fit in this Python worker's memory" in out.stdout
+    assert "spark.executor.pyspark.memory" in out.stdout

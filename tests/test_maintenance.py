@@ -131,3 +131,30 @@ def test_the_client_collects_garbage(tmp_path: Path) -> None:
     paths = layout(client.store)
     assert client.collect_garbage(dry_run=True).total == 8 and paths["orphan"].exists()
     assert client.collect_garbage().total == 8 and not paths["orphan"].exists()
+
+
+def test_state_files_no_key_group_needs_go(store: Store) -> None:
+    """Files of a checkpoint's state written with 2 tasks, then a full copy by 1: the 2 go."""
+    from sparkjet.core.checkpoint import Checkpoint, RangeState
+
+    records = JobRecords(store)
+    records.write({"id": "j", "status": "RUNNING", "completion_time": -1,
+                   "checkpoint": "checkpoint"})
+    checkpoint = Checkpoint(store, records.path("j", "checkpoint"))
+    paths = checkpoint.state(checkpoint.key_groups(4, ["s"]))
+    for batch, ranges in ((0, [(0, 2), (2, 4)]), (1, [(0, 4)])):
+        for lo, hi in ranges:
+            paths.write("s", lo, hi, batch, RangeState({f"k{lo}": batch}, {}, []), [], [],
+                        paths.versions("s"))
+        checkpoint.write_plan(batch, {"batch": batch})
+        checkpoint.write_commit(batch, {"ends": {}})
+    stage = Path(paths.stage_dir("s"))
+    before = sorted(p.name for p in stage.iterdir())
+    assert len(before) == 3
+    report = collect_garbage(store, grace_seconds=3600)
+    assert "superseded state files" not in report.removed  # younger than the grace
+    age(stage, 7200)
+    report = collect_garbage(store, grace_seconds=3600)
+    assert sorted(Path(p).name for p in report.removed["superseded state files"]) == before[:2]
+    assert sorted(p.name for p in stage.iterdir()) == before[2:]
+    assert paths.read("s", 0, 4, committed=1)[0].values == {"k0": 1}

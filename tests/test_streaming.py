@@ -304,3 +304,46 @@ def test_failure_suspends_or_fails_per_config(client) -> None:  # type: ignore[n
         failing.join(timeout=60)
     assert isinstance(info.value.__cause__, ValueError)
     assert failing.status is JobStatus.FAILED
+
+
+def test_state_carries_over_when_the_cluster_grows_and_shrinks(  # type: ignore[no-untyped-def]
+    client, monkeypatch
+) -> None:
+    """Suspended, resumed on a cluster running 3 tasks at once, then 1: counts go on exactly."""
+    from sparkjet.core.checkpoint import Checkpoint, task_range
+    from sparkjet.core.runtime.engine import SparkEngine
+    from sparkjet.core.store import JobRecords
+
+    stream = client.get_stream("grow", partitions=2)
+    p = Pipeline.create()
+    (p.read_from(StreamSource("grow")).group_by(lambda x: x % 50).aggregate(counting())
+     .set_name("per-key").write_to(Pipeline.to_map("grown")))
+    job = start(client, p, "grow", key_groups=12)
+    checkpoint = Checkpoint(client.store, JobRecords(client.store).path(job.id, "checkpoint"))
+    oracle: dict[int, int] = {}
+    try:
+        for tasks, values in ((2, range(0, 300)), (3, range(300, 700)), (1, range(700, 800))):
+            if tasks != 2:
+                job.suspend()
+                wait_for(lambda: job.status is JobStatus.SUSPENDED, what="suspended")
+                monkeypatch.setattr(SparkEngine, "parallelism", lambda self, n=tasks: n)
+                job.resume()
+            stream.publish_all(values)
+            for v in values:
+                oracle[v % 50] = oracle.get(v % 50, 0) + 1
+            wait_for(lambda: dict(client.get_map("grown").entry_set()) == oracle,
+                     what=f"the counts with {tasks} tasks")
+            # The sink commits before the batch's commit record: wait for the record.
+            wait_for(lambda n=tasks: checkpoint.last_commit() >= 0
+                     and checkpoint.planned(checkpoint.last_commit())["tasks"] == n,
+                     what=f"a batch committed with {tasks} tasks")
+            last = checkpoint.last_commit()
+            files = checkpoint.state(12).versions("per-key")
+            assert {(v.lo, v.hi) for v in files if v.batch == last} <= {
+                task_range(t, tasks, 12) for t in range(tasks)
+            }
+        wait_for(lambda: job.get_metrics()["stages"]["per-key"]["snapshotKeys"] == 50,
+                 what="the state's key count in the metrics")
+        assert checkpoint.meta()["key_groups"] == 12
+    finally:
+        stop(job)

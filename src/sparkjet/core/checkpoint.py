@@ -9,30 +9,38 @@ only with the ``format`` number in ``meta.json``.
 In the layout below, ``<batch>`` is the batch number zero-padded to 20
 digits, so names sort in batch order (the offsets and commit files of the
 last 10 committed batches are kept); ``<stage>`` is the stage name encoded by
-:func:`sparkjet.core.store.encode_name`, ``<shard>`` the shard number
-zero-padded to 4 digits, ``<keys>`` the number of keys in the shard after the
-batch and ``<bytes>`` the file's size.
+:func:`sparkjet.core.store.encode_name`; ``<lo>`` and ``<hi>`` the key groups
+``[lo, hi)`` a file holds, zero-padded to 5 digits; ``<keys>`` the number of
+keys in those groups after the batch and ``<bytes>`` the file's size.
 The layout must stay the last part of this docstring: a docs test reads it.
 
-A ``.state`` file (a full copy) is a cloudpickle of ``{"values": {key:
-entry}, "touched": {key: millis}}`` (entries as
-:class:`sparkjet.core.keyed.KeyedFold` describes; ``touched`` only for stages
-with a TTL); a ``.delta`` file (one batch's changelog) a cloudpickle of
-``{"set": {key: entry}, "touched": {key: millis}, "removed": [key]}``. A
-shard's state as of batch ``b`` is its newest ``.state`` not after ``b``
-with the ``.delta`` files after it, up to ``b``, applied in order (see
-:class:`StatePaths`). Keys go to shards by :func:`stable_hash` modulo the
-shard count, which meta.json fixes for the checkpoint's life. Format 1 wrote
-only ``<batch>-<keys>.state`` full copies; they are read as they are.
+A key belongs to key group ``stable_hash(key) % key_groups`` (see
+:func:`stable_hash`); meta.json fixes the number of key groups for the
+checkpoint's life, and each batch's plan the number of state tasks it ran
+with (a replay runs with the same). A ``.state`` file (a full copy) is a
+cloudpickle of ``{"values": {key: entry}, "touched": {key: millis}}``
+(entries as :class:`sparkjet.core.keyed.KeyedFold` describes; ``touched``
+only for stages with a TTL); a ``.delta`` file (one batch's changelog) a
+cloudpickle of ``{"set": {key: entry}, "touched": {key: millis}, "removed":
+[key]}``. A key group's state as of batch ``b`` is the newest ``.state``
+covering it not after ``b`` with the ``.delta`` files covering it after
+that, up to ``b``, applied in order (see :class:`StatePaths`).
+
+Formats 1 and 2 fixed a number of *shards* instead (``"shards": <n>`` in
+meta.json, keys by the same hash modulo n) and kept each shard's files in a
+folder ``state/<stage>/<shard>/`` (shard zero-padded to 4 digits), named
+``<batch>-<keys>.state`` (format 1) or ``<batch>-<keys>-<bytes>.state|.delta``
+(format 2). They are read as they are, shard ``s`` as key group ``s`` of n;
+new files go to the flat layout.
 
 Layout (``jobs/<id>/checkpoint`` in the store; a throw-away
 ``jobs/<id>/scratch-<n>`` for NONE)::
 
-    meta.json              {"format": 2, "shards": <n>, "stages": [<names>, sorted]}
-    offsets/<batch>.json   planned ranges (write-ahead): {"batch", "starts", "ends", "time"}
+    meta.json              {"format": 3, "key_groups": <n>, "stages": [<names>, sorted]}
+    offsets/<batch>.json   the plan (write-ahead): {"batch", "starts", "ends", "time", "tasks"}
     commits/<batch>.json   committed batches: {"ends", "time", "duration_ms"}
-    state/<stage>/<shard>/<batch>-<keys>-<bytes>.state   a full copy
-    state/<stage>/<shard>/<batch>-<keys>-<bytes>.delta   one batch's changelog
+    state/<stage>/<batch>-<lo>-<hi>-<keys>-<bytes>.state   a full copy of key groups [lo, hi)
+    state/<stage>/<batch>-<lo>-<hi>-<keys>-<bytes>.delta   one batch's changelog of them
 """
 
 from __future__ import annotations
@@ -44,14 +52,16 @@ from typing import Any, NamedTuple
 import cloudpickle
 
 from sparkjet.core.errors import StoreError
-from sparkjet.core.naming import encode_name
+from sparkjet.core.model import DEFAULT_KEY_GROUPS
+from sparkjet.core.naming import decode_name, encode_name
 from sparkjet.core.store import Store
 
-#: The ``format`` number written to meta.json (2: changelogs and sizes in state
-#: file names; format-1 checkpoints, full copies only, are read as they are).
-FORMAT = 2
+#: The ``format`` number written to meta.json (3: key groups; format-1 and
+#: format-2 checkpoints, with shards, are read as they are).
+FORMAT = 3
+_GROUP_WIDTH = 5  # digits of a key group number in file names
 _WIDTH = 20  # digits of a batch number in file names
-_SHARD_WIDTH = 4  # digits of a shard number in folder names
+_SHARD_WIDTH = 4  # digits of a shard number in format-1/2 folder names
 _KEEP_LOG = 10  # committed batches whose offsets/commit files are kept
 _META = "meta.json"
 _OFFSETS = "offsets"
@@ -59,8 +69,8 @@ _COMMITS = "commits"
 _STATE = "state"
 _STATE_SUFFIX = ".state"
 _DELTA_SUFFIX = ".delta"
-#: A shard writes a full copy of its state at least every this many batches
-#: that change it; the batches between write changelogs.
+#: A state task writes a full copy of its key groups at least every this many batches
+#: that change them; the batches between write changelogs.
 COMPACT_EVERY = 10
 
 
@@ -98,21 +108,37 @@ def stable_hash(key: Any) -> int:
     return hash(key)
 
 
-class StablePartition:
-    """The state shuffle's partition function: a key goes to shard ``stable_hash(key) % shards``.
+def key_group(key: Any, groups: int) -> int:
+    """The key group a key belongs to: ``stable_hash(key) % groups``."""
+    return stable_hash(key) % groups
 
-    Spark's ``partitionBy(shards, StablePartition())`` takes the modulo.
+
+def task_range(task: int, tasks: int, groups: int) -> tuple[int, int]:
+    """The key groups ``[lo, hi)`` task ``task`` of ``tasks`` owns (contiguous, as in Flink)."""
+    return (task * groups + tasks - 1) // tasks, ((task + 1) * groups + tasks - 1) // tasks
+
+
+class KeyGroupPartition:
+    """The state shuffle's partition function: a key goes to the task owning its key group.
+
+    Key group ``g`` of ``groups`` belongs to task ``g * tasks // groups``, the
+    inverse of :func:`task_range`. Spark's ``partitionBy(tasks, ...)`` takes
+    the result modulo ``tasks``, which changes nothing.
     """
 
+    def __init__(self, groups: int, tasks: int) -> None:
+        self.groups, self.tasks = groups, tasks
+
     def __call__(self, key: Any) -> int:
-        return stable_hash(key)
+        return (stable_hash(key) % self.groups) * self.tasks // self.groups
 
 
 class StateVersion(NamedTuple):
-    """One file of a shard's state: a full copy or one batch's changelog.
+    """One file of a stage's state: a full copy or one batch's changelog of key groups ``[lo, hi)``.
 
     ``size`` is the file's size in bytes, from its name (-1 for a format-1
-    name, which does not carry it).
+    name, which does not carry it); ``folder`` the sub-folder of a format-1 or
+    format-2 file (its shard's), ``""`` for the flat layout of format 3.
     """
 
     batch: int
@@ -120,72 +146,148 @@ class StateVersion(NamedTuple):
     name: str
     full: bool = True
     size: int = -1
+    lo: int = 0
+    hi: int = 1
+    folder: str = ""
 
 
-def _parse_version(entry: str) -> StateVersion | None:
+def _order(version: StateVersion) -> tuple[int, bool, int, str]:
+    # Batch order; at one batch a changelog before a full copy (the copy includes it).
+    return version.batch, version.full, version.lo, version.name
+
+
+def _parse_version(entry: str, folder: str = "") -> StateVersion | None:
     for suffix, full in ((_STATE_SUFFIX, True), (_DELTA_SUFFIX, False)):
-        if entry.endswith(suffix):
-            parts = entry[: -len(suffix)].split("-")
-            if len(parts) in (2, 3) and all(p.isdigit() for p in parts):
-                size = int(parts[2]) if len(parts) == 3 else -1
-                return StateVersion(int(parts[0]), int(parts[1]), entry, full, size)
+        if not entry.endswith(suffix):
+            continue
+        parts = entry[: -len(suffix)].split("-")
+        if not all(p.isdigit() for p in parts):
+            return None
+        if folder and len(parts) in (2, 3):  # format 1 or 2, in a shard folder
+            shard = int(folder)
+            size = int(parts[2]) if len(parts) == 3 else -1
+            return StateVersion(int(parts[0]), int(parts[1]), entry, full, size, shard,
+                                shard + 1, folder)
+        if not folder and len(parts) == 5:  # format 3: <batch>-<lo>-<hi>-<keys>-<bytes>
+            batch, lo, hi, keys, size = map(int, parts)
+            return StateVersion(batch, keys, entry, full, size, lo, hi) if lo < hi else None
     return None
 
 
-class ShardState(NamedTuple):
-    """A shard's state as of one batch, and the files it was read from (oldest first)."""
+class RangeState(NamedTuple):
+    """The state of key groups ``[lo, hi)`` as of one batch, and the files it was read from."""
 
     values: dict[Any, Any]
     touched: dict[Any, int]
     chain: list[StateVersion]
 
 
+def _starts(chain: list[StateVersion], lo: int, hi: int) -> dict[int, int]:
+    """Per key group in ``[lo, hi)``: the batch of the newest full copy covering it, or -1."""
+    starts = dict.fromkeys(range(lo, hi), -1)
+    for v in chain:
+        if v.full:
+            for g in range(max(v.lo, lo), min(v.hi, hi)):
+                starts[g] = max(starts[g], v.batch)
+    return starts
+
+
 class StatePaths:
     """Where a job's keyed state lives, and reading and writing it; picklable.
 
+    State is split into a fixed number of *key groups* (``key_groups``, fixed
+    for a checkpoint's life, like Flink's maximum parallelism); a micro-batch
+    runs some number of state tasks, each owning a contiguous range of key
+    groups (:func:`task_range`), and that number may differ from batch to
+    batch (a job resumed on a bigger cluster runs more). A task's files name
+    its range, and a reader of any range takes from every file that overlaps
+    it the keys of its own groups.
+
     Cost follows the work: a batch writes a *changelog* of the keys it
-    changed (``.delta``), not the shard's whole state; every
-    :data:`COMPACT_EVERY` batches of a shard (or when a batch changed at
-    least half its keys) it writes a full copy (``.state``) instead, and the
-    files before that copy's predecessor are removed. A shard's state as of
-    a batch is the newest full copy not after it plus the changelogs after
-    that copy, in order. A batch replayed after a crash reads the state as
-    of the last committed batch, so it starts from exactly the state it
-    started from the first time.
+    changed (``.delta``), not the range's whole state; every
+    :data:`COMPACT_EVERY` batches (or when a batch changed at least half the
+    keys, or the range differs from the files it read) it writes a full copy
+    (``.state``) instead, and the task's older files are removed. A key
+    group's state as of a batch is the newest full copy covering it, not
+    after the batch, plus the changelogs after that copy. A batch replayed
+    after a crash reads the state as of the last committed batch, so it starts
+    from exactly the state it started from the first time.
     """
 
-    def __init__(self, store: Store, root: str) -> None:
+    def __init__(self, store: Store, root: str, key_groups: int = DEFAULT_KEY_GROUPS) -> None:
         self.store = store
         self.root = root
+        self.key_groups = key_groups
+
+    def stage_dir(self, stage: str) -> str:
+        """The folder of one stage's state."""
+        return f"{self.root}/{encode_name('stage', stage)}"
 
     def shard_dir(self, stage: str, shard: int) -> str:
-        """The folder of one shard of one stage's state."""
-        return f"{self.root}/{encode_name('stage', stage)}/{shard:0{_SHARD_WIDTH}d}"
+        """The folder of one shard of a format-1 or format-2 checkpoint's state."""
+        return f"{self.stage_dir(stage)}/{shard:0{_SHARD_WIDTH}d}"
 
-    def versions(self, stage: str, shard: int) -> list[StateVersion]:
-        """Every state file of a shard, oldest first (listed afresh)."""
-        found = (_parse_version(e) for e in self.store.listdir(self.shard_dir(stage, shard)))
-        return sorted(v for v in found if v is not None)
+    def path(self, stage: str, version: StateVersion) -> str:
+        """The path of one state file."""
+        if version.folder:
+            return f"{self.stage_dir(stage)}/{version.folder}/{version.name}"
+        return f"{self.stage_dir(stage)}/{version.name}"
+
+    def versions(self, stage: str, lo: int = 0, hi: int | None = None) -> list[StateVersion]:
+        """Every state file of a stage overlapping key groups ``[lo, hi)``, oldest first.
+
+        Listed afresh. A stray attempt may have left a second file for the same
+        batch and range: it is listed too (:meth:`chain` takes the first).
+        """
+        hi = self.key_groups if hi is None else hi
+        folder = self.stage_dir(stage)
+        found: list[StateVersion | None] = []
+        for entry in self.store.listdir(folder):
+            if len(entry) == _SHARD_WIDTH and entry.isdigit():
+                if lo <= int(entry) < hi:  # a format-1/2 shard folder
+                    found.extend(_parse_version(e, entry)
+                                 for e in self.store.listdir(f"{folder}/{entry}"))
+            else:
+                found.append(_parse_version(entry))
+        return sorted((v for v in found if v is not None and v.lo < hi and v.hi > lo),
+                      key=_order)
 
     @staticmethod
-    def chain(versions: list[StateVersion], committed: int) -> list[StateVersion]:
-        """The files that make up the state as of ``committed``: a full copy, then changelogs."""
-        usable = [v for v in versions if v.batch <= committed]
-        fulls = [i for i, v in enumerate(usable) if v.full]
-        return usable[fulls[-1]:] if fulls else usable
+    def chain(
+        versions: list[StateVersion], committed: int, lo: int = 0, hi: int = 1
+    ) -> list[StateVersion]:
+        """The files that make up key groups ``[lo, hi)`` as of ``committed``, oldest first.
 
-    def usable(self, stage: str, shard: int, committed: int) -> list[StateVersion]:
-        """The files a batch after ``committed`` starts from (see :meth:`chain`)."""
-        return self.chain(self.versions(stage, shard), committed)
+        For each key group, the newest full copy covering it and the
+        changelogs covering it after that copy. Where attempts of one batch
+        left two files for the same range, the first by name stands (attempts
+        of one batch write the same state).
+        """
+        seen: set[tuple[int, bool, int, int]] = set()
+        usable: list[StateVersion] = []
+        for v in versions:
+            if v.batch <= committed and v.lo < hi and v.hi > lo and (
+                    (v.batch, v.full, v.lo, v.hi) not in seen):
+                seen.add((v.batch, v.full, v.lo, v.hi))
+                usable.append(v)
+        if all(v.lo == lo and v.hi == hi for v in usable):  # one range throughout: the usual
+            fulls = [i for i, v in enumerate(usable) if v.full]
+            return usable[fulls[-1]:] if fulls else usable
+        starts = _starts(usable, lo, hi)
+        return [
+            v for v in usable
+            if any((starts[g] == v.batch) if v.full else (v.batch > starts[g])
+                   for g in range(max(v.lo, lo), min(v.hi, hi)))
+        ]
 
-    def size(self, stage: str, shard: int, version: StateVersion) -> int:
+    def size(self, stage: str, version: StateVersion) -> int:
         """The size of a version's file in bytes."""
         if version.size >= 0:
             return version.size
-        return self.store.size(f"{self.shard_dir(stage, shard)}/{version.name}")
+        return self.store.size(self.path(stage, version))
 
-    def _load(self, stage: str, shard: int, version: StateVersion) -> Any:
-        path = f"{self.shard_dir(stage, shard)}/{version.name}"
+    def _load(self, stage: str, version: StateVersion) -> Any:
+        path = self.path(stage, version)
         raw = self.store.read_bytes(path)
         try:
             data = cloudpickle.loads(raw)
@@ -193,6 +295,8 @@ class StatePaths:
             missing = [k for k in wanted if k not in data]
             if missing:
                 raise KeyError(f"no {', '.join(missing)}")
+        except MemoryError:  # too big for this process, not corrupt
+            raise
         except Exception as exc:
             raise StoreError(self.store.redact(
                 f"stage {stage!r}: state file {path!r} is corrupt or truncated "
@@ -200,61 +304,73 @@ class StatePaths:
             )) from exc
         return data
 
-    def read_chain(self, stage: str, shard: int, chain: list[StateVersion]) -> ShardState:
-        """The state the files of ``chain`` make up (see :meth:`chain`)."""
+    def read_chain(self, stage: str, lo: int, hi: int, chain: list[StateVersion]) -> RangeState:
+        """The state of key groups ``[lo, hi)`` that the files of ``chain`` make up."""
         values: dict[Any, Any] = {}
         touched: dict[Any, int] = {}
+        simple = all(v.lo == lo and v.hi == hi for v in chain)
+        starts = {} if simple else _starts(chain, lo, hi)
         for version in chain:
-            data = self._load(stage, shard, version)
+            data = self._load(stage, version)
+            if simple:
+                if version.full:
+                    values, touched = data["values"], data["touched"]
+                else:
+                    _apply(values, touched, data, None, self.key_groups)
+                if len(values) != version.keys:
+                    raise StoreError(self.store.redact(
+                        f"stage {stage!r}: state file {self.path(stage, version)!r} leaves "
+                        f"{len(values)} keys, its name says {version.keys}"
+                    ))
+                continue
+            overlap = range(max(version.lo, lo), min(version.hi, hi))
             if version.full:
-                values, touched = data["values"], data["touched"]
+                keep = {g for g in overlap if starts[g] == version.batch}
+                whole = len(keep) == version.hi - version.lo
+                for key, entry in data["values"].items():
+                    if whole or key_group(key, self.key_groups) in keep:
+                        values[key] = entry
+                        if key in data["touched"]:
+                            touched[key] = data["touched"][key]
             else:
-                for key in data["removed"]:
-                    values.pop(key, None)
-                    touched.pop(key, None)
-                values.update(data["set"])
-                touched.update(data["touched"])
-            if len(values) != version.keys:
-                path = f"{self.shard_dir(stage, shard)}/{version.name}"
-                raise StoreError(self.store.redact(
-                    f"stage {stage!r}: state file {path!r} leaves {len(values)} keys, "
-                    f"its name says {version.keys}"
-                ))
-        return ShardState(values, touched, list(chain))
+                keep = {g for g in overlap if version.batch > starts[g]}
+                whole = len(keep) == version.hi - version.lo
+                _apply(values, touched, data, None if whole else keep, self.key_groups)
+        return RangeState(values, touched, list(chain))
 
-    def read(
-        self, stage: str, shard: int, version: StateVersion
-    ) -> tuple[dict[Any, Any], dict[Any, int], int]:
-        """The state as of ``version``'s batch: ``(values, touched, bytes read)``."""
-        chain = self.chain(self.versions(stage, shard), version.batch)
-        state = self.read_chain(stage, shard, chain)
-        return state.values, state.touched, sum(self.size(stage, shard, v) for v in chain)
+    def read(self, stage: str, lo: int, hi: int, committed: int) -> tuple[RangeState, int]:
+        """The state of key groups ``[lo, hi)`` as of ``committed``, and the bytes read."""
+        chain = self.chain(self.versions(stage, lo, hi), committed, lo, hi)
+        return self.read_chain(stage, lo, hi, chain), sum(self.size(stage, v) for v in chain)
 
     def write(
         self,
         stage: str,
-        shard: int,
+        lo: int,
+        hi: int,
         batch: int,
-        state: ShardState,
+        state: RangeState,
         changed: list[Any],
         removed: list[Any],
         existing: list[StateVersion],
-    ) -> ShardState:
-        """Write ``batch``'s file of a shard; returns the state with its new chain.
+    ) -> RangeState:
+        """Write ``batch``'s file of key groups ``[lo, hi)``; returns the state with its new chain.
 
-        ``state`` is the shard's state after the batch (its chain: the files it
+        ``state`` is the range's state after the batch (its chain: the files it
         was read from), ``changed`` and ``removed`` the keys the batch set and
-        dropped, ``existing`` the shard's files as listed before. Removes what a
-        failed attempt of this same batch left under another name first, and
-        after, the files older than the chain's full copy (a replay of this
-        batch reads only the chain). Never touches a newer batch's file: a late
-        or stray attempt of an old batch must not delete what a newer one wrote.
+        dropped, ``existing`` the stage's files as listed before. After
+        writing, removes this range's files older than the chain's full copy (a
+        replay of this batch reads only the chain). Never touches a newer
+        batch's file, nor one of this batch (a stray attempt of an old batch
+        must not delete what a newer one wrote, and a reader of this batch may
+        be reading the other attempt's copy), nor one that other ranges may
+        still read (``sparkjet gc`` collects those).
         """
         values, touched, chain = state
+        simple = bool(chain) and all(v.lo == lo and v.hi == hi for v in chain)
         deltas = sum(1 for v in chain if not v.full)
-        full = not chain or deltas + 1 >= COMPACT_EVERY or 2 * (len(changed) + len(removed)) >= max(
-            len(values), 1
-        )
+        full = not simple or deltas + 1 >= COMPACT_EVERY or 2 * (
+            len(changed) + len(removed)) >= max(len(values), 1)
         if full:
             data = cloudpickle.dumps({"values": values, "touched": touched})
         else:
@@ -264,19 +380,49 @@ class StatePaths:
                 "removed": removed,
             })
         suffix = _STATE_SUFFIX if full else _DELTA_SUFFIX
-        name = f"{batch:0{_WIDTH}d}-{len(values)}-{len(data)}{suffix}"
-        folder = self.shard_dir(stage, shard)
-        for version in existing:
-            if version.batch == batch and version.name != name:
-                self.store.remove(f"{folder}/{version.name}")
-        self.store.write_bytes(f"{folder}/{name}", data)
-        written = StateVersion(batch, len(values), name, full, len(data))
+        name = (f"{batch:0{_WIDTH}d}-{lo:0{_GROUP_WIDTH}d}-{hi:0{_GROUP_WIDTH}d}-"
+                f"{len(values)}-{len(data)}{suffix}")
+        written = StateVersion(batch, len(values), name, full, len(data), lo, hi)
+        self.store.write_bytes(self.path(stage, written), data)
         fulls = [v for v in chain if v.full]
-        if fulls:
+        if simple and fulls:
             for version in existing:
-                if version.batch < fulls[0].batch:
-                    self.store.remove(f"{folder}/{version.name}")
-        return ShardState(values, touched, [written] if full else [*chain, written])
+                if version.batch < fulls[0].batch and lo <= version.lo and version.hi <= hi:
+                    self.store.remove(self.path(stage, version))
+        return RangeState(values, touched, [written] if full else [*chain, written])
+
+    def stages(self) -> list[str]:
+        """The names of the stages that have state here."""
+        return sorted(decode_name(e) for e in self.store.listdir(self.root))
+
+    def superseded(self, stage: str, committed: int) -> list[StateVersion]:
+        """The stage's files that no key group's state needs as of ``committed`` or later."""
+        versions = self.versions(stage)
+        live = set(self.chain(versions, committed, 0, self.key_groups))
+        return [v for v in versions if v.batch <= committed and v not in live]
+
+
+def _apply(
+    values: dict[Any, Any], touched: dict[Any, int], delta: dict[str, Any],
+    keep: set[int] | None, groups: int,
+) -> None:
+    """Apply one changelog; with ``keep``, only to the keys of those key groups."""
+    if keep is None:
+        for key in delta["removed"]:
+            values.pop(key, None)
+            touched.pop(key, None)
+        values.update(delta["set"])
+        touched.update(delta["touched"])
+        return
+    for key in delta["removed"]:
+        if key_group(key, groups) in keep:
+            values.pop(key, None)
+            touched.pop(key, None)
+    for key, entry in delta["set"].items():
+        if key_group(key, groups) in keep:
+            values[key] = entry
+            if key in delta["touched"]:
+                touched[key] = delta["touched"][key]
 
 
 class Checkpoint:
@@ -301,21 +447,41 @@ class Checkpoint:
         """Write meta.json."""
         self.store.write_bytes(f"{self.root}/{_META}", json.dumps(meta).encode())
 
-    def shards(self, default: int, stages: list[str]) -> int:
-        """The checkpoint's shard count; on first use, write meta with ``default`` shards.
+    def key_groups(self, default: int, stages: list[str]) -> int:
+        """The checkpoint's number of key groups; on first use, write meta with ``default``.
 
-        The count is fixed for the checkpoint's life: keys were assigned to
-        shards by it.
+        The number is fixed for the checkpoint's life: keys were assigned to key
+        groups by it (a format-1/2 checkpoint's shards are its key groups).
         """
         meta = self.meta()
         if meta is None:
-            meta = {"format": FORMAT, "shards": max(1, int(default)), "stages": sorted(stages)}
+            meta = {"format": FORMAT, "key_groups": max(1, int(default)),
+                    "stages": sorted(stages)}
             if not self.store.create_exclusive(
                 f"{self.root}/{_META}", json.dumps(meta).encode()
             ):
-                meta = self.meta()  # another driver wrote it first: its count stands
+                meta = self.meta()  # another driver wrote it first: its number stands
                 assert meta is not None
-        return int(meta["shards"])
+        if int(meta.get("format", 1)) > FORMAT:
+            raise StoreError(self.store.redact(
+                f"checkpoint {self.root!r} has format {meta['format']}; this sparkjet reads "
+                f"formats up to {FORMAT} (upgrade sparkjet to resume it)"
+            ))
+        groups = self.written_key_groups()
+        assert groups is not None
+        return groups
+
+    def written_key_groups(self) -> int | None:
+        """The number of key groups meta.json fixed, or None before the first batch."""
+        meta = self.meta()
+        if meta is None:
+            return None
+        groups = meta.get("key_groups", meta.get("shards")) if isinstance(meta, dict) else None
+        if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+            raise StoreError(self.store.redact(
+                f"checkpoint {self.root!r}: its {_META} names no number of key groups: {meta!r}"
+            ))
+        return groups
 
     def _batches(self, folder: str) -> list[int]:
         return sorted(
@@ -373,9 +539,9 @@ class Checkpoint:
         """The folder of the keyed state."""
         return f"{self.root}/{_STATE}"
 
-    def state(self) -> StatePaths:
-        """The state layout of this checkpoint."""
-        return StatePaths(self.store, self.state_root)
+    def state(self, key_groups: int) -> StatePaths:
+        """The state layout of this checkpoint, with its number of key groups."""
+        return StatePaths(self.store, self.state_root, key_groups)
 
     def delete(self) -> None:
         """Remove the whole checkpoint."""

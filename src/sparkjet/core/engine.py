@@ -83,7 +83,7 @@ class Engine(Protocol):
         committed: int,
         source_ranges: Mapping[str, tuple[Any, Any]],
         state: StatePaths,
-        shards: int,
+        tasks: int,
         now_ms: int,
         on_commit: Callable[[], None] | None = None,
     ) -> Execution:
@@ -93,7 +93,7 @@ class Engine(Protocol):
         :param committed: the last committed batch: keyed state is read as of it.
         :param source_ranges: per source stage, the ``(start, end)`` offsets planned.
         :param state: where the keyed state lives in the checkpoint.
-        :param shards: how many state shards the keys are spread over.
+        :param tasks: how many state tasks share the key groups (the plan says).
         :param now_ms: the batch's planned time (TTL expiry), the same on a replay.
         :param on_commit: called just before the sinks commit (the runner's fence check).
         """

@@ -9,7 +9,10 @@ here, by ``client.collect_garbage()`` or ``sparkjet gc``:
   a task attempt that died before its commit), and abort markers;
 - take-over claims older than a job's current epoch, quarantined control
   requests, and files left by the create-only probe;
-- scratch checkpoints a job's record does not name (NONE restarts);
+- scratch checkpoints a job's record does not name (NONE restarts), and
+  state files of its checkpoint that no key group needs any more (a task
+  removes its own older files as it goes; files written by another number of
+  tasks, or a stray attempt's second copy of a batch, wait for this);
 - whole folders of jobs that ended (COMPLETED or FAILED) longer ago than the
   retention (Jet forgets job results after 7 days too).
 
@@ -27,6 +30,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from sparkjet.core.checkpoint import Checkpoint
 from sparkjet.core.errors import StoreError
 from sparkjet.core.model import JobStatus
 from sparkjet.core.store import CommitLog, JobRecords, Store
@@ -161,11 +165,32 @@ class _Collector:
                 path = self.records.path(job_id, entry)
                 if self.old(path):
                     self.remove("unused checkpoints", path, recursive=True)
+        self._superseded_state(record)
         quarantine = self.records.path(job_id, "control", "quarantine")
         for entry in self.store.listdir(quarantine):
             path = f"{quarantine}/{entry}"
             if self.old(path):
                 self.remove("quarantined control requests", path)
+
+    def _superseded_state(self, record: dict[str, Any]) -> None:
+        try:
+            root = self.records.checkpoint_path(record)
+            if root is None:
+                return
+            checkpoint = Checkpoint(self.store, root)
+            groups = checkpoint.written_key_groups()
+            committed = checkpoint.last_commit()
+        except (StoreError, ValueError) as exc:
+            log.warning("gc: leaving job %s's checkpoint alone: %s", record.get("id"), exc)
+            return
+        if groups is None or committed < 0:
+            return
+        paths = checkpoint.state(groups)
+        for stage in paths.stages():
+            for version in paths.superseded(stage, committed):
+                path = paths.path(stage, version)
+                if self.old(path):
+                    self.remove("superseded state files", path)
 
     def probes(self) -> None:
         folder = self.store.path("_probe")

@@ -70,6 +70,9 @@ class JobStatus(enum.Enum):
 
 
 _INT_FIELDS = ("snapshot_interval_millis",)
+#: Key groups of a new streaming job's state (``JobConfig.key_groups``), and the most allowed.
+DEFAULT_KEY_GROUPS = 128
+MAX_KEY_GROUPS = 32768
 _BOOL_FIELDS = (
     "auto_scaling_enabled",
     "split_brain_protection_enabled",
@@ -86,6 +89,12 @@ class JobConfig:
     Field names and defaults follow Jet's ``JobConfig``. ``arguments`` carries
     values to the job (the CLI puts its ``ARGS`` there); they must be JSON
     serialisable because they are stored in the job record.
+
+    ``key_groups`` is sparkjet's own (Flink calls it the maximum
+    parallelism): the number of parts a streaming job's keyed state is split
+    into, fixed when the job first starts. Each micro-batch runs as many state
+    tasks as the cluster runs at once, at most this many; more key groups let
+    a job grow onto a bigger cluster later, at a small cost per group.
     """
 
     name: str | None = None
@@ -98,6 +107,7 @@ class JobConfig:
     metrics_enabled: bool = True
     store_metrics_after_job_completion: bool = False
     arguments: list[Any] = field(default_factory=list)
+    key_groups: int = DEFAULT_KEY_GROUPS
 
     def __setattr__(self, key: str, value: Any) -> None:
         object.__setattr__(self, key, _validate(key, value))
@@ -130,6 +140,11 @@ def _validate(key: str, value: Any) -> Any:
             return ProcessingGuarantee.parse(value)
         except ValueError as exc:
             raise ConfigError(f"JobConfig.{key}: {exc}") from None
+    elif key == "key_groups":
+        if isinstance(value, bool) or not isinstance(value, int) or not (
+            1 <= value <= MAX_KEY_GROUPS
+        ):
+            raise bad(f"an int from 1 to {MAX_KEY_GROUPS}")
     elif key in _INT_FIELDS:
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise bad("a positive int")

@@ -398,6 +398,8 @@ class CommitLog:
             ) from exc
         try:
             items: list[Any] = pickle.loads(raw)
+        except MemoryError:  # too big for this process, not corrupt
+            raise
         except Exception as exc:
             raise StoreError(self.store.redact(
                 f"{self.label}: segment {path!r} is corrupt or truncated "
@@ -486,6 +488,8 @@ class CommitLog:
             return None
         try:
             raw = pickle.loads(data)
+        except MemoryError:  # too big for this process, not corrupt
+            raise
         except Exception as exc:
             raise StoreError(
                 self.store.redact(f"{self.label}: cannot read record {path!r}: {exc}")

@@ -24,6 +24,7 @@ from sparkjet.core.checkpoint import Checkpoint
 from sparkjet.core.contracts import JobContext
 from sparkjet.core.engine import Engine
 from sparkjet.core.graph import Transform
+from sparkjet.core.model import DEFAULT_KEY_GROUPS
 from sparkjet.core.planner import Plan
 
 log = logging.getLogger("sparkjet.streaming")
@@ -91,6 +92,7 @@ class StreamLoop:
         progress: StreamProgress,
         on_batch: Callable[[], None] = lambda: None,
         fence: Callable[[], None] = lambda: None,
+        key_groups: int = DEFAULT_KEY_GROUPS,
     ) -> None:
         self.plan = plan
         self.engine = engine
@@ -106,9 +108,11 @@ class StreamLoop:
         #: before every write-ahead plan and every commit point.
         self.fence = fence
         self.sources = [n for n in plan.nodes if n.op == "source"]
+        #: Key groups of a new checkpoint (an existing one keeps its own).
+        self.key_groups = key_groups
 
     def run(self) -> StopReason:
-        shards = self.checkpoint.shards(self.engine.parallelism(), list(self.plan.names.values()))
+        groups = self.checkpoint.key_groups(self.key_groups, list(self.plan.names.values()))
         committed = self.checkpoint.last_commit()
         if committed >= 0:
             ends = self.checkpoint.commit_record(committed)["ends"]
@@ -119,7 +123,7 @@ class StreamLoop:
             }
         self.progress.last_committed = committed
         self.progress.snapshots = committed + 1  # batches are numbered from 0
-        state = self.checkpoint.state()
+        state = self.checkpoint.state(groups)
         batch = committed + 1
         while True:
             reason = self.should_stop()
@@ -135,8 +139,11 @@ class StreamLoop:
                 if latest == ends:
                     time.sleep(IDLE_POLL_SECONDS)
                     continue
+                # As many state tasks as the cluster runs at once, at most one
+                # per key group; the plan fixes it so a replay runs the same.
                 planned = {"batch": batch, "starts": ends, "ends": latest,
-                           "time": int(time.time() * 1000)}
+                           "time": int(time.time() * 1000),
+                           "tasks": max(1, min(self.engine.parallelism(), groups))}
                 self.fence()
                 planned = self.checkpoint.write_plan(batch, planned)
             else:
@@ -148,7 +155,10 @@ class StreamLoop:
                     name: (planned["starts"][name], planned["ends"][name])
                     for name in planned["ends"]
                 },
-                state=state, shards=shards, now_ms=int(planned["time"]),
+                # A plan written before the number of tasks was planned ran
+                # one task per shard (key group).
+                state=state, tasks=int(planned.get("tasks", groups)),
+                now_ms=int(planned["time"]),
                 on_commit=self.fence,
             )
             micro.run()

@@ -249,6 +249,8 @@ class StreamLog:
         raw = self.store.read_bytes(path)
         try:
             buckets: list[list[Any]] = pickle.loads(raw)
+        except MemoryError:  # too big for this process, not corrupt
+            raise
         except Exception as exc:
             raise StoreError(self.store.redact(
                 f"stream {self.name!r}: pending batch {path!r} is corrupt or truncated: {exc}"
@@ -302,6 +304,8 @@ class StreamLog:
         count, token_len = _HEADER.unpack_from(raw)
         try:
             items = pickle.loads(raw[_HEADER.size + token_len :])
+        except MemoryError:  # too big for this process, not corrupt
+            raise
         except Exception as exc:
             raise self._corrupt(
                 path, f"is corrupt or truncated ({len(raw)} bytes): {type(exc).__name__}: {exc}"

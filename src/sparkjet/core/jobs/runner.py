@@ -382,6 +382,7 @@ class JobRunner:
                 progress=self.progress,
                 on_batch=self._after_batch,
                 fence=self.lease.check_fence,
+                key_groups=config.key_groups,
             )
             reason = loop.run()
             if reason is StopReason.CANCEL:

@@ -73,12 +73,12 @@ class SparkEngine:
         committed: int,
         source_ranges: Mapping[str, tuple[Any, Any]],
         state: StatePaths,
-        shards: int,
+        tasks: int,
         now_ms: int,
         on_commit: Callable[[], None] | None = None,
     ) -> MicroBatch:
         return MicroBatch(
             plan, self._sc, job_context, metrics, batch=batch, committed=committed,
-            source_ranges=dict(source_ranges), state=state, shards=shards,
+            source_ranges=dict(source_ranges), state=state, tasks=tasks,
             cancelled=cancelled, now_ms=now_ms, on_commit=on_commit,
         )

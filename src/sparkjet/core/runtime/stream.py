@@ -4,11 +4,12 @@ A micro-batch is a batch run (fused passes, map-side partial aggregation,
 sinks committing at the end) with three differences:
 
 - sources read the offset range the driver planned for this batch;
-- keyed stages keep state across batches: partials are shuffled to a fixed
-  number of *shards* by a stable hash of the key, and each shard's reducer
-  loads its state as of the last committed batch from the checkpoint, folds the
-  batch in (one state update per key per batch), writes the new version and
-  emits the updated results;
+- keyed stages keep state across batches: partials are shuffled by a stable
+  hash of the key to the state task owning the key's *key group* (the batch's
+  plan fixes how many tasks there are), and each task loads its key groups'
+  state as of the last committed batch from the checkpoint (or finds it still
+  loaded from the batch before), folds the batch in (one state update per key
+  per batch), writes what changed and emits the updated results;
 - sinks commit with the batch id, so a replayed batch lands once.
 
 The state's files and versions are :mod:`sparkjet.core.checkpoint`'s; what a
@@ -22,7 +23,13 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from sparkjet.core.checkpoint import ShardState, StablePartition, StatePaths, StateVersion
+from sparkjet.core.checkpoint import (
+    KeyGroupPartition,
+    RangeState,
+    StatePaths,
+    StateVersion,
+    task_range,
+)
 from sparkjet.core.contracts import JobContext
 from sparkjet.core.graph import Transform
 from sparkjet.core.keyed import KeyedFold, fold_into, group_parts, keyed_fold
@@ -32,16 +39,16 @@ from sparkjet.core.runtime.batch import BatchRun, Flow, Task
 __all__ = ["MicroBatch", "StatePaths", "StateTask"]
 
 
-#: Shards' state kept loaded in this Python worker between micro-batches:
-#: ``(state root, stage, shard) -> (the batch it is as of, its state)``.
-#: Used only when it is as of the batch the task starts from and its files
-#: are still the shard's newest (checked against a fresh listing); a task
-#: takes its entry out while it works, so a failed task leaves none behind.
-_LOADED: dict[tuple[str, str, int], tuple[int, ShardState]] = {}
+#: Key groups' state kept loaded in this Python worker between micro-batches:
+#: ``(state root, stage, lo, hi) -> (the batch it is as of, its state)``.
+#: Used only when it is as of the batch the task starts from and made of the
+#: files a fresh listing says make up that state; a task takes its entry out
+#: while it works, so a failed task leaves none behind.
+_LOADED: dict[tuple[str, str, int, int], tuple[int, RangeState]] = {}
 
 
 def loaded_state_stats() -> dict[str, int]:
-    """How often this worker found a shard loaded (hits) or read it (misses)."""
+    """How often this worker found key groups' state loaded (hits) or read it (misses)."""
     return dict(_STATS)
 
 
@@ -49,7 +56,7 @@ _STATS = {"hits": 0, "misses": 0}
 
 
 class StateTask(Task):
-    """Reduce side of a keyed stage in a stream: one state shard per Spark partition."""
+    """Reduce side of a keyed stage in a stream: partition ``p`` holds task ``p``'s key groups."""
 
     def __init__(
         self,
@@ -61,50 +68,68 @@ class StateTask(Task):
         committed: int,
         now_ms: int,
         counts: Any,
+        tasks: int,
     ) -> None:
         self.fold, self.stage, self.ttl_ms, self.paths = fold, stage, ttl_ms, paths
         self.batch, self.committed, self.now_ms, self.counts = batch, committed, now_ms, counts
+        self.tasks = tasks
 
-    def __call__(self, shard: int, records: Iterator[tuple[Any, Any]]) -> Iterator[Any]:
+    def __call__(self, task: int, records: Iterator[tuple[Any, Any]]) -> Iterator[Any]:
+        lo, hi = task_range(task, self.tasks, self.paths.key_groups)
         with self.attributing():
-            outputs, keys, size = self._run(shard, records)
+            try:
+                outputs, keys, size = self._run(lo, hi, records)
+            except MemoryError:
+                _LOADED.clear()  # give back what this worker kept loaded
+                raise MemoryError(
+                    f"the state of key groups [{lo}, {hi}) of {self.paths.key_groups} does not "
+                    f"fit in this Python worker's memory; run the job with more state tasks "
+                    f"(more cores; at most key_groups) or give the workers more memory "
+                    f"(spark.executor.pyspark.memory)"
+                ) from None
         self.count({self.stage: len(outputs), f"{self.stage}\x00keys": keys,
                     f"{self.stage}\x00bytes": size})
         yield from outputs
 
-    def _state(self, shard: int, versions: list[StateVersion]) -> ShardState:
-        """The shard's state as of the last committed batch: kept loaded here, or read."""
-        chain = StatePaths.chain(versions, self.committed)
-        cached = _LOADED.pop((self.paths.root, self.stage, shard), None)
+    def _state(
+        self, lo: int, hi: int, versions: list[StateVersion]
+    ) -> RangeState:
+        """Key groups ``[lo, hi)`` as of the last committed batch: kept loaded here, or read."""
+        chain = StatePaths.chain(versions, self.committed, lo, hi)
+        cached = _LOADED.pop((self.paths.root, self.stage, lo, hi), None)
         if cached is not None and cached[0] == self.committed and cached[1].chain == chain:
             _STATS["hits"] += 1
             return cached[1]
         _STATS["misses"] += 1
-        return self.paths.read_chain(self.stage, shard, chain)
+        return self.paths.read_chain(self.stage, lo, hi, chain)
 
-    def _run(self, shard: int, records: Iterator[tuple[Any, Any]]) -> tuple[list[Any], int, int]:
+    def _run(
+        self, lo: int, hi: int, records: Iterator[tuple[Any, Any]]
+    ) -> tuple[list[Any], int, int]:
         paths, stage = self.paths, self.stage
         groups = group_parts(records)
-        versions = paths.versions(stage, shard)
-        if not groups and not self.ttl_ms:  # nothing to fold in, nothing to expire
-            chain = StatePaths.chain(versions, self.committed)
+        versions = paths.versions(stage, lo, hi)
+        chain = StatePaths.chain(versions, self.committed, lo, hi)
+        # Files written by tasks of other ranges (the batch before ran with
+        # another number of tasks): this batch writes a full copy of its own.
+        own = all(v.lo == lo and v.hi == hi for v in chain)
+        if not groups and not self.ttl_ms and own:  # nothing to fold in, expire or rewrite
             if not chain:
                 return [], 0, 0
-            return [], chain[-1].keys, sum(paths.size(stage, shard, v) for v in chain)
-        state = self._state(shard, versions)
+            return [], chain[-1].keys, sum(paths.size(stage, v) for v in chain)
+        state = self._state(lo, hi, versions)
         changed: list[Any] = []
         removed: list[Any] = []
         outputs = fold_into(
             self.fold, groups, state.values, state.touched, self.now_ms, self.ttl_ms,
             changed, removed,
         )
-        if not changed and not removed and state.chain:
+        if not changed and not removed and own and (state.chain or not state.values):
             # Nothing changed (a TTL with nothing to expire): no file for this batch.
-            _LOADED[(paths.root, stage, shard)] = (self.batch, state)
-            return outputs, len(state.values), sum(paths.size(stage, shard, v) for v in
-                                                   state.chain)
-        after = paths.write(stage, shard, self.batch, state, changed, removed, versions)
-        _LOADED[(paths.root, stage, shard)] = (self.batch, after)
+            _LOADED[(paths.root, stage, lo, hi)] = (self.batch, state)
+            return outputs, len(state.values), sum(paths.size(stage, v) for v in state.chain)
+        after = paths.write(stage, lo, hi, self.batch, state, changed, removed, versions)
+        _LOADED[(paths.root, stage, lo, hi)] = (self.batch, after)
         return outputs, len(after.values), sum(v.size for v in after.chain)
 
 
@@ -122,7 +147,7 @@ class MicroBatch(BatchRun):
         committed: int,
         source_ranges: dict[str, tuple[Any, Any]],
         state: StatePaths,
-        shards: int,
+        tasks: int,
         cancelled: Callable[[], bool] = lambda: False,
         now_ms: int | None = None,
         on_commit: Callable[[], None] | None = None,
@@ -139,7 +164,7 @@ class MicroBatch(BatchRun):
         self.committed = committed
         self.source_ranges = source_ranges
         self.state = state
-        self.shards = shards
+        self.tasks = tasks
         # The batch's planned time, so a replay expires exactly what the first run did.
         self.now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
 
@@ -152,7 +177,8 @@ class MicroBatch(BatchRun):
         mapped = self._map_side(fold, node, name, flow)
         task = StateTask(
             fold, name, node.params.get("ttl_ms"), self.state, self.batch, self.committed,
-            self.now_ms, self.counts,
+            self.now_ms, self.counts, self.tasks,
         )
-        shuffled = mapped.partitionBy(self.shards, StablePartition())
+        groups = self.state.key_groups
+        shuffled = mapped.partitionBy(self.tasks, KeyGroupPartition(groups, self.tasks))
         return Flow(shuffled.mapPartitionsWithIndex(task, True))
