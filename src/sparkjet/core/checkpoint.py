@@ -69,9 +69,13 @@ _COMMITS = "commits"
 _STATE = "state"
 _STATE_SUFFIX = ".state"
 _DELTA_SUFFIX = ".delta"
-#: A state task writes a full copy of its key groups at least every this many batches
-#: that change them; the batches between write changelogs.
+#: A range's state is compacted into a full copy once its chain holds this many
+#: changelogs: off the critical path (:mod:`sparkjet.core.compaction`) where the
+#: store is shared between processes, else by the state task itself.
 COMPACT_EVERY = 10
+#: The state task writes a full copy itself once the chain holds this many
+#: changelogs: background compaction has fallen behind or keeps failing.
+COMPACT_LIMIT = 4 * COMPACT_EVERY
 
 
 def _batch_file(folder: str, batch: int) -> str:
@@ -204,14 +208,17 @@ class StatePaths:
     it the keys of its own groups.
 
     Cost follows the work: a batch writes a *changelog* of the keys it
-    changed (``.delta``), not the range's whole state; every
-    :data:`COMPACT_EVERY` batches (or when a batch changed at least half the
-    keys, or the range differs from the files it read) it writes a full copy
-    (``.state``) instead, and the task's older files are removed. A key
-    group's state as of a batch is the newest full copy covering it, not
-    after the batch, plus the changelogs after that copy. A batch replayed
-    after a crash reads the state as of the last committed batch, so it starts
-    from exactly the state it started from the first time.
+    changed (``.delta``), not the range's whole state. A full copy
+    (``.state``) is written when a batch changed at least half the keys, or
+    the range differs from the files it read, or (``background=False``) the
+    chain holds :data:`COMPACT_EVERY` changelogs; otherwise chains are folded
+    into full copies off the critical path by :meth:`compact`, and the task
+    writes one itself only past :data:`COMPACT_LIMIT`. After a full copy
+    exists, the next write removes the range's older files. A key group's
+    state as of a batch is the newest full copy covering it, not after the
+    batch, plus the changelogs after that copy. A batch replayed after a
+    crash reads the state as of the last committed batch, so it starts from
+    exactly the state it started from the first time.
     """
 
     def __init__(self, store: Store, root: str, key_groups: int = DEFAULT_KEY_GROUPS) -> None:
@@ -353,6 +360,7 @@ class StatePaths:
         changed: list[Any],
         removed: list[Any],
         existing: list[StateVersion],
+        background: bool = False,
     ) -> RangeState:
         """Write ``batch``'s file of key groups ``[lo, hi)``; returns the state with its new chain.
 
@@ -364,12 +372,15 @@ class StatePaths:
         batch's file, nor one of this batch (a stray attempt of an old batch
         must not delete what a newer one wrote, and a reader of this batch may
         be reading the other attempt's copy), nor one that other ranges may
-        still read (``sparkjet gc`` collects those).
+        still read (``sparkjet gc`` collects those). With ``background``,
+        compaction is left to :meth:`compact` up to :data:`COMPACT_LIMIT`
+        changelogs.
         """
         values, touched, chain = state
         simple = bool(chain) and all(v.lo == lo and v.hi == hi for v in chain)
         deltas = sum(1 for v in chain if not v.full)
-        full = not simple or deltas + 1 >= COMPACT_EVERY or 2 * (
+        limit = COMPACT_LIMIT if background else COMPACT_EVERY
+        full = not simple or deltas + 1 >= limit or 2 * (
             len(changed) + len(removed)) >= max(len(values), 1)
         if full:
             data = cloudpickle.dumps({"values": values, "touched": touched})
@@ -390,6 +401,82 @@ class StatePaths:
                 if version.batch < fulls[0].batch and lo <= version.lo and version.hi <= hi:
                     self.store.remove(self.path(stage, version))
         return RangeState(values, touched, [written] if full else [*chain, written])
+
+    def compact(self, stage: str, lo: int, hi: int, committed: int) -> StateVersion | None:
+        """Fold key groups ``[lo, hi)``'s chain as of ``committed`` into one full copy.
+
+        Reads only committed files and writes the full copy under the batch of
+        the chain's newest file, which is the state as of that batch: a reader
+        then takes the copy and the changelogs after it, and the next write of
+        the range removes the files it replaces. Returns the copy written, or
+        None where there was nothing to fold (no changelog, or a chain over
+        other ranges, which the next batch's task rewrites itself).
+        """
+        versions = self.versions(stage, lo, hi)
+        chain = self.chain(versions, committed, lo, hi)
+        if not chain or all(v.full for v in chain) or not all(
+                v.lo == lo and v.hi == hi for v in chain):
+            return None
+        values, touched, _ = self.read_chain(stage, lo, hi, chain)
+        data = cloudpickle.dumps({"values": values, "touched": touched})
+        batch = chain[-1].batch
+        name = (f"{batch:0{_WIDTH}d}-{lo:0{_GROUP_WIDTH}d}-{hi:0{_GROUP_WIDTH}d}-"
+                f"{len(values)}-{len(data)}{_STATE_SUFFIX}")
+        written = StateVersion(batch, len(values), name, True, len(data), lo, hi)
+        self.store.write_bytes(self.path(stage, written), data)
+        return written
+
+    @staticmethod
+    def newer_files(
+        kept: list[StateVersion], listed: list[StateVersion]
+    ) -> list[StateVersion] | None:
+        """The changelogs that bring state made of ``kept`` up to the chain ``listed``.
+
+        ``[]`` when both make up the same state: the same files, or ``listed``
+        starting with a full copy that :meth:`compact` folded from a prefix of
+        ``kept`` (of the batch of that prefix's newest file) and going on
+        with the rest of ``kept``'s files. The changelogs after those when
+        ``listed`` goes on further. None when ``kept`` is not where ``listed``
+        came from (another attempt's file, another range, a full copy
+        ``kept`` never reached): such state must be read again.
+        """
+        if listed[: len(kept)] == kept:
+            extra = listed[len(kept):]
+        elif listed and listed[0].full:
+            head = listed[0]
+            cut = next((i + 1 for i, v in enumerate(kept)
+                        if (v.batch, v.lo, v.hi) == (head.batch, head.lo, head.hi)), 0)
+            rest = kept[cut:]
+            if not cut or listed[1: 1 + len(rest)] != rest:
+                return None
+            extra = listed[1 + len(rest):]
+        else:
+            return None
+        return None if any(v.full for v in extra) else extra
+
+    def catch_up(
+        self, stage: str, lo: int, hi: int, kept: RangeState, listed: list[StateVersion]
+    ) -> RangeState | None:
+        """``kept`` brought up to the chain ``listed`` by its newer changelogs, or None.
+
+        The state kept loaded in a worker that ran this range some batches ago
+        (another worker ran it since): reading the few changelogs written
+        since costs the work done since, where reading ``listed`` again costs
+        the whole range. None where :meth:`newer_files` says ``kept`` is not
+        on ``listed``'s way; updates ``kept`` in place.
+        """
+        extra = self.newer_files(kept.chain, listed)
+        if extra is None or not all(v.lo == lo and v.hi == hi for v in extra):
+            return None
+        values, touched = kept.values, kept.touched
+        for version in extra:
+            _apply(values, touched, self._load(stage, version), None, self.key_groups)
+            if len(values) != version.keys:
+                raise StoreError(self.store.redact(
+                    f"stage {stage!r}: state file {self.path(stage, version)!r} leaves "
+                    f"{len(values)} keys, its name says {version.keys}"
+                ))
+        return RangeState(values, touched, list(listed))
 
     def stages(self) -> list[str]:
         """The names of the stages that have state here."""

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from sparkjet.core import compaction
 from sparkjet.core.checkpoint import (
     KeyGroupPartition,
     RangeState,
@@ -41,9 +42,11 @@ __all__ = ["MicroBatch", "StatePaths", "StateTask"]
 
 #: Key groups' state kept loaded in this Python worker between micro-batches:
 #: ``(state root, stage, lo, hi) -> (the batch it is as of, its state)``.
-#: Used only when it is as of the batch the task starts from and made of the
-#: files a fresh listing says make up that state; a task takes its entry out
-#: while it works, so a failed task leaves none behind.
+#: Used only when its files lie on the chain a fresh listing gives for the
+#: batch the task starts from, brought up to it by the changelogs written
+#: since (PySpark gives a task whichever worker is free, so another worker
+#: may have run the range in between); a task takes its entry out while it
+#: works, so a failed task leaves none behind.
 _LOADED: dict[tuple[str, str, int, int], tuple[int, RangeState]] = {}
 
 
@@ -97,9 +100,14 @@ class StateTask(Task):
         """Key groups ``[lo, hi)`` as of the last committed batch: kept loaded here, or read."""
         chain = StatePaths.chain(versions, self.committed, lo, hi)
         cached = _LOADED.pop((self.paths.root, self.stage, lo, hi), None)
-        if cached is not None and cached[0] == self.committed and cached[1].chain == chain:
-            _STATS["hits"] += 1
-            return cached[1]
+        if cached is not None and cached[0] <= self.committed:
+            # Kept from a batch this worker ran (committed since, or its files
+            # would not be on the listed chain): caught up by the changelogs
+            # of the batches other workers ran since, if any.
+            state = self.paths.catch_up(self.stage, lo, hi, cached[1], chain)
+            if state is not None:
+                _STATS["hits"] += 1
+                return state
         _STATS["misses"] += 1
         return self.paths.read_chain(self.stage, lo, hi, chain)
 
@@ -128,8 +136,12 @@ class StateTask(Task):
             # Nothing changed (a TTL with nothing to expire): no file for this batch.
             _LOADED[(paths.root, stage, lo, hi)] = (self.batch, state)
             return outputs, len(state.values), sum(paths.size(stage, v) for v in state.chain)
-        after = paths.write(stage, lo, hi, self.batch, state, changed, removed, versions)
+        background = compaction.shared(paths)
+        after = paths.write(stage, lo, hi, self.batch, state, changed, removed, versions,
+                            background=background)
         _LOADED[(paths.root, stage, lo, hi)] = (self.batch, after)
+        if background and compaction.due(after.chain):
+            compaction.start(paths, stage, lo, hi, self.committed)
         return outputs, len(after.values), sum(v.size for v in after.chain)
 
 

@@ -1,0 +1,117 @@
+"""Compaction off the critical path: a state task's chain folded in a process of its own.
+
+A state task writes one changelog per batch; every :data:`COMPACT_EVERY`
+changelogs the range's files are folded into one full copy
+(:meth:`StatePaths.compact`). Done inline, that unpickles and repickles the
+range's whole state inside a micro-batch, which at millions of keys costs a
+second or more every tenth batch. Here the state task hands it to a short-lived
+child process on the same machine instead (like the background maintenance of
+Spark's RocksDB state store and Flink's compaction threads, but a process: a
+thread would hold the Python worker's GIL while pickling) and returns at once.
+
+The child reads only committed files and writes one new file; it never
+removes anything, so a child that fails, is killed or races another does no
+harm: the chain just stays longer until a later compaction, or the task's own
+full copy at :data:`COMPACT_LIMIT`, shortens it. Stores that other processes
+cannot see (``memory://``) compact inline.
+
+The child is ``python -m sparkjet.core.compaction``; it reads its request,
+pickled, on standard input, and says on standard error (the worker's log)
+what it did not do and why.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from typing import Any
+
+import cloudpickle
+
+from sparkjet.core.checkpoint import COMPACT_EVERY, COMPACT_LIMIT, StatePaths, StateVersion
+
+__all__ = ["COMPACT_EVERY", "COMPACT_LIMIT", "running", "shared", "start"]
+
+#: Ranges with a compaction under way from this process: (state root, stage, lo, hi).
+_RUNNING: set[tuple[str, str, int, int]] = set()
+_LOCK = threading.Lock()
+
+
+def shared(paths: StatePaths) -> bool:
+    """Whether another process on this machine sees the store's files (not ``memory://``)."""
+    protocol = paths.store.fs.protocol
+    protocols = (protocol,) if isinstance(protocol, str) else tuple(protocol)
+    return "memory" not in protocols
+
+
+def due(chain: list[StateVersion]) -> bool:
+    """Whether a range whose committed state is ``chain`` should be compacted."""
+    return sum(1 for v in chain if not v.full) >= COMPACT_EVERY
+
+
+def running() -> int:
+    """How many compactions this process has under way."""
+    with _LOCK:
+        return len(_RUNNING)
+
+
+def start(paths: StatePaths, stage: str, lo: int, hi: int, committed: int) -> bool:
+    """Compact key groups ``[lo, hi)`` as of ``committed`` in a child process.
+
+    Returns at once; False when one for this range is already under way from
+    this process (or the child could not be started, which is reported on
+    standard error: the task's own full copy at :data:`COMPACT_LIMIT` stands
+    behind it).
+    """
+    key = (paths.root, stage, lo, hi)
+    with _LOCK:
+        if key in _RUNNING:
+            return False
+        _RUNNING.add(key)
+    request = cloudpickle.dumps((paths, stage, lo, hi, committed))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "sparkjet.core.compaction"],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, close_fds=True,
+        )
+    except OSError as exc:
+        with _LOCK:
+            _RUNNING.discard(key)
+        print(f"sparkjet: cannot start compaction of stage {stage!r} key groups "
+              f"[{lo}, {hi}): {exc}", file=sys.stderr)
+        return False
+
+    def feed_and_reap() -> None:
+        try:
+            assert child.stdin is not None
+            with child.stdin:
+                child.stdin.write(request)
+        except OSError:
+            pass  # the child died before reading; its exit status says so
+        finally:
+            child.wait()
+            with _LOCK:
+                _RUNNING.discard(key)
+
+    threading.Thread(target=feed_and_reap, name="sparkjet-compaction", daemon=True).start()
+    return True
+
+
+def main(stream: Any = None) -> int:
+    """The child: compact the range named on standard input; exit 0 or 1."""
+    paths, stage, lo, hi, committed = cloudpickle.loads((stream or sys.stdin.buffer).read())
+    try:
+        paths.compact(stage, lo, hi, committed)
+    except Exception as exc:  # reported; the chain stays as it is
+        print(paths.store.redact(
+            f"sparkjet: compaction of stage {stage!r} key groups [{lo}, {hi}) as of batch "
+            f"{committed} not done: {type(exc).__name__}: {exc}"), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

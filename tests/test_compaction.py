@@ -1,0 +1,136 @@
+"""Compaction off the critical path: chains folded into full copies by a child process."""
+
+from __future__ import annotations
+
+import io
+import time
+from pathlib import Path
+
+import cloudpickle
+import pytest
+
+from sparkjet.core import compaction
+from sparkjet.core.checkpoint import COMPACT_EVERY, COMPACT_LIMIT, StatePaths, StateVersion
+from sparkjet.core.store import Store
+
+
+@pytest.fixture
+def paths(tmp_path: Path) -> StatePaths:
+    return StatePaths(Store(str(tmp_path)), str(tmp_path / "state"), key_groups=4)
+
+
+def run_batches(paths: StatePaths, first: int, last: int, background: bool = True) -> list[str]:
+    """Batches ``first..last`` each set one new key of range [0, 2); the kinds written."""
+    kinds = []
+    for batch in range(first, last + 1):
+        versions = paths.versions("s", 0, 2)
+        state, _ = paths.read("s", 0, 2, committed=batch - 1)
+        state.values.setdefault("base", list(range(100)))
+        state.values[f"new{batch}"] = batch
+        after = paths.write("s", 0, 2, batch, state, [f"new{batch}"], [], versions,
+                            background=background)
+        kinds.append("F" if after.chain[-1].full else "d")
+    return kinds
+
+
+def expected(last: int) -> dict[str, object]:
+    return {"base": list(range(100))} | {f"new{b}": b for b in range(1, last + 1)}
+
+
+def test_with_background_compaction_the_task_writes_changelogs_up_to_the_limit(
+    paths: StatePaths,
+) -> None:
+    kinds = run_batches(paths, 1, COMPACT_LIMIT + 1)
+    assert "".join(kinds) == "F" + "d" * (COMPACT_LIMIT - 1) + "F"
+
+
+def test_compact_folds_the_committed_chain_into_one_full_copy(paths: StatePaths) -> None:
+    run_batches(paths, 1, COMPACT_EVERY + 2)
+    committed = COMPACT_EVERY + 1  # batch COMPACT_EVERY + 2 is not committed yet
+    before = paths.chain(paths.versions("s"), committed, 0, 2)
+    written = paths.compact("s", 0, 2, committed)
+    assert written is not None and written.full and written.batch == committed
+    assert written.keys == len(expected(committed))
+    # A reader as of the committed batch takes the copy alone; as of the next, plus its changelog.
+    assert paths.chain(paths.versions("s"), committed, 0, 2) == [written]
+    state, _ = paths.read("s", 0, 2, committed)
+    assert state.values == expected(committed)
+    state, _ = paths.read("s", 0, 2, committed + 1)
+    assert state.values == expected(committed + 1)
+    assert StatePaths.newer_files(before, [written]) == []
+    # Nothing was removed; the range's next write removes what the copy replaces.
+    assert set(before) <= set(paths.versions("s"))
+    run_batches(paths, committed + 2, committed + 2)
+    left = paths.versions("s")
+    assert min(v.batch for v in left) == committed
+    assert paths.read("s", 0, 2, committed + 2)[0].values == expected(committed + 2)
+    # Nothing more to fold right after a compaction: a single full copy stays as it is.
+    assert paths.compact("s", 0, 2, committed) is None
+
+
+def test_kept_state_is_caught_up_only_along_the_listed_chain() -> None:
+    def v(batch: int, full: bool, name: str = "", lo: int = 0, hi: int = 2) -> StateVersion:
+        return StateVersion(batch, 1, name or f"{batch}{'F' if full else 'd'}", full, 9, lo, hi)
+
+    newer = StatePaths.newer_files
+    kept = [v(1, True), v(2, False), v(3, False), v(4, False)]
+    assert newer(kept, kept) == []
+    assert newer(kept, [*kept, v(5, False), v(6, False)]) == [v(5, False), v(6, False)]
+    assert newer(kept, [v(3, True), v(4, False)]) == []  # compacted from a prefix
+    assert newer(kept, [v(4, True)]) == []
+    assert newer(kept, [v(3, True), v(4, False), v(5, False)]) == [v(5, False)]
+    assert newer(kept, [v(4, True), v(5, False)]) == [v(5, False)]
+    assert newer(kept, [v(3, True)]) is None  # batch 4's changelog missing
+    assert newer(kept, [v(2, True), v(4, False)]) is None  # batch 3 missing
+    assert newer(kept, [v(3, True), v(4, False, "other attempt")]) is None
+    assert newer(kept, [v(3, True, lo=0, hi=1), v(4, False)]) is None
+    assert newer(kept, [v(5, True)]) is None  # a full copy kept never reached
+    assert newer(kept, [*kept, v(5, True)]) is None
+    assert newer(kept, [v(3, False), v(4, False)]) is None
+    assert newer(kept, []) is None
+    assert newer(kept[:2], kept[1:]) is None
+
+
+def test_catch_up_applies_only_the_newer_changelogs(paths: StatePaths) -> None:
+    run_batches(paths, 1, 3)
+    kept, _ = paths.read("s", 0, 2, committed=3)
+    run_batches(paths, 4, 6)  # "another worker" ran batches 4 to 6
+    listed = paths.chain(paths.versions("s"), 6, 0, 2)
+    caught = paths.catch_up("s", 0, 2, kept, listed)
+    assert caught is not None and caught.values == expected(6) and caught.chain == listed
+    assert paths.catch_up("s", 0, 2, paths.read("s", 0, 2, 6)[0], listed[:2]) is None
+
+
+def test_a_child_process_compacts_and_one_range_runs_one_child(paths: StatePaths) -> None:
+    run_batches(paths, 1, COMPACT_EVERY + 1)
+    assert compaction.shared(paths)
+    assert compaction.due(paths.chain(paths.versions("s"), COMPACT_EVERY + 1, 0, 2))
+    assert compaction.start(paths, "s", 0, 2, COMPACT_EVERY + 1)
+    assert not compaction.start(paths, "s", 0, 2, COMPACT_EVERY + 1)  # already under way
+    deadline = time.monotonic() + 60
+    while compaction.running() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert compaction.running() == 0
+    chain = paths.chain(paths.versions("s"), COMPACT_EVERY + 1, 0, 2)
+    assert [(v.batch, v.full) for v in chain] == [(COMPACT_EVERY + 1, True)]
+    assert paths.read("s", 0, 2, COMPACT_EVERY + 1)[0].values == expected(COMPACT_EVERY + 1)
+
+
+def test_a_failed_compaction_names_the_stage_and_file_and_changes_nothing(
+    paths: StatePaths, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_batches(paths, 1, COMPACT_EVERY + 1)
+    versions = paths.versions("s")
+    damaged = versions[3]
+    truncated = paths.store.read_bytes(paths.path("s", damaged))[:10]
+    paths.store.write_bytes(paths.path("s", damaged), truncated)
+    request = cloudpickle.dumps((paths, "s", 0, 2, COMPACT_EVERY + 1))
+    assert compaction.main(io.BytesIO(request)) == 1
+    err = capsys.readouterr().err
+    assert "compaction of stage 's' key groups [0, 2)" in err and damaged.name in err
+    assert paths.versions("s") == versions  # no full copy written, nothing removed
+
+
+def test_a_store_other_processes_cannot_see_compacts_inline() -> None:
+    paths = StatePaths(Store("memory://sparkjet-compaction-test"), "/cp/state", key_groups=4)
+    assert not compaction.shared(paths)
