@@ -160,6 +160,13 @@ def _order(version: StateVersion) -> tuple[int, bool, int, str]:
     return version.batch, version.full, version.lo, version.name
 
 
+def _new_version(batch: int, lo: int, hi: int, keys: int, data: bytes, full: bool) -> StateVersion:
+    """The version of a format-3 file about to be written with ``data``."""
+    name = (f"{batch:0{_WIDTH}d}-{lo:0{_GROUP_WIDTH}d}-{hi:0{_GROUP_WIDTH}d}-{keys}-"
+            f"{len(data)}{_STATE_SUFFIX if full else _DELTA_SUFFIX}")
+    return StateVersion(batch, keys, name, full, len(data), lo, hi)
+
+
 def _parse_version(entry: str, folder: str = "") -> StateVersion | None:
     for suffix, full in ((_STATE_SUFFIX, True), (_DELTA_SUFFIX, False)):
         if not entry.endswith(suffix):
@@ -293,6 +300,14 @@ class StatePaths:
             return version.size
         return self.store.size(self.path(stage, version))
 
+    def _check_keys(self, stage: str, version: StateVersion, keys: int) -> None:
+        """A chain applied up to ``version`` must leave the key count its name gives."""
+        if keys != version.keys:
+            raise StoreError(self.store.redact(
+                f"stage {stage!r}: state file {self.path(stage, version)!r} leaves "
+                f"{keys} keys, its name says {version.keys}"
+            ))
+
     def _load(self, stage: str, version: StateVersion) -> Any:
         path = self.path(stage, version)
         raw = self.store.read_bytes(path)
@@ -324,11 +339,7 @@ class StatePaths:
                     values, touched = data["values"], data["touched"]
                 else:
                     _apply(values, touched, data, None, self.key_groups)
-                if len(values) != version.keys:
-                    raise StoreError(self.store.redact(
-                        f"stage {stage!r}: state file {self.path(stage, version)!r} leaves "
-                        f"{len(values)} keys, its name says {version.keys}"
-                    ))
+                self._check_keys(stage, version, len(values))
                 continue
             overlap = range(max(version.lo, lo), min(version.hi, hi))
             if version.full:
@@ -390,10 +401,7 @@ class StatePaths:
                 "touched": {key: touched[key] for key in changed if key in touched},
                 "removed": removed,
             })
-        suffix = _STATE_SUFFIX if full else _DELTA_SUFFIX
-        name = (f"{batch:0{_WIDTH}d}-{lo:0{_GROUP_WIDTH}d}-{hi:0{_GROUP_WIDTH}d}-"
-                f"{len(values)}-{len(data)}{suffix}")
-        written = StateVersion(batch, len(values), name, full, len(data), lo, hi)
+        written = _new_version(batch, lo, hi, len(values), data, full)
         self.store.write_bytes(self.path(stage, written), data)
         fulls = [v for v in chain if v.full]
         if simple and fulls:
@@ -419,10 +427,7 @@ class StatePaths:
             return None
         values, touched, _ = self.read_chain(stage, lo, hi, chain)
         data = cloudpickle.dumps({"values": values, "touched": touched})
-        batch = chain[-1].batch
-        name = (f"{batch:0{_WIDTH}d}-{lo:0{_GROUP_WIDTH}d}-{hi:0{_GROUP_WIDTH}d}-"
-                f"{len(values)}-{len(data)}{_STATE_SUFFIX}")
-        written = StateVersion(batch, len(values), name, True, len(data), lo, hi)
+        written = _new_version(chain[-1].batch, lo, hi, len(values), data, True)
         self.store.write_bytes(self.path(stage, written), data)
         return written
 
@@ -471,11 +476,7 @@ class StatePaths:
         values, touched = kept.values, kept.touched
         for version in extra:
             _apply(values, touched, self._load(stage, version), None, self.key_groups)
-            if len(values) != version.keys:
-                raise StoreError(self.store.redact(
-                    f"stage {stage!r}: state file {self.path(stage, version)!r} leaves "
-                    f"{len(values)} keys, its name says {version.keys}"
-                ))
+            self._check_keys(stage, version, len(values))
         return RangeState(values, touched, list(listed))
 
     def stages(self) -> list[str]:
