@@ -94,11 +94,11 @@ class StateTask(Task):
                     f"{self.stage}\x00bytes": size})
         yield from outputs
 
-    def _state(
-        self, lo: int, hi: int, versions: list[StateVersion]
-    ) -> RangeState:
-        """Key groups ``[lo, hi)`` as of the last committed batch: kept loaded here, or read."""
-        chain = StatePaths.chain(versions, self.committed, lo, hi)
+    def _state(self, lo: int, hi: int, chain: list[StateVersion]) -> RangeState:
+        """Key groups ``[lo, hi)`` as of the last committed batch (made of ``chain``).
+
+        Kept loaded here and caught up, or read.
+        """
         cached = _LOADED.pop((self.paths.root, self.stage, lo, hi), None)
         if cached is not None and cached[0] <= self.committed:
             # Kept from a batch this worker ran (committed since, or its files
@@ -125,7 +125,7 @@ class StateTask(Task):
             if not chain:
                 return [], 0, 0
             return [], chain[-1].keys, sum(paths.size(stage, v) for v in chain)
-        state = self._state(lo, hi, versions)
+        state = self._state(lo, hi, chain)
         changed: list[Any] = []
         removed: list[Any] = []
         outputs = fold_into(
