@@ -468,14 +468,14 @@ def test_commit_once_costs_the_same_however_long_the_log(
 
     monkeypatch.setattr(Store, "listdir", counting)
     assert log.commit_once("append", [("items", ["b0"])], token="t0", writer="w") == 31
-    assert listed == [log.log_dir]  # the writer's first commit reads the log once
+    assert listed.count(log.log_dir) == 1  # the writer's first commit reads the log once
     listed.clear()
     log.commit("append", [("items", ["other"])], after=31)  # another writer, in between
     for batch in range(1, 4):
         seq = log.commit_once("append", [("items", [f"b{batch}"])], token=f"t{batch}", writer="w")
         assert seq == 32 + batch
     assert log.commit_once("append", [("items", ["b3"])], token="t3", writer="w") is None  # replay
-    assert listed == []  # no listing of the log on the micro-batch path
+    assert log.log_dir not in listed  # no listing of the log on the micro-batch path
     monkeypatch.setattr(Store, "listdir", original)
     items = [item for r in log.live_records() for item in log.payload(r)]
     assert items == [*range(30), "b0", "other", "b1", "b2", "b3"]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 
-from sparkjet.core.store import Store
+from sparkjet.core import store as store_module
+from sparkjet.core.store import CommitLog, LogCursor, Store
 from sparkjet.core.structures import IList, IMap
 from sparkjet.errors import StoreError
 
@@ -104,3 +106,104 @@ def test_store_errors_and_repr_mask_secrets(tmp_path, monkeypatch) -> None:  # t
         client.get_list("l").get_all()
     assert "hunter2" not in str(info.value)
     assert "***" in str(info.value)
+
+
+# --- folding commit logs, and micro-batch commits landing once ----------------------
+
+
+def _items(log: CommitLog) -> list[Any]:
+    return [item for record in log.live_records() for item in log.payload(record)]
+
+
+def test_a_long_lived_list_is_folded_and_read_from_its_base(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_module, "FOLD_EVERY", 20)
+    early = IList(store, "l")
+    log = store.list_log("l")
+    for i in range(55):
+        if i == 30:
+            log.commit("clear")
+        log.commit("append", [("items", [i])])
+        if i == 10:
+            assert early.get_all() == list(range(11))  # a reader from before the folds
+    assert log.bases() == [40]  # 56 records: folded at 20 and 40, the older base removed
+    assert log.sequences() == list(range(41, 57))  # the records the base replaces are gone
+    assert early.get_all() == IList(store, "l").get_all() == list(range(30, 55))
+    reads: list[str] = []
+    original = Store.read_bytes
+    monkeypatch.setattr(Store, "read_bytes", lambda s, p: reads.append(p) or original(s, p))
+    assert _items(log) == list(range(30, 55))
+    assert len(reads) == 1 + 16  # one base and the records after it, not the whole history
+
+
+def test_a_folded_map_keeps_puts_and_removes(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(store_module, "FOLD_EVERY", 7)
+    m, oracle = IMap(store, "m"), {}
+    for i in range(40):
+        key = i % 9
+        if i % 5 == 4:
+            m.remove(key)
+            oracle.pop(key, None)
+        else:
+            m.put(key, i)
+            oracle[key] = i
+    assert store.map_log("m").bases()
+    assert m.entry_set() == IMap(store, "m").entry_set() == list(oracle.items())
+
+
+def test_a_reader_overtaken_by_a_fold_starts_again_from_the_base(store: Store) -> None:
+    log = store.list_log("l")
+    for i in range(10):
+        log.commit("append", [("items", [i])])
+    cursor = LogCursor()
+    reading = log.read(cursor)
+    first = next(reading)  # the records are listed; then a fold removes them
+    assert log.fold() == 10
+    log.commit("append", [("items", [10])])
+    rest = list(reading)
+    assert first.seq == 1 and rest[0].op == "clear"  # record 2 is gone: from the base
+    items: list[Any] = []
+    for record in [first, *rest]:
+        items = [] if record.op == "clear" else [*items, *log.payload(record)]
+    assert items == list(range(11)) and cursor.seq == 11
+    assert log.fold() == 11 and log.fold() is None  # nothing new to fold
+
+
+def test_a_commit_never_takes_a_number_a_fold_freed(store: Store) -> None:
+    log = store.list_log("l")
+    for i in range(5):
+        log.commit("append", [("items", [i])])
+    assert log.fold() == 5
+    # A writer whose hint is from before the fold (numbers 1-5 are free again).
+    assert log.commit("append", [("items", [5])], after=2) == 6
+    assert _items(log) == list(range(6))
+
+
+def test_a_batch_committed_twice_by_racing_drivers_is_seen_once(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_module, "FOLD_EVERY", 6)
+    log = store.list_log("sink")
+    reader = IList(store, "sink")
+    for batch in range(4):
+        assert log.commit_once("append", [("items", [f"b{batch}"])], token=f"p.b{batch}",
+                               writer="w", producer="p", batch=batch)
+    assert reader.get_all() == ["b0", "b1", "b2", "b3"]
+    # A fenced driver that checked before the new one committed batch 3, and
+    # commits it late anyway; and one from before batch 1.
+    log.commit("append", [("items", ["b3 again"])], writer="p.b3", producer="p", batch=3)
+    log.commit("append", [("items", ["b1 again"])], writer="p.b1", producer="p", batch=1)
+    log.commit("append", [("items", ["client"])])  # other writers are not affected
+    assert reader.get_all() == IList(store, "sink").get_all() == ["b0", "b1", "b2", "b3", "client"]
+    for batch in range(4, 8):  # folds on the way: the producer's last batch is in the base
+        log.commit_once("append", [("items", [f"b{batch}"])], token=f"p.b{batch}",
+                        writer="w", producer="p", batch=batch)
+    assert log.bases()
+    log.commit("append", [("items", ["b5 again"])], writer="p.b5", producer="p", batch=5)
+    # A replay whose writer index is gone finds its batch in the base.
+    store.remove(f"{log.folder}/writers", recursive=True)
+    assert log.commit_once("append", [("items", ["b4"])], token="p.b4", writer="w",
+                           producer="p", batch=4) is None
+    expected = ["b0", "b1", "b2", "b3", "client", "b4", "b5", "b6", "b7"]
+    assert reader.get_all() == IList(store, "sink").get_all() == expected

@@ -138,7 +138,16 @@ class JobContext:
         """
         if self.batch_id is None:
             return None
-        return f"{self.writer_id}.{self.checkpoint_id}.b{self.batch_id}"
+        return f"{self.producer_id}.b{self.batch_id}"
+
+    @property
+    def producer_id(self) -> str:
+        """Identifies this stage's micro-batch commits in this checkpoint (with ``batch_id``).
+
+        Batches of one producer land in order, each once: a commit log's
+        readers skip a record whose batch is not after the producer's last.
+        """
+        return f"{self.writer_id}.{self.checkpoint_id}"
 
     @property
     def logger(self) -> logging.Logger:
@@ -293,7 +302,8 @@ class CommitLogSink(Sink):
         elif parts:  # a micro-batch: commit it once, even when replayed after a failure
             # (an empty micro-batch writes no record: its replay is empty too)
             log.commit_once(
-                self.record_op, parts, token=context.commit_token, writer=context.writer_id
+                self.record_op, parts, token=context.commit_token, writer=context.writer_id,
+                producer=context.producer_id, batch=context.batch_id,
             )
 
     def abort(self, state: Any, messages: list[Any], context: JobContext) -> None:

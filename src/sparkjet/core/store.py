@@ -24,7 +24,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import fsspec
@@ -314,7 +314,8 @@ class Store:
         return CommitLog(self, self.path("lists", encode_name("list", name)), f"list {name!r}")
 
     def map_log(self, name: str) -> CommitLog:
-        return CommitLog(self, self.path("maps", encode_name("map", name)), f"map {name!r}")
+        return CommitLog(self, self.path("maps", encode_name("map", name)), f"map {name!r}",
+                         "map")
 
     def stream_log(self, name: str) -> StreamLog:
         """The stream ``name``."""
@@ -357,28 +358,87 @@ class Record:
     #: In order: ("items", [...]) carried inline, or ("segment", path) in a file.
     parts: list[tuple[str, Any]]
     writer: str
+    #: For a micro-batch sink's commit: who commits (job, stage and checkpoint)
+    #: and the batch. A producer's batches land in order, each once: readers
+    #: skip a record whose batch is not after its producer's last one.
+    producer: str | None = None
+    batch: int | None = None
+
+
+@dataclass
+class LogCursor:
+    """How far a reader of a :class:`CommitLog` has read.
+
+    ``seq`` is the last record it applied; ``producers`` each micro-batch
+    producer's last batch, so a replayed batch's second record is skipped.
+    """
+
+    seq: int = 0
+    producers: dict[str, int] = field(default_factory=dict)
+
+
+#: A commit log is folded into a base once this many records follow the newest one.
+FOLD_EVERY = 100
+
+
+def _record_payload(
+    op: str, parts: list[tuple[str, Any]], writer: str, producer: str | None, batch: int | None
+) -> bytes:
+    # The nonce makes the payload this call's own, so a create that the
+    # filesystem client retried after it landed is recognised as ours.
+    return pickle.dumps(
+        {"op": op, "parts": parts, "writer": writer, "time": time.time(),
+         "nonce": uuid.uuid4().hex, "producer": producer, "batch": batch},
+        protocol=PICKLE_PROTOCOL,
+    )
 
 
 class CommitLog:
     """An append-only sequence of records in ``folder/log``; payloads in ``folder/data``.
 
     Used by lists (records of appended items) and maps (records of upserts).
+
+    Exactly once per micro-batch: a sink's commit names its producer (job,
+    stage, checkpoint) and batch. :meth:`commit_once` looks for the batch
+    before committing, and every reader skips a record whose batch is not
+    after its producer's last one. So two drivers racing to commit one batch
+    (one of them fenced off but not yet aware) leave at most one visible
+    record, whatever the timing: the commit is conditional where it counts,
+    at the reader, as a broker's idempotent producer is.
+
+    Bounded: every :data:`FOLD_EVERY` records, the committer folds the log
+    into ``folder/base/<seq>.pkl`` (a list's live parts, or a map's entries,
+    as of record ``seq``, with each producer's last batch) and removes the
+    records it replaces, so reading a long-lived log reads one base and at
+    most about :data:`FOLD_EVERY` records. A reader that loses a race with a
+    fold (a record gone between listing and reading) starts again from the
+    new base. Segment files that no base or record names any more are left
+    for ``sparkjet gc``, whose grace period protects readers still reading
+    them.
     """
 
-    def __init__(self, store: Store, folder: str, label: str) -> None:
+    def __init__(self, store: Store, folder: str, label: str, kind: str = "list") -> None:
         self.store = store
         self.folder = folder
         self.label = label
+        #: "list" or "map": what a fold keeps of the records.
+        self.kind = kind
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"store": self.store, "folder": self.folder, "label": self.label}
+        return {"store": self.store, "folder": self.folder, "label": self.label,
+                "kind": self.kind}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self.__dict__.setdefault("kind", "list")
 
     @property
     def log_dir(self) -> str:
         return f"{self.folder}/log"
+
+    @property
+    def base_dir(self) -> str:
+        return f"{self.folder}/base"
 
     def new_segment_path(self, writer: str) -> str:
         return f"{self.folder}/data/{writer}-{uuid.uuid4().hex}.pkl"
@@ -415,8 +475,18 @@ class CommitLog:
                 out.append(int(stem))
         return sorted(out)
 
+    def bases(self) -> list[int]:
+        """The record numbers the log's complete bases fold up to, oldest first."""
+        return sorted(
+            int(e[:-4]) for e in self.store.listdir(self.base_dir)
+            if e.endswith(".pkl") and e[:-4].isdigit()
+        )
+
     def _record_path(self, seq: int) -> str:
         return f"{self.log_dir}/{seq:0{_SEQ_WIDTH}d}.rec"
+
+    def _base_path(self, seq: int, suffix: str = ".pkl") -> str:
+        return f"{self.base_dir}/{seq:0{_SEQ_WIDTH}d}{suffix}"
 
     def commit(
         self,
@@ -425,6 +495,8 @@ class CommitLog:
         *,
         writer: str = "client",
         after: int | None = None,
+        producer: str | None = None,
+        batch: int | None = None,
     ) -> int:
         """Append one record atomically; returns its sequence number.
 
@@ -432,25 +504,48 @@ class CommitLog:
         first number tried follows ``after`` (a number known to be taken), or
         the newest in a listing of the log; a number another writer took
         first is followed by the next, so a commit costs one create, not a
-        listing, when the caller knows where the log ends.
+        listing, when the caller knows where the log ends. A number at or
+        below the newest base (freed by a fold) is never used: readers start
+        after the base and would not see it.
         """
-        # The nonce makes the payload this call's own, so a create that the
-        # filesystem client retried after it landed is recognised as ours.
-        payload = pickle.dumps(
-            {"op": op, "parts": parts or [], "writer": writer, "time": time.time(),
-             "nonce": uuid.uuid4().hex},
-            protocol=PICKLE_PROTOCOL,
-        )
+        payload = _record_payload(op, parts or [], writer, producer, batch)
+        bases = self.bases()
         if after is None:
             seqs = self.sequences()
             after = seqs[-1] if seqs else 0
-        seq = after + 1
-        while not self.store.create_exclusive(self._record_path(seq), payload):
-            seq += 1  # another writer took that number: the next one
+        return self._append(payload, after, bases[-1] if bases else 0)
+
+    def _append(self, payload: bytes, after: int, floor: int) -> int:
+        """Create the record ``payload`` after ``after`` and the newest base ``floor``."""
+        seq = max(after, floor) + 1
+        while True:
+            while not self.store.create_exclusive(self._record_path(seq), payload):
+                seq += 1  # another writer took that number: the next one
+            bases = self.bases()
+            if not bases or bases[-1] < seq:
+                break
+            # A fold made meanwhile covers this number: readers start after
+            # it, so the record would never be seen. Commit it after the base.
+            self.store.remove(self._record_path(seq))
+            floor = bases[-1]
+            seq = floor + 1
+        if seq - floor >= FOLD_EVERY:
+            try:
+                self.fold()
+            except Exception as exc:  # the commit stands; the next commit folds
+                log.warning("%s: folding the log failed (the next commit tries again): %s",
+                            self.label, self.store.redact(str(exc)))
         return seq
 
     def commit_once(
-        self, op: str, parts: list[tuple[str, Any]], *, token: str, writer: str
+        self,
+        op: str,
+        parts: list[tuple[str, Any]],
+        *,
+        token: str,
+        writer: str,
+        producer: str | None = None,
+        batch: int | None = None,
     ) -> int | None:
         """Commit unless a record with ``token`` already exists; None if it did.
 
@@ -459,24 +554,37 @@ class CommitLog:
         written since are read (one by one, by number: no listing of the
         whole log) to look for the token, and the commit starts after the
         last of them. A micro-batch's commit so costs a few requests however
-        long the log is.
+        long the log is. With ``producer`` and ``batch``, a batch that a fold
+        has absorbed is found in the base, and a second record that a racing
+        driver writes anyway is skipped by every reader (see the class).
         """
         index = f"{self.folder}/writers/{encode_name('writer', writer)}.json"
         try:
             after = int(json.loads(self.store.read_bytes(index))["seq"])
         except FileNotFoundError:
             after = 0
-        # From the writer's own last record on: a replay finds its batch's record
-        # whether or not the index was updated after it.
-        # A writer with no index yet (its first commit, or a crash before the
-        # index was written after it) reads the whole log once.
-        last = max(0, after - 1)
-        for record in self._tail(last) if after else self.records():
+        bases = self.bases()
+        floor = bases[-1] if bases else 0
+        cursor = LogCursor()
+        if after > floor:
+            # From the writer's own last record on: a replay finds its batch's
+            # record whether or not the index was updated after it.
+            last = max(floor, after - 1)
+            records: Iterator[Record] = self._tail(last)
+        else:
+            # No index yet (a first commit, or a crash before the index was
+            # written), or the writer's records were folded: read the log.
+            last = 0
+            records = self.read(cursor)
+        for record in records:
             if record.writer == token:
                 self.store.write_bytes(index, json.dumps({"seq": record.seq}).encode())
                 return None
             last = record.seq
-        seq = self.commit(op, parts, writer=token, after=last)
+        if producer is not None and batch is not None and (
+                batch <= cursor.producers.get(producer, -1)):
+            return None  # committed before and folded into the base since
+        seq = self._append(_record_payload(op, parts, token, producer, batch), last, floor)
         self.store.write_bytes(index, json.dumps({"seq": seq}).encode())
         return seq
 
@@ -494,7 +602,8 @@ class CommitLog:
             raise StoreError(
                 self.store.redact(f"{self.label}: cannot read record {path!r}: {exc}")
             ) from exc
-        return Record(seq, raw["op"], raw["parts"], raw["writer"])
+        return Record(seq, raw["op"], raw["parts"], raw["writer"], raw.get("producer"),
+                      raw.get("batch"))
 
     def _tail(self, after: int) -> Iterator[Record]:
         """The records after ``after``, read by number until the first missing one."""
@@ -503,28 +612,143 @@ class CommitLog:
             yield record
             seq += 1
 
-    def records(self, after: int = 0) -> Iterator[Record]:
-        """Records with sequence numbers greater than ``after``, oldest first."""
-        for seq in self.sequences():
-            if seq <= after:
-                continue
-            record = self._read_record(seq)
+    def _read_base(self, seq: int) -> dict[str, Any] | None:
+        path = self._base_path(seq)
+        try:
+            raw = self.store.read_bytes(path)
+        except FileNotFoundError:
+            return None  # replaced by a newer fold meanwhile
+        try:
+            base: dict[str, Any] = pickle.loads(raw)
+            if base["seq"] != seq:
+                raise ValueError(f"it says it folds up to record {base['seq']}")
+            missing = [k for k in ("records", "producers") if k not in base]
+            if missing:
+                raise KeyError(f"no {', '.join(missing)}")
+        except MemoryError:  # too big for this process, not corrupt
+            raise
+        except Exception as exc:
+            raise StoreError(self.store.redact(
+                f"{self.label}: base {path!r} is corrupt or truncated ({len(raw)} bytes): "
+                f"{type(exc).__name__}: {exc}"
+            )) from exc
+        return base
+
+    def _from_base(self, cursor: LogCursor) -> Iterator[Record]:
+        """A ``clear`` and the newest base's records; moves ``cursor`` to the base."""
+        for _ in range(100):
+            bases = self.bases()
+            if not bases:
+                return
+            base = self._read_base(bases[-1])
+            if base is None:
+                continue  # folded again while read: the newer base
+            cursor.seq = base["seq"]
+            cursor.producers = dict(base["producers"])
+            yield Record(cursor.seq, "clear", [], "")
+            for op, parts in base["records"]:
+                yield Record(cursor.seq, op, parts, "")
+            return
+        raise StoreError(self.store.redact(
+            f"{self.label}: the log was folded again each time it was read (100 times)"))
+
+    def read(self, cursor: LogCursor) -> Iterator[Record]:
+        """The records after ``cursor``, oldest first, moving ``cursor`` along.
+
+        Starts with a ``clear`` and the newest base's records when the base
+        is past ``cursor`` (a new reader, or one that a fold overtook), so a
+        reader that applies what it is given in order stays right. Skips a
+        micro-batch producer's record whose batch is not after its last.
+        """
+        bases = self.bases()
+        if bases and bases[-1] > cursor.seq:
+            yield from self._from_base(cursor)
+        seqs = [s for s in self.sequences() if s > cursor.seq]
+        for seq in seqs:
+            record = self._read_record(seq) if seq == cursor.seq + 1 else None
             if record is None:
-                raise StoreError(self.store.redact(
-                    f"{self.label}: record {self._record_path(seq)!r} was listed but is gone "
-                    "(was the log deleted while it was read?)"
-                ))
+                # A gap, or a record gone since it was listed: a fold removed
+                # them after writing a base past them.
+                bases = self.bases()
+                if not bases or bases[-1] <= cursor.seq:
+                    raise StoreError(self.store.redact(
+                        f"{self.label}: record {self._record_path(cursor.seq + 1)!r} is missing "
+                        f"(was the log deleted while it was read?)"
+                    ))
+                yield from self.read(cursor)
+                return
+            cursor.seq = seq
+            if record.producer is not None and record.batch is not None:
+                if record.batch <= cursor.producers.get(record.producer, -1):
+                    continue  # a batch committed twice by racing drivers: the first stands
+                cursor.producers[record.producer] = record.batch
             yield record
+
+    def records(self, after: int = 0) -> Iterator[Record]:
+        """Records with sequence numbers greater than ``after``, oldest first.
+
+        A fresh reader's view (see :meth:`read`); ``after`` a record number
+        it has seen.
+        """
+        yield from self.read(LogCursor(after))
 
     def live_records(self) -> list[Record]:
         """The records after the newest ``clear``."""
         live: list[Record] = []
-        for record in self.records():
+        for record in self.read(LogCursor()):
             if record.op == "clear":
                 live = []
             else:
                 live.append(record)
         return live
+
+    def fold(self) -> int | None:
+        """Fold the log into a new base and remove the records it replaces.
+
+        Returns the record number the base folds up to, or None when there
+        was nothing new to fold (or another process folded the same records
+        first). Safe beside readers, committers and other folds: the base is
+        created only if absent and complete before anything is removed.
+        """
+        cursor = LogCursor()
+        live: list[Record] = []
+        for record in self.read(cursor):
+            if record.op == "clear":
+                live = []
+            else:
+                live.append(record)
+        bases = self.bases()
+        if cursor.seq == 0 or (bases and bases[-1] >= cursor.seq):
+            return None
+        if self.kind == "map":
+            entries: dict[Any, Any] = {}
+            for record in live:
+                if record.op == "put":
+                    entries.update(self.payload(record))
+                elif record.op == "remove":
+                    for key in self.payload(record):
+                        entries.pop(key, None)
+            folded: list[tuple[str, list[tuple[str, Any]]]] = (
+                [("put", [("items", list(entries.items()))])] if entries else [])
+        else:
+            parts: list[tuple[str, Any]] = []
+            for record in live:
+                for kind, value in record.parts:
+                    if kind == "items" and parts and parts[-1][0] == "items":
+                        parts[-1] = ("items", [*parts[-1][1], *value])
+                    else:
+                        parts.append((kind, value))
+            folded = [("append", parts)] if parts else []
+        data = pickle.dumps({"seq": cursor.seq, "records": folded,
+                             "producers": cursor.producers}, protocol=PICKLE_PROTOCOL)
+        if not self.store.create_exclusive(self._base_path(cursor.seq), data):
+            return None
+        for seq in self.sequences():
+            if seq <= cursor.seq:
+                self.store.remove(self._record_path(seq))
+        for seq in bases:
+            self.store.remove(self._base_path(seq))
+        return cursor.seq
 
     def payload(self, record: Record) -> Iterable[Any]:
         """The items a record carries, in order."""

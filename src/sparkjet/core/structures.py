@@ -6,7 +6,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from sparkjet.core.errors import StoreError
-from sparkjet.core.store import CommitLog, Store
+from sparkjet.core.store import CommitLog, LogCursor, Store
 
 __all__ = ["IList", "IMap"]
 
@@ -21,19 +21,18 @@ class IList:
     def __init__(self, store: Store, name: str) -> None:
         self.name = name
         self._log: CommitLog = store.list_log(name)
-        self._seq = 0
+        self._cursor = LogCursor()
         self._items: list[Any] = []
 
     def __repr__(self) -> str:
         return f"IList({self.name!r})"
 
     def _refresh(self) -> list[Any]:
-        for record in self._log.records(after=self._seq):
+        for record in self._log.read(self._cursor):
             if record.op == "clear":
                 self._items = []
             else:
                 self._items.extend(self._log.payload(record))
-            self._seq = record.seq
         return self._items
 
     def get_all(self) -> list[Any]:
@@ -71,14 +70,14 @@ class IMap:
     def __init__(self, store: Store, name: str) -> None:
         self.name = name
         self._log: CommitLog = store.map_log(name)
-        self._seq = 0
+        self._cursor = LogCursor()
         self._data: dict[Any, Any] = {}
 
     def __repr__(self) -> str:
         return f"IMap({self.name!r})"
 
     def _refresh(self) -> dict[Any, Any]:
-        for record in self._log.records(after=self._seq):
+        for record in self._log.read(self._cursor):
             if record.op == "clear":
                 self._data = {}
             elif record.op == "put":
@@ -88,7 +87,6 @@ class IMap:
             elif record.op == "remove":
                 for key in self._log.payload(record):
                     self._data.pop(key, None)
-            self._seq = record.seq
         return self._data
 
     def get(self, key: Any, default: Any = None) -> Any:
