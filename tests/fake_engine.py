@@ -72,6 +72,9 @@ class FakeExecution:
     def stage_counts(self) -> dict[str, int]:
         return dict(self.counts)
 
+    def state_files(self) -> dict[str, dict[str, str]]:
+        return {}  # the fake engine keeps no keyed state
+
 
 class FakeEngine:
     """See the module docstring."""

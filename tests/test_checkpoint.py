@@ -56,7 +56,7 @@ def test_checkpoint_files_and_contents(store: Store, tmp_path: Path) -> None:
         "commits/00000000000000000000.json",
     }
     meta = json.loads((tmp_path / "cp" / "meta.json").read_text())
-    assert meta == {"format": 3, "key_groups": 3, "stages": ["a", "b"]}
+    assert meta == {"format": 4, "key_groups": 3, "stages": ["a", "b"]}
     assert json.loads((tmp_path / "cp/offsets/00000000000000000000.json").read_text()) == plan
     assert cp.planned(0) == plan
     assert cp.last_commit() == 0
@@ -68,14 +68,16 @@ def test_checkpoint_files_and_contents(store: Store, tmp_path: Path) -> None:
     assert not (tmp_path / "cp").exists()
 
 
-def test_only_the_last_ten_committed_batches_keep_their_log(store: Store, tmp_path: Path) -> None:
+def test_at_least_the_last_ten_committed_batches_keep_their_log(
+    store: Store, tmp_path: Path
+) -> None:
     root = str(tmp_path / "cp")
     cp = Checkpoint(store, root)
     for batch in range(13):
         cp.write_plan(batch, {"batch": batch})
         cp.write_commit(batch, {"ends": {}})
     kept = sorted(p for p in files(root) if p.startswith("commits/"))
-    assert kept == [f"commits/{b:020d}.json" for b in range(3, 13)]
+    assert kept == [f"commits/{b:020d}.json" for b in range(1, 13)]  # pruned every 10th batch
     assert cp.last_commit() == 12
 
 
@@ -139,8 +141,10 @@ def test_a_format_2_checkpoint_goes_on_in_the_flat_layout_with_fewer_tasks(
     # Its next batch writes a full copy of both, in the flat layout.
     after = paths.write("s", 0, 2, 3, state, [], [], paths.versions("s", 0, 2))
     assert [v.name for v in after.chain] == [
-        f"{3:020d}-00000-00002-{len(expected)}-{after.chain[0].size}.state"
+        f"{3:020d}-00000-00002-{len(expected)}-{after.chain[0].size}-"
+        f"{after.chain[0].attempt}.state"
     ]
+    assert len(after.chain[0].attempt) == 8
     assert paths.read("s", 0, 2, committed=3)[0].values == expected
     assert paths.read("s", 1, 2, committed=3)[0].values == {
         k: v for k, v in expected.items() if stable_hash(k) % 2 == 1
@@ -188,20 +192,31 @@ def test_state_versions_written_and_superseded(store: Store, tmp_path: Path) -> 
     assert state.values == {"a": ("a", 2), "e": ("e", 1)} | {k: (k, 1) for k in "cdwxyz"}
     assert paths.read("s", 0, 1, committed=2)[0].values["b"] == ("b", 1)
 
-    # A second attempt of batch 4 writes the same state under the same name; a
-    # stray file of batch 4 under another name is passed over (the first by name
-    # stands), never deleted under a reader.
-    step(4, 3, {"f": 1}, [])
-    step(4, 3, {"f": 1}, [])
-    assert len(names()) == 4 and names()[-1].startswith("00000000000000000004-00000-00001-9-")
-    (folder / names()[-1].replace("-9-", "-99-")).write_bytes(b"a stray attempt's")
+    # Two attempts of batch 4 write a file each, under names of their own; the
+    # first holds other state (a non-deterministic function). The batch's commit
+    # record names the second: readers take it and pass over the first, which is
+    # removed before the record is, never under a reader.
+    step(4, 3, {"f": 0}, [])
+    second = step(4, 3, {"f": 1}, []).chain[-1]
+    assert len(names()) == 5
+    assert [n[:35] for n in names()[-2:]] == ["00000000000000000004-00000-00001-9-"] * 2
+    counted = paths.with_counted({4: {"s": {"0-1": second.name}}})
+    assert [v.name for v in counted.versions("s") if v.batch == 4] == [second.name]
+    assert counted.read("s", 0, 1, committed=4)[0].values["f"] == ("f", 1)
+    # A record naming no file for the range: neither counts.
+    assert not [v for v in paths.with_counted({4: {"s": {"0-1": ""}}}).versions("s")
+                if v.batch == 4]
+    counted.remove_uncounted({3})  # other batches' files are not touched
+    assert len(names()) == 5
+    counted.remove_uncounted({4})
+    assert len(names()) == 4 and second.name in names()
     assert paths.read("s", 0, 1, committed=4)[0].values["f"] == ("f", 1)
 
     # A batch that changes at least half the keys writes a full copy. The chain it
     # started from stays (batch 5 may be replayed from it) until a batch after it
     # writes: that one starts from the new copy, so the files before it go.
     step(5, 4, dict.fromkeys("acdef", 9), [])
-    assert names()[-1].endswith(".state") and len(names()) == 6
+    assert names()[-1].endswith(".state") and len(names()) == 5
     step(6, 5, {"a": 10}, [])
     assert [n.split("-")[0][-1] for n in names()] == ["5", "6"]
     step(7, 6, {"a": 11}, [])

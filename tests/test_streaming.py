@@ -347,3 +347,48 @@ def test_state_carries_over_when_the_cluster_grows_and_shrinks(  # type: ignore[
         assert checkpoint.meta()["key_groups"] == 12
     finally:
         stop(job)
+
+
+def test_commit_records_name_the_state_files_that_count(client) -> None:  # type: ignore[no-untyped-def]
+    """Another attempt's file of a committed batch (sorting first by name) is never read."""
+    import cloudpickle
+
+    from sparkjet.core.checkpoint import Checkpoint
+    from sparkjet.core.store import JobRecords
+
+    stream = client.get_stream("attempts", partitions=2)
+    p = Pipeline.create()
+    (p.read_from(StreamSource("attempts")).group_by(lambda x: x % 20).aggregate(counting())
+     .set_name("per-key").write_to(Pipeline.to_map("attempted")))
+    job = start(client, p, "attempts", key_groups=8)
+    checkpoint = Checkpoint(client.store, JobRecords(client.store).path(job.id, "checkpoint"))
+    try:
+        stream.publish_all(range(200))
+        oracle = {k: 10 for k in range(20)}
+        wait_for(lambda: dict(client.get_map("attempted").entry_set()) == oracle, what="counts")
+        wait_for(lambda: checkpoint.last_commit() >= 0
+                 and "per-key" in checkpoint.commit_record(checkpoint.last_commit())["state"],
+                 what="a committed batch with state")
+        last = checkpoint.last_commit()
+        named = checkpoint.commit_record(last)["state"]["per-key"]
+        state = checkpoint.state(8)
+        listed = {v.name: v for v in state.versions("per-key")}
+        written = [name for name in named.values() if name]
+        assert written and all(name in listed for name in written)
+        # A stray attempt of that batch: the same range, an attempt id sorting first,
+        # and state that would double every count if it were read.
+        version = listed[written[0]]
+        stray = version.name.replace(version.attempt, "00000000")
+        bogus = {k: (k, 1000) for k in range(20)}
+        data = (cloudpickle.dumps({"values": bogus, "touched": {}}) if version.full else
+                cloudpickle.dumps({"set": bogus, "touched": {}, "removed": []}))
+        client.store.write_bytes(f"{state.stage_dir('per-key')}/{stray}", data)
+        job.suspend()  # resumed, the tasks read their state from the store
+        wait_for(lambda: job.status is JobStatus.SUSPENDED, what="suspended")
+        job.resume()
+        stream.publish_all(range(200, 240))
+        oracle = {k: 12 for k in range(20)}
+        wait_for(lambda: dict(client.get_map("attempted").entry_set()) == oracle,
+                 what="counts that never saw the stray file")
+    finally:
+        stop(job)

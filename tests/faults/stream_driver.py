@@ -66,14 +66,14 @@ def _install_pause(batch: int, marker: str) -> None:
 
     original = checkpoint.Checkpoint.write_commit
 
-    def write_commit(self, b, record):  # type: ignore[no-untyped-def]
+    def write_commit(self, b, record, state=None):  # type: ignore[no-untyped-def]
         if b >= batch and not os.path.exists(marker):
             with open(marker, "w") as fh:
                 fh.write(str(b))
             print(f"PAUSED {b}", flush=True)
             while True:  # wait for SIGKILL
                 time.sleep(1)
-        return original(self, b, record)
+        return original(self, b, record, state)
 
     checkpoint.Checkpoint.write_commit = write_commit
 

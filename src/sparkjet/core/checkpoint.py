@@ -7,11 +7,16 @@ one version of sparkjet must be resumed by the next, so this format changes
 only with the ``format`` number in ``meta.json``.
 
 In the layout below, ``<batch>`` is the batch number zero-padded to 20
-digits, so names sort in batch order (the offsets and commit files of the
-last 10 committed batches are kept); ``<stage>`` is the stage name encoded by
+digits, so names sort in batch order (the offsets and commit files of at
+least the last 10 committed batches are kept); ``<stage>`` is the stage name encoded by
 :func:`sparkjet.core.store.encode_name`; ``<lo>`` and ``<hi>`` the key groups
 ``[lo, hi)`` a file holds, zero-padded to 5 digits; ``<keys>`` the number of
-keys in those groups after the batch and ``<bytes>`` the file's size.
+keys in those groups after the batch, ``<bytes>`` the file's size and
+``<attempt>`` 8 characters naming the task attempt that wrote it (a compaction's
+start with ``z``), so attempts never overwrite one another. A commit record's
+``"state"`` names, per stage and range ``"<lo>-<hi>"``, the file of the
+attempt that counts (``""``: none); other attempts' files of that batch are
+ignored, and removed before the record is (see :meth:`StatePaths.counts`).
 The layout must stay the last part of this docstring: a docs test reads it.
 
 A key belongs to key group ``stable_hash(key) % key_groups`` (see
@@ -30,22 +35,24 @@ Formats 1 and 2 fixed a number of *shards* instead (``"shards": <n>`` in
 meta.json, keys by the same hash modulo n) and kept each shard's files in a
 folder ``state/<stage>/<shard>/`` (shard zero-padded to 4 digits), named
 ``<batch>-<keys>.state`` (format 1) or ``<batch>-<keys>-<bytes>.state|.delta``
-(format 2). They are read as they are, shard ``s`` as key group ``s`` of n;
-new files go to the flat layout.
+(format 2); format 3 named flat files without ``-<attempt>``. They are read
+as they are, shard ``s`` as key group ``s`` of n; new files go to the flat
+layout with format 4's names, and meta.json then says format 4.
 
 Layout (``jobs/<id>/checkpoint`` in the store; a throw-away
 ``jobs/<id>/scratch-<n>`` for NONE)::
 
-    meta.json              {"format": 3, "key_groups": <n>, "stages": [<names>, sorted]}
+    meta.json              {"format": 4, "key_groups": <n>, "stages": [<names>, sorted]}
     offsets/<batch>.json   the plan (write-ahead): {"batch", "starts", "ends", "time", "tasks"}
-    commits/<batch>.json   committed batches: {"ends", "time", "duration_ms"}
-    state/<stage>/<batch>-<lo>-<hi>-<keys>-<bytes>.state   a full copy of key groups [lo, hi)
-    state/<stage>/<batch>-<lo>-<hi>-<keys>-<bytes>.delta   one batch's changelog of them
+    commits/<batch>.json   committed batches: {"ends", "time", "duration_ms", "state"}
+    state/<stage>/<batch>-<lo>-<hi>-<keys>-<bytes>-<attempt>.state   a full copy of [lo, hi)
+    state/<stage>/<batch>-<lo>-<hi>-<keys>-<bytes>-<attempt>.delta   one batch's changelog
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 import zlib
 from typing import Any, NamedTuple
 
@@ -56,13 +63,18 @@ from sparkjet.core.model import DEFAULT_KEY_GROUPS
 from sparkjet.core.naming import decode_name, encode_name
 from sparkjet.core.store import Store
 
-#: The ``format`` number written to meta.json (3: key groups; format-1 and
-#: format-2 checkpoints, with shards, are read as they are).
-FORMAT = 3
+#: The ``format`` number written to meta.json (4: file names carry their
+#: attempt; 3: key groups; format-1 and format-2 checkpoints, with shards, are
+#: read as they are).
+FORMAT = 4
 _GROUP_WIDTH = 5  # digits of a key group number in file names
 _WIDTH = 20  # digits of a batch number in file names
+_ATTEMPT_WIDTH = 8  # characters of an attempt id in file names
+_ATTEMPT_CHARS = frozenset("0123456789abcdefz")
+_COMPACTED = "z"  # first character of a compaction's attempt id
 _SHARD_WIDTH = 4  # digits of a shard number in format-1/2 folder names
-_KEEP_LOG = 10  # committed batches whose offsets/commit files are kept
+#: Committed batches whose offsets and commit files are kept, at least.
+KEEP_LOG = 10
 _META = "meta.json"
 _OFFSETS = "offsets"
 _COMMITS = "commits"
@@ -142,7 +154,8 @@ class StateVersion(NamedTuple):
 
     ``size`` is the file's size in bytes, from its name (-1 for a format-1
     name, which does not carry it); ``folder`` the sub-folder of a format-1 or
-    format-2 file (its shard's), ``""`` for the flat layout of format 3.
+    format-2 file (its shard's), ``""`` for the flat layout of formats 3 and 4;
+    ``attempt`` the writer's attempt id (format 4; ``""`` before).
     """
 
     batch: int
@@ -153,6 +166,7 @@ class StateVersion(NamedTuple):
     lo: int = 0
     hi: int = 1
     folder: str = ""
+    attempt: str = ""
 
 
 def _order(version: StateVersion) -> tuple[int, bool, int, str]:
@@ -160,11 +174,19 @@ def _order(version: StateVersion) -> tuple[int, bool, int, str]:
     return version.batch, version.full, version.lo, version.name
 
 
-def _new_version(batch: int, lo: int, hi: int, keys: int, data: bytes, full: bool) -> StateVersion:
-    """The version of a format-3 file about to be written with ``data``."""
+def _new_version(
+    batch: int, lo: int, hi: int, keys: int, data: bytes, full: bool, compacted: bool = False
+) -> StateVersion:
+    """The version of a format-4 file about to be written with ``data``, by a new attempt.
+
+    A full copy that :meth:`StatePaths.compact` folds gets an attempt id
+    starting with ``z`` (:data:`_COMPACTED`): no commit record names it.
+    """
+    attempt = uuid.uuid4().hex[: _ATTEMPT_WIDTH - 1 if compacted else _ATTEMPT_WIDTH]
+    attempt = _COMPACTED + attempt if compacted else attempt
     name = (f"{batch:0{_WIDTH}d}-{lo:0{_GROUP_WIDTH}d}-{hi:0{_GROUP_WIDTH}d}-{keys}-"
-            f"{len(data)}{_STATE_SUFFIX if full else _DELTA_SUFFIX}")
-    return StateVersion(batch, keys, name, full, len(data), lo, hi)
+            f"{len(data)}-{attempt}{_STATE_SUFFIX if full else _DELTA_SUFFIX}")
+    return StateVersion(batch, keys, name, full, len(data), lo, hi, "", attempt)
 
 
 def _parse_version(entry: str, folder: str = "") -> StateVersion | None:
@@ -172,6 +194,10 @@ def _parse_version(entry: str, folder: str = "") -> StateVersion | None:
         if not entry.endswith(suffix):
             continue
         parts = entry[: -len(suffix)].split("-")
+        attempt = ""
+        if not folder and len(parts) == 6 and len(parts[5]) == _ATTEMPT_WIDTH and all(
+                c in _ATTEMPT_CHARS for c in parts[5]):
+            attempt = parts.pop()  # format 4
         if not all(p.isdigit() for p in parts):
             return None
         if folder and len(parts) in (2, 3):  # format 1 or 2, in a shard folder
@@ -179,10 +205,16 @@ def _parse_version(entry: str, folder: str = "") -> StateVersion | None:
             size = int(parts[2]) if len(parts) == 3 else -1
             return StateVersion(int(parts[0]), int(parts[1]), entry, full, size, shard,
                                 shard + 1, folder)
-        if not folder and len(parts) == 5:  # format 3: <batch>-<lo>-<hi>-<keys>-<bytes>
+        if not folder and len(parts) == 5:  # format 3 (and 4): <batch>-<lo>-<hi>-<keys>-<bytes>
             batch, lo, hi, keys, size = map(int, parts)
-            return StateVersion(batch, keys, entry, full, size, lo, hi) if lo < hi else None
+            return StateVersion(batch, keys, entry, full, size, lo, hi, "",
+                                attempt) if lo < hi else None
     return None
+
+
+#: Per batch, per stage, per range of key groups (``"<lo>-<hi>"``): the name of
+#: the file that counts (``""``: none); what a commit record's ``"state"`` holds.
+Counted = dict[int, dict[str, dict[str, str]]]
 
 
 class RangeState(NamedTuple):
@@ -228,10 +260,49 @@ class StatePaths:
     exactly the state it started from the first time.
     """
 
-    def __init__(self, store: Store, root: str, key_groups: int = DEFAULT_KEY_GROUPS) -> None:
+    def __init__(
+        self,
+        store: Store,
+        root: str,
+        key_groups: int = DEFAULT_KEY_GROUPS,
+        counted: Counted | None = None,
+    ) -> None:
         self.store = store
         self.root = root
         self.key_groups = key_groups
+        #: The files that count of batches whose commit records are still kept.
+        self.counted: Counted = counted or {}
+
+    def with_counted(self, counted: Counted) -> StatePaths:
+        """The same layout, knowing which files of recent batches count (see :meth:`counts`)."""
+        return StatePaths(self.store, self.root, self.key_groups, counted)
+
+    def counts(self, stage: str, version: StateVersion) -> bool:
+        """Whether a file counts: its batch's commit record names it, or names nothing.
+
+        A batch's commit record names, per stage and range of key groups, the
+        file its successful task attempt wrote (``""`` for none). Another
+        attempt's file of that batch and range (a task retried, a speculative
+        or late copy, a replay after a crash) does not count, and neither does
+        a file for a range the record says got none. A full copy that
+        compaction folded (attempt ``z...``) counts where the record names a
+        changelog of that range. For batches whose records are no longer kept
+        every file counts: those that did not were removed before the records
+        (see :meth:`remove_uncounted`).
+        """
+        named = self.counted.get(version.batch, {}).get(stage, {}).get(
+            f"{version.lo}-{version.hi}")
+        if named is None or version.name == named:
+            return True
+        return version.full and version.attempt.startswith(_COMPACTED) and named.endswith(
+            _DELTA_SUFFIX)
+
+    def remove_uncounted(self, batches: set[int]) -> None:
+        """Remove the files of ``batches`` that do not count (before their records go)."""
+        for stage in self.stages():
+            for version in self.versions(stage, counted_only=False):
+                if version.batch in batches and not self.counts(stage, version):
+                    self.store.remove(self.path(stage, version))
 
     def stage_dir(self, stage: str) -> str:
         """The folder of one stage's state."""
@@ -247,11 +318,13 @@ class StatePaths:
             return f"{self.stage_dir(stage)}/{version.folder}/{version.name}"
         return f"{self.stage_dir(stage)}/{version.name}"
 
-    def versions(self, stage: str, lo: int = 0, hi: int | None = None) -> list[StateVersion]:
+    def versions(
+        self, stage: str, lo: int = 0, hi: int | None = None, counted_only: bool = True
+    ) -> list[StateVersion]:
         """Every state file of a stage overlapping key groups ``[lo, hi)``, oldest first.
 
-        Listed afresh. A stray attempt may have left a second file for the same
-        batch and range: it is listed too (:meth:`chain` takes the first).
+        Listed afresh; without the files that do not count (:meth:`counts`)
+        unless ``counted_only`` is False.
         """
         hi = self.key_groups if hi is None else hi
         folder = self.stage_dir(stage)
@@ -263,8 +336,10 @@ class StatePaths:
                                  for e in self.store.listdir(f"{folder}/{entry}"))
             else:
                 found.append(_parse_version(entry))
-        return sorted((v for v in found if v is not None and v.lo < hi and v.hi > lo),
-                      key=_order)
+        return sorted(
+            (v for v in found if v is not None and v.lo < hi and v.hi > lo and (
+                not counted_only or self.counts(stage, v))),
+            key=_order)
 
     @staticmethod
     def chain(
@@ -273,9 +348,10 @@ class StatePaths:
         """The files that make up key groups ``[lo, hi)`` as of ``committed``, oldest first.
 
         For each key group, the newest full copy covering it and the
-        changelogs covering it after that copy. Where attempts of one batch
-        left two files for the same range, the first by name stands (attempts
-        of one batch write the same state).
+        changelogs covering it after that copy. ``versions`` holds only files
+        that count (:meth:`counts`); where two still remain for one batch and
+        range (a format-3 checkpoint, or a batch whose record is gone), the
+        first by name stands.
         """
         seen: set[tuple[int, bool, int, int]] = set()
         usable: list[StateVersion] = []
@@ -427,7 +503,7 @@ class StatePaths:
             return None
         values, touched, _ = self.read_chain(stage, lo, hi, chain)
         data = cloudpickle.dumps({"values": values, "touched": touched})
-        written = _new_version(chain[-1].batch, lo, hi, len(values), data, True)
+        written = _new_version(chain[-1].batch, lo, hi, len(values), data, True, compacted=True)
         self.store.write_bytes(self.path(stage, written), data)
         return written
 
@@ -555,6 +631,10 @@ class Checkpoint:
                 f"checkpoint {self.root!r} has format {meta['format']}; this sparkjet reads "
                 f"formats up to {FORMAT} (upgrade sparkjet to resume it)"
             ))
+        if int(meta.get("format", 1)) < FORMAT:
+            # New files get this format's names: an older sparkjet must not
+            # resume the checkpoint and miss them.
+            self.write_meta({**meta, "format": FORMAT})
         groups = self.written_key_groups()
         assert groups is not None
         return groups
@@ -606,21 +686,40 @@ class Checkpoint:
         assert standing is not None
         return standing
 
-    def write_commit(self, batch: int, record: dict[str, Any]) -> bool:
+    def write_commit(
+        self, batch: int, record: dict[str, Any], state: StatePaths | None = None
+    ) -> bool:
         """Record ``batch`` as committed; forget the log of batches long committed.
 
         Create-only: False if the batch was committed already (by another
         driver, which is then the job's driver: the caller checks its fence).
+        ``record["state"]`` names the state files that count (:data:`Counted`).
+        Every :data:`KEEP_LOG` batches the records of batches committed
+        longer ago are removed, after the state files they say do not count
+        (with ``state``, whose ``counted`` must cover them).
         """
         if not self.store.create_exclusive(
             f"{self.root}/{_batch_file(_COMMITS, batch)}", json.dumps(record).encode()
         ):
             return False
-        for folder in (_OFFSETS, _COMMITS):
-            for old in self._batches(folder):
-                if old <= batch - _KEEP_LOG:
-                    self.store.remove(f"{self.root}/{_batch_file(folder, old)}")
+        if batch % KEEP_LOG == 0:
+            old = {b for b in self._batches(_COMMITS) if b <= batch - KEEP_LOG}
+            if state is not None and old:
+                state.remove_uncounted(old)
+            for folder in (_OFFSETS, _COMMITS):
+                for b in self._batches(folder):
+                    if b <= batch - KEEP_LOG:
+                        self.store.remove(f"{self.root}/{_batch_file(folder, b)}")
         return True
+
+    def counted(self) -> Counted:
+        """Which state files count, from every commit record still kept."""
+        out: Counted = {}
+        for batch in self._batches(_COMMITS):
+            record = self._json(_batch_file(_COMMITS, batch))
+            if isinstance(record, dict) and isinstance(record.get("state"), dict):
+                out[batch] = record["state"]
+        return out
 
     @property
     def state_root(self) -> str:

@@ -41,6 +41,14 @@ class Execution(Protocol):
     def stage_counts(self) -> dict[str, int]:
         """Items emitted per stage so far (empty when metrics are off); safe from any thread."""
 
+    def state_files(self) -> dict[str, dict[str, str]]:
+        """After :meth:`run`, a micro-batch's state files that count (empty for batch jobs).
+
+        ``{stage: {"<lo>-<hi>": file name}}``, ``""`` for a task that wrote
+        none; the batch's commit record keeps it (see
+        :meth:`sparkjet.core.checkpoint.StatePaths.counts`).
+        """
+
 
 class Engine(Protocol):
     """The engine a job's work runs on; every method is called on the driver."""

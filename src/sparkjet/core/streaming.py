@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkjet.core.checkpoint import Checkpoint
+from sparkjet.core.checkpoint import KEEP_LOG, Checkpoint
 from sparkjet.core.contracts import JobContext
 from sparkjet.core.engine import Engine
 from sparkjet.core.graph import Transform
@@ -123,6 +123,8 @@ class StreamLoop:
             }
         self.progress.last_committed = committed
         self.progress.snapshots = committed + 1  # batches are numbered from 0
+        # Which state files count, per batch whose commit record is kept.
+        counted = self.checkpoint.counted()
         state = self.checkpoint.state(groups)
         batch = committed + 1
         while True:
@@ -157,19 +159,25 @@ class StreamLoop:
                 },
                 # A plan written before the number of tasks was planned ran
                 # one task per shard (key group).
-                state=state, tasks=int(planned.get("tasks", groups)),
+                state=state.with_counted(counted), tasks=int(planned.get("tasks", groups)),
                 now_ms=int(planned["time"]),
                 on_commit=self.fence,
             )
             micro.run()
             duration_ms = int((time.monotonic() - started) * 1000)
+            files = micro.state_files()
+            counted[batch] = files
             self.fence()
             if not self.checkpoint.write_commit(
                 batch, {"ends": planned["ends"], "time": int(time.time() * 1000),
-                        "duration_ms": duration_ms},
+                        "duration_ms": duration_ms, "state": files},
+                state.with_counted(counted),
             ):
                 self.fence()  # committed by another driver: this one was replaced
                 log.warning("micro-batch %d was committed already; going on after it", batch)
+                counted = self.checkpoint.counted()  # its record names the files that count
+            for old in [b for b in counted if b <= batch - 2 * KEEP_LOG]:
+                del counted[old]  # its record is gone, and the files that did not count
             self._record(micro.stage_counts(), batch, duration_ms)
             ends = planned["ends"]
             batch += 1

@@ -349,6 +349,10 @@ class BatchRun:
         """Emitted items per stage so far (empty when metrics are off)."""
         return dict(self.counts.value) if self.counts is not None else {}
 
+    def state_files(self) -> dict[str, dict[str, str]]:
+        """A batch job keeps no state between runs: none."""
+        return {}
+
     def run(self) -> None:
         flows: dict[Transform, Flow] = {}
         try:

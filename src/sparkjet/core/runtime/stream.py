@@ -58,6 +58,24 @@ def loaded_state_stats() -> dict[str, int]:
 _STATS = {"hits": 0, "misses": 0}
 
 
+class StateFilesParam:
+    r"""Accumulator of the state files a batch's tasks wrote (PySpark AccumulatorParam protocol).
+
+    ``{"<stage>\x00<lo>-<hi>": name}``, ``""`` for a task that wrote none.
+    Spark adds a task's update once it succeeded, so a failed attempt's file
+    is never reported. Where a recomputed stage reports two attempts of one
+    range, the first by name is kept, so every driver picks the same.
+    """
+
+    def zero(self, value: dict[str, str]) -> dict[str, str]:
+        return {}
+
+    def addInPlace(self, left: dict[str, str], right: dict[str, str]) -> dict[str, str]:
+        for key, name in right.items():
+            left[key] = min(left[key], name) if key in left else name
+        return left
+
+
 class StateTask(Task):
     """Reduce side of a keyed stage in a stream: partition ``p`` holds task ``p``'s key groups."""
 
@@ -72,16 +90,19 @@ class StateTask(Task):
         now_ms: int,
         counts: Any,
         tasks: int,
+        files: Any = None,
     ) -> None:
         self.fold, self.stage, self.ttl_ms, self.paths = fold, stage, ttl_ms, paths
         self.batch, self.committed, self.now_ms, self.counts = batch, committed, now_ms, counts
         self.tasks = tasks
+        #: The batch's :class:`StateFilesParam` accumulator (None: not reported).
+        self.files = files
 
     def __call__(self, task: int, records: Iterator[tuple[Any, Any]]) -> Iterator[Any]:
         lo, hi = task_range(task, self.tasks, self.paths.key_groups)
         with self.attributing():
             try:
-                outputs, keys, size = self._run(lo, hi, records)
+                outputs, keys, size, written = self._run(lo, hi, records)
             except MemoryError:
                 _LOADED.clear()  # give back what this worker kept loaded
                 raise MemoryError(
@@ -92,6 +113,8 @@ class StateTask(Task):
                 ) from None
         self.count({self.stage: len(outputs), f"{self.stage}\x00keys": keys,
                     f"{self.stage}\x00bytes": size})
+        if self.files is not None:
+            self.files.add({f"{self.stage}\x00{lo}-{hi}": written})
         yield from outputs
 
     def _state(self, lo: int, hi: int, chain: list[StateVersion]) -> RangeState:
@@ -113,7 +136,8 @@ class StateTask(Task):
 
     def _run(
         self, lo: int, hi: int, records: Iterator[tuple[Any, Any]]
-    ) -> tuple[list[Any], int, int]:
+    ) -> tuple[list[Any], int, int, str]:
+        """The batch's outputs, the range's keys and bytes after it, and the file written ("")."""
         paths, stage = self.paths, self.stage
         groups = group_parts(records)
         versions = paths.versions(stage, lo, hi)
@@ -123,8 +147,8 @@ class StateTask(Task):
         own = all(v.lo == lo and v.hi == hi for v in chain)
         if not groups and not self.ttl_ms and own:  # nothing to fold in, expire or rewrite
             if not chain:
-                return [], 0, 0
-            return [], chain[-1].keys, sum(paths.size(stage, v) for v in chain)
+                return [], 0, 0, ""
+            return [], chain[-1].keys, sum(paths.size(stage, v) for v in chain), ""
         state = self._state(lo, hi, chain)
         changed: list[Any] = []
         removed: list[Any] = []
@@ -135,14 +159,15 @@ class StateTask(Task):
         if not changed and not removed and own and (state.chain or not state.values):
             # Nothing changed (a TTL with nothing to expire): no file for this batch.
             _LOADED[(paths.root, stage, lo, hi)] = (self.batch, state)
-            return outputs, len(state.values), sum(paths.size(stage, v) for v in state.chain)
+            return (outputs, len(state.values), sum(paths.size(stage, v) for v in state.chain),
+                    "")
         background = compaction.shared(paths)
         after = paths.write(stage, lo, hi, self.batch, state, changed, removed, versions,
                             background=background)
         _LOADED[(paths.root, stage, lo, hi)] = (self.batch, after)
         if background and compaction.due(after.chain):
             compaction.start(paths, stage, lo, hi, self.committed)
-        return outputs, len(after.values), sum(v.size for v in after.chain)
+        return outputs, len(after.values), sum(v.size for v in after.chain), after.chain[-1].name
 
 
 class MicroBatch(BatchRun):
@@ -177,8 +202,21 @@ class MicroBatch(BatchRun):
         self.source_ranges = source_ranges
         self.state = state
         self.tasks = tasks
+        self.files = sc.accumulator({}, StateFilesParam())
         # The batch's planned time, so a replay expires exactly what the first run did.
         self.now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
+
+    def state_files(self) -> dict[str, dict[str, str]]:
+        """The state files this batch's tasks wrote, as its commit record names them.
+
+        ``{stage: {"<lo>-<hi>": name}}`` (``""`` for a task that wrote none),
+        read once the batch's Spark work has ended.
+        """
+        out: dict[str, dict[str, str]] = {}
+        for key, name in self.files.value.items():
+            stage, ranged = key.rsplit("\x00", 1)
+            out.setdefault(stage, {})[ranged] = name
+        return out
 
     def _descriptors(self, node: Transform, source: Any, ctx: JobContext) -> Iterable[Any]:
         start, end = self.source_ranges[self.plan.name(node)]
@@ -189,7 +227,7 @@ class MicroBatch(BatchRun):
         mapped = self._map_side(fold, node, name, flow)
         task = StateTask(
             fold, name, node.params.get("ttl_ms"), self.state, self.batch, self.committed,
-            self.now_ms, self.counts, self.tasks,
+            self.now_ms, self.counts, self.tasks, self.files,
         )
         groups = self.state.key_groups
         shuffled = mapped.partitionBy(self.tasks, KeyGroupPartition(groups, self.tasks))
