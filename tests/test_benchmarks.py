@@ -26,6 +26,7 @@ RUNS = {
          "--probe-every-ms", "500", "--probe-size", "10", "--s3"],
         ["sparkjet", "native", "S3", "targets:"],
     ),
+    "commit_log": (["--commits", "150", "--s3"], ["folded", "never folded", "plain Python"]),
     "state_scaling": (
         ["--sizes", "100,2000", "--probes", "2", "--increment", "20"],
         ["sparkjet", "native", "vs smallest", "targets:"],

@@ -201,7 +201,9 @@ def test_corrupt_segments_and_state_files_name_their_file(store: Store) -> None:
     version = paths.versions("counts")[0]
     file = paths.path("counts", version)
     store.write_bytes(file, store.read_bytes(file)[:-7])
-    with pytest.raises(StoreError, match=r"stage 'counts': state file '.*-2-\d+.state' is corrupt"):
+    with pytest.raises(
+        StoreError, match=r"stage 'counts': state file '.*-2-\d+-[0-9a-z]{8}.state' is corrupt"
+    ):
         paths.read("counts", 0, 128, committed=3)
 
 
@@ -448,6 +450,39 @@ def test_a_replayed_stream_sink_batch_lands_with_its_first_split(
     stream.append_batch("job:sink", "job:sink:cp:7", [[9], [9]])  # a third, complete: no-op
     assert stream.end_offsets() == [2, 2]
     assert not any(n.endswith(".pending") for n in store.listdir(f"{stream.folder}/writers"))
+
+
+def test_a_batch_appended_twice_by_racing_drivers_is_read_once(store: Store) -> None:
+    """Two drivers both found no chunk of batch 7 and both appended one (the first,
+    fenced off, was paused between its check and its append): the registered one counts."""
+    old, new = StreamLog(store, "out"), StreamLog(Store(store.url), "out")
+    old.create(1)
+    new.append_batch("job:sink", "job:sink:cp:7", [["a", "b"]])
+    old.append(0, ["a", "b"], "@job:sink:cp:7")  # the late driver's append, after its check
+    assert old.register(0, "job:sink:cp:7", 2) == 0  # ...whose registration loses
+    new.append_batch("job:sink", "job:sink:cp:8", [["c"]])
+    assert old.end_offsets() == [5]  # offsets count every chunk
+    for reader in (StreamLog(store, "out"), StreamLog(Store(store.url), "out")):
+        assert reader.read(0, 0, 5) == ["a", "b", "c"]
+        assert reader.read(0, 2, 5) == ["c"]  # a range starting at the skipped chunk
+
+
+def test_a_batch_chunk_never_registered_is_registered_by_its_reader(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver died between appending batch 7's chunk and registering it."""
+    monkeypatch.setattr("sparkjet.core.streams.PENDING_WAIT_SECONDS", 0.2)
+    stream = StreamLog(store, "out")
+    stream.create(1)
+    stream.append(0, ["a"], "@job:sink:cp:7")
+    stream.append(0, ["x"])  # a plain publisher after it
+    assert stream.read(0, 0, 2) == ["a", "x"]  # waited 0.2 s, then registered it
+    assert stream.registered(0, "job:sink:cp:7") == 0
+    stream.append_batch("job:sink", "job:sink:cp:7", [["a"]])  # the replay: lands nothing
+    assert StreamLog(store, "out").read(0, 0, stream.end_offset(0)) == ["a", "x"]
+    # A chunk written before batch chunks were registered (no "@") counts as it is.
+    stream.append(0, ["old"], "job:sink:cp:6")
+    assert StreamLog(store, "out").read(0, 2, 3) == ["old"]
 
 
 # --- growth: a micro-batch's commit does not read the whole log ---------------------------

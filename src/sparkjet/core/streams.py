@@ -15,7 +15,12 @@ The token lets an exactly-once writer (a sink replaying a micro-batch) find
 out whether its chunk already landed; a plain publisher's token is a random
 ``~<hex>``, so no two publishers' chunks are ever byte-equal (a create that
 the filesystem client retried is recognised by its content, see
-:meth:`sparkjet.core.store.Store.create_exclusive`).
+:meth:`sparkjet.core.store.Store.create_exclusive`). A micro-batch sink's
+chunk carries ``@<batch token>`` and counts only where
+``registry/p<partition>/<token>`` (created only if absent, holding an
+offset) says: a second chunk of a batch, appended by a driver that was fenced
+off but not yet aware, is skipped by every reader (see :meth:`StreamLog.register`).
+Offsets still count its items, so ``size()`` may exceed what readers return.
 
 Reading checks what the offsets promise: chunk ``n`` of a partition must
 start where chunk ``n-1`` ends, and hold as many items as its header says.
@@ -30,6 +35,7 @@ import pickle
 import random
 import secrets
 import struct
+import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +46,11 @@ if TYPE_CHECKING:
     from sparkjet.core.store import Store
 
 _HEADER = struct.Struct(">QH")
+#: A micro-batch sink's chunk carries its batch token after this prefix; it
+#: counts only at the offset the token's registration names.
+_BATCH = "@"
+#: How long a reader waits for a batch chunk's registration before making it.
+PENDING_WAIT_SECONDS = 30.0
 _WIDTH = 20
 _MAX_PARTITIONS = 4096
 
@@ -56,6 +67,8 @@ class StreamLog:
         self.name = name
         self.folder = store.path("streams", encode_name("stream", name))
         self._partitions: int | None = None
+        #: Registrations read or made here: (partition, token) -> offset.
+        self._registry: dict[tuple[int, str], int] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         return {"store": self.store, "name": self.name, "folder": self.folder,
@@ -63,6 +76,7 @@ class StreamLog:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._registry = {}
 
     # --- metadata -------------------------------------------------------------
 
@@ -199,13 +213,77 @@ class StreamLog:
             self._writer_index(writer), json.dumps({"ends": self.end_offsets()}).encode()
         )
 
-    def find_token(self, partition: int, token: str, from_offset: int) -> bool:
-        """True if a chunk at or after ``from_offset`` carries ``token``."""
-        return any(
-            self._header(partition, start)[1] == token
-            for start in self.chunk_starts(partition)
-            if start >= from_offset
-        )
+    def find_token(self, partition: int, token: str, from_offset: int) -> int | None:
+        """The offset of the first chunk at or after ``from_offset`` that carries ``token``.
+
+        A batch's chunk carries ``@<token>`` (see :meth:`append_batch`); one
+        written before batch chunks were registered carries ``token`` itself.
+        """
+        for start in self.chunk_starts(partition):
+            if start >= from_offset and self._header(partition, start)[1] in (
+                    _BATCH + token, token):
+                return start
+        return None
+
+    # --- registered batch chunks ---------------------------------------------------
+    #
+    # Two drivers may append one batch's chunk to a partition (one of them fenced
+    # off but not yet aware): both looked and found none, both appended. The
+    # batch's chunk that counts is the one *registered*: after appending, the
+    # writer creates registry/p<partition>/<token> holding the chunk's offset,
+    # create-only, so the first registration stands. Readers skip a batch chunk
+    # at any other offset. A chunk not yet registered (its writer is between
+    # the two writes, or died there) is waited for, and registered by the
+    # reader itself after PENDING_WAIT_SECONDS: whoever registers first decides,
+    # and every reader sees the same one.
+
+    def _registry_path(self, partition: int, token: str) -> str:
+        return f"{self.folder}/registry/p{partition:04d}/{encode_name('token', token)}"
+
+    def registered(self, partition: int, token: str) -> int | None:
+        """The offset of ``token``'s registered chunk in ``partition``, or None."""
+        known = self._registry.get((partition, token))
+        if known is not None:
+            return known
+        try:
+            raw = self.store.read_bytes(self._registry_path(partition, token))
+        except FileNotFoundError:
+            return None
+        try:
+            offset = int(raw)
+        except ValueError as exc:
+            raise StoreError(self.store.redact(
+                f"stream {self.name!r}: registration "
+                f"{self._registry_path(partition, token)!r} is corrupt: {raw[:40]!r}"
+            )) from exc
+        self._registry[(partition, token)] = offset  # registrations never change
+        return offset
+
+    def register(self, partition: int, token: str, offset: int) -> int:
+        """Register ``offset`` as ``token``'s chunk unless another is; the one that stands."""
+        data = str(offset).encode()
+        if self.store.create_exclusive(self._registry_path(partition, token), data):
+            self._registry[(partition, token)] = offset
+            return offset
+        standing = self.registered(partition, token)
+        if standing is None:
+            raise StoreError(self.store.redact(
+                f"stream {self.name!r}: registration "
+                f"{self._registry_path(partition, token)!r} exists but cannot be read"))
+        return standing
+
+    def _counts(self, partition: int, token: str, start: int) -> bool:
+        """Whether the batch chunk of ``token`` at ``start`` is the one that counts."""
+        waited = 0.0
+        while (standing := self.registered(partition, token)) is None:
+            if waited >= PENDING_WAIT_SECONDS:
+                # Its writer died between appending and registering (a replay
+                # would register the first chunk it finds, this one).
+                standing = self.register(partition, token, start)
+                break
+            time.sleep(0.05)
+            waited += 0.05
+        return standing == start
 
     def append_batch(self, writer: str, token: str, buckets: list[list[Any]]) -> None:
         """Append one batch's items, ``buckets[p]`` to partition ``p``, once per ``token``.
@@ -227,8 +305,12 @@ class StreamLog:
             f"{encode_name('token', token)}.pending"
         )
         starts = self.writer_starts(writer)
-        done = [self.find_token(p, token, starts[p]) for p in range(self.partitions)]
-        if not any(done):
+        landed = [
+            standing if (standing := self.registered(p, token)) is not None
+            else self.find_token(p, token, starts[p])
+            for p in range(self.partitions)
+        ]
+        if all(offset is None for offset in landed):
             # Remember where this batch starts, so a replay after a crash in the
             # middle finds the chunks that landed.
             self.record_writer_starts(writer)
@@ -241,8 +323,12 @@ class StreamLog:
             except FileNotFoundError:
                 return  # every partition landed; the split was forgotten after
         for partition, bucket in enumerate(buckets):
-            if bucket and not done[partition]:
-                self.append(partition, bucket, token)
+            if not bucket:
+                continue
+            offset = landed[partition]
+            if offset is None:
+                offset = self.append(partition, bucket, _BATCH + token)
+            self.register(partition, token, offset)  # no-op where it stands already
         self.store.remove(pending)
 
     def _pending(self, path: str) -> list[list[Any]]:
@@ -266,6 +352,7 @@ class StreamLog:
         breaks the promise (missing, truncated, or counted wrong).
         """
         out: list[Any] = []
+        skipped = 0
         if end <= start:
             return out
         starts = self.chunk_starts(partition)
@@ -282,12 +369,16 @@ class StreamLog:
                     path, f"starts at offset {chunk_start}, but the chunk before it ends at "
                     f"{expected}: offsets {expected} to {chunk_start - 1} are missing"
                 )
-            items = self._items(path, partition, chunk_start, chunk_end)
+            items, token = self._items(path, partition, chunk_start, chunk_end)
             lo = max(start - chunk_start, 0)
             hi = min(end - chunk_start, len(items))
-            out.extend(items[lo:hi])
+            if token.startswith(_BATCH) and not self._counts(
+                    partition, token[len(_BATCH):], chunk_start):
+                skipped += max(hi - lo, 0)  # a batch's second chunk: it landed before
+            else:
+                out.extend(items[lo:hi])
             expected = chunk_start + len(items)
-        if len(out) != end - start:
+        if len(out) + skipped != end - start:
             first = self._chunk_path(partition, starts[0]) if starts else self._pdir(partition)
             raise StoreError(self.store.redact(
                 f"stream {self.name!r} partition {partition}: offsets {start} to {end - 1} were "
@@ -296,8 +387,10 @@ class StreamLog:
             ))
         return out
 
-    def _items(self, path: str, partition: int, start: int, next_start: int | None) -> list[Any]:
-        """The items of one chunk, checked against its header and the next chunk's offset."""
+    def _items(
+        self, path: str, partition: int, start: int, next_start: int | None
+    ) -> tuple[list[Any], str]:
+        """One chunk's items and token, checked against its header and the next chunk's offset."""
         raw = self.store.read_bytes(path)
         if len(raw) < _HEADER.size:
             raise self._corrupt(path, f"is truncated ({len(raw)} bytes, no header)")
@@ -322,4 +415,4 @@ class StreamLog:
                 path, f"holds offsets {start} to {start + count - 1}, but the next chunk of "
                 f"partition {partition} starts at {next_start}: {gap}"
             )
-        return items
+        return items, raw[_HEADER.size : _HEADER.size + token_len].decode("utf-8", "replace")
