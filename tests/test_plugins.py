@@ -51,7 +51,7 @@ from tests.conftest import TEST_SPARK, run_pipeline
 
 DIST = Path(__file__).parent / "plugin_dist" / "sparkjet-example-plugin"
 DIST_NAME = "sparkjet-example-plugin"
-BUILTINS = {"list", "map", "logger", "stream"}  # pyproject's own entry points
+BUILTINS = {"list", "map", "logger", "stream", "snapshots"}  # pyproject's own entry points
 
 NONE = ProcessingGuarantee.NONE
 AT_LEAST_ONCE = ProcessingGuarantee.AT_LEAST_ONCE
