@@ -379,11 +379,14 @@ class SnapshotBackend(ABC):
         Secrets are the values added by :meth:`add_secrets` and the string
         values of every option whose name contains one of
         :attr:`SECRET_OPTION_WORDS` (``key``, ``secret``, ``token``, ...),
-        nested tables included.
+        nested tables included; of the latter, values shorter than four
+        characters are left alone (masking every ``k`` in a message would
+        make it unreadable and hide nothing worth hiding).
         """
         added: list[str] = self.__dict__.get("_secrets", [])
         options: Mapping[str, Any] = getattr(self, "options", {})
-        secrets = [*added, *_secret_values(options, self.SECRET_OPTION_WORDS)]
+        named = (v for v in _secret_values(options, self.SECRET_OPTION_WORDS) if len(v) >= 4)
+        secrets = [*added, *named]
         for secret in sorted(set(secrets), key=len, reverse=True):
             text = text.replace(secret, "***")
         return text
