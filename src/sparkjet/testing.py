@@ -574,6 +574,25 @@ class SnapshotBackendConformance:
         assert not mine.exists("shared/b")
         assert mine.list("shared") == ["shared/a"]
 
+    def test_large_files_stream_in_chunks(
+        self, snapshots: SnapshotStore, backend: SnapshotBackend
+    ) -> None:
+        """A file larger than one upload part (multipart on S3, resumable on GCS) round-trips."""
+        size, chunk = 12 * 1024 * 1024 + 7, 1024 * 1024
+        fields = snapshot_fields("job-big", files=1)
+        path = fields.stages[0].files[0]
+
+        def content() -> Iterator[bytes]:
+            for start in range(0, size, chunk):
+                yield bytes([start // chunk]) * min(chunk, size - start)
+
+        manifest = snapshots.write("big", fields, [(path, content())])
+        assert manifest.payload_size == size
+        snapshot = snapshots.get("big")
+        snapshot.verify()
+        assert backend.size(snapshot.path(path)) == size
+        assert b"".join(snapshot.read_chunks(path)) == b"".join(content())
+
     # --- snapshots ----------------------------------------------------------------------------
 
     def test_write_list_read(self, snapshots: SnapshotStore, backend: SnapshotBackend) -> None:
