@@ -273,6 +273,13 @@ def test_a_bad_export_is_refused_and_publishes_nothing(
     assert backend.list_children(encode_name("v1")) == [store.get("v1").attempt]
 
 
+def test_file_lists_must_be_lists(backend: SnapshotBackend) -> None:
+    stage = StageFields("s", "k", "sig", 0, 1, "stages/s/one.pkl")  # type: ignore[arg-type]
+    fields = ManifestFields(**{**snapshot_fields().__dict__, "stages": [stage]})
+    with pytest.raises(SnapshotError, match="files must be a list of paths, not one string"):
+        SnapshotStore(backend).write("v1", fields, [("stages/s/one.pkl", b"1")])
+
+
 def test_offsets_and_signatures_must_be_json(backend: SnapshotBackend) -> None:
     store = SnapshotStore(backend)
     fields = ManifestFields(**{**snapshot_fields().__dict__, "sources": {"src": {1, 2}}})
@@ -340,7 +347,9 @@ def test_delete_and_destroy(backend: SnapshotBackend) -> None:
     store = SnapshotStore(backend)
     export(store, "v1")
     export(store, "v2")
+    assert store.exists("v1")
     assert store.delete("v1") is True
+    assert not store.exists("v1")
     assert store.delete("v1") is False
     store.get("v2").destroy()
     assert store.list() == []

@@ -538,6 +538,8 @@ def _plan(name: str, fields: ManifestFields) -> dict[str, str | None]:
             raise SnapshotError(f"{label}: file {path!r} is named twice", name, path)
         owners[path] = stage
 
+    if isinstance(fields.files, str) or any(isinstance(s.files, str) for s in fields.stages):
+        raise SnapshotError(f"{where}: files must be a list of paths, not one string", name)
     seen: set[str] = set()
     for stage in fields.stages:
         if not isinstance(stage, StageFields):
