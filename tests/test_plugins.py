@@ -51,7 +51,7 @@ from tests.conftest import TEST_SPARK, run_pipeline
 
 DIST = Path(__file__).parent / "plugin_dist" / "sparkjet-example-plugin"
 DIST_NAME = "sparkjet-example-plugin"
-BUILTINS = {"list", "map", "logger", "stream"}  # pyproject's own entry points
+BUILTINS = {"list", "map", "logger", "stream", "snapshots"}  # pyproject's own entry points
 
 NONE = ProcessingGuarantee.NONE
 AT_LEAST_ONCE = ProcessingGuarantee.AT_LEAST_ONCE
@@ -269,7 +269,10 @@ def test_installed_distribution_is_discovered_and_runs_a_job(tmp_path: Path) -> 
     # Discovered through its entry point, with its distribution named.
     example = report["plugins"]["example"]
     assert example["origin"] == f"{DIST_NAME} 0.1.0 (entry point)"
-    assert example["registered"] == [["sink", "jsonl"], ["source", "range"], ["source", "ticker"]]
+    assert example["registered"] == [
+        ["sink", "jsonl"], ["snapshot backend", "example-dir"], ["source", "range"],
+        ["source", "ticker"],
+    ]
     assert {name: p["origin"] for name, p in report["plugins"].items() if name in BUILTINS} == {
         name: "built-in" for name in BUILTINS
     }
@@ -371,6 +374,7 @@ def test_entry_point_plugin_is_discovered_with_its_distribution(
     assert info.origin == f"{DIST_NAME} 0.1.0 (entry point)"
     assert {(r.category, r.kind) for r in info.registered} == {
         ("source", "range"), ("source", "ticker"), ("sink", "jsonl"),
+        ("snapshot backend", "example-dir"),
     }
     assert client.plugins.lookup_kind("sink", "jsonl").cls is example.JsonLinesSink
     assert all(client.plugins.plugins[name].origin == "built-in" for name in BUILTINS)

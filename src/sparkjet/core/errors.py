@@ -97,3 +97,60 @@ class StoreError(SparkjetError):
 
 class TimeoutException(SparkjetError, TimeoutError):
     """``Job.join(timeout=...)`` expired before the job reached a terminal status."""
+
+
+class SnapshotBackendError(SparkjetError):
+    """A snapshot backend cannot be opened or reached: names the backend's kind and URL.
+
+    Raised for a missing extra (with the ``pip install`` that brings it), an
+    option the backend does not take, a URL of the wrong kind, and an
+    endpoint that does not answer. Secrets are masked.
+    """
+
+
+class SnapshotError(SparkjetError):
+    """A snapshot cannot be written, found or trusted: names the snapshot and, if any, the file.
+
+    Raised instead of restoring anything from a snapshot that is not whole and
+    intact; the subclasses say why.
+    """
+
+    def __init__(self, message: str, snapshot: str | None = None, file: str | None = None) -> None:
+        super().__init__(message)
+        #: The name of the snapshot at fault.
+        self.snapshot = snapshot
+        #: The file at fault (relative to the snapshot's folder), when the error is about one.
+        self.file = file
+
+
+class SnapshotNotFoundError(SnapshotError):
+    """No complete snapshot of that name exists in the snapshot backend."""
+
+
+class SnapshotCorruptedError(SnapshotError):
+    """A snapshot's manifest or one of its files is damaged.
+
+    A checksum mismatch, a truncated or oversized file, a file the manifest
+    names but the backend lacks, a file the manifest does not name, or a
+    manifest that does not parse or contradicts itself.
+    """
+
+
+class SnapshotFormatError(SnapshotError):
+    """A snapshot was written in a format version this sparkjet cannot read."""
+
+
+class SnapshotSignatureError(SnapshotError):
+    """A snapshot's signature is missing, wrong, or cannot be checked.
+
+    With a signing key configured, an unsigned manifest and one whose HMAC
+    does not match are refused; without a key, a signed manifest is refused
+    too (configure the key to read it).
+    """
+
+
+class SnapshotReplacedError(SnapshotError):
+    """A snapshot was replaced by a newer export of its name, or deleted, while being read.
+
+    Nothing read so far may be used: get the snapshot again.
+    """

@@ -12,7 +12,10 @@ It uses only the public plugin API, :mod:`sparkjet.plugin`, and contributes:
   file in ``path``; the driver's commit concatenates them, in partition order,
   into the target file and renames it into place (atomic). The commit replaces
   the whole file and is not tied to a batch id, so after a failure between
-  rename and clean-up a replay may repeat items: NONE and AT_LEAST_ONCE only.
+  rename and clean-up a replay may repeat items: NONE and AT_LEAST_ONCE only;
+- snapshot backend ``example-dir``: :class:`DirectorySnapshotBackend`,
+  snapshots as plain files in a local folder, with ``os`` calls only (no
+  fsspec), to show a backend that is not one of sparkjet's own.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from sparkjet.plugin import (
@@ -33,12 +36,13 @@ from sparkjet.plugin import (
     JobContext,
     ProcessingGuarantee,
     Sink,
+    SnapshotBackend,
     Source,
     TaskContext,
     hookimpl,
 )
 
-__all__ = ["JsonLinesSink", "RangeSource", "TickerSource"]
+__all__ = ["DirectorySnapshotBackend", "JsonLinesSink", "RangeSource", "TickerSource"]
 
 
 class RangeSource(Source):
@@ -174,6 +178,102 @@ class JsonLinesSink(Sink):
             _remove(leftover)
 
 
+class DirectorySnapshotBackend(SnapshotBackend):
+    """Snapshots as plain files under the local folder ``url``, written with ``os`` calls.
+
+    Whole-file writes go to a temporary file renamed into place; create-only
+    writes link a complete temporary file to the target name, which fails if
+    it exists (atomic), and read an existing file back to recognise a retry.
+    """
+
+    kind = "example-dir"
+
+    def __init__(self, url: str, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(url, options)
+        self.root = os.path.abspath(url)
+
+    def _path(self, path: str) -> str:
+        parts = [p for p in path.split("/") if p]
+        if any(p in (".", "..") for p in parts):
+            raise ValueError(f"refusing path {path!r}")
+        return os.path.join(self.root, *parts)
+
+    def _temp(self, target: str, data: Iterable[bytes]) -> str:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        temp = f"{target}.{uuid.uuid4().hex}.tmp"
+        with open(temp, "wb") as fh:
+            for chunk in data:
+                fh.write(chunk)
+        return temp
+
+    @property
+    def create_only_enforced(self) -> bool:
+        """A hard link never replaces an existing name."""
+        return True
+
+    def create_exclusive(self, path: str, data: bytes) -> bool:
+        """Link a complete temporary file to ``path``; False if ``path`` holds other data."""
+        target = self._path(path)
+        temp = self._temp(target, [data])
+        try:
+            os.link(temp, target)
+            return True
+        except FileExistsError:
+            return self.read_bytes(path) == data
+        finally:
+            os.unlink(temp)
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        """Write a temporary file, then rename it over ``path``."""
+        self.write_chunks(path, [data])
+
+    def write_chunks(self, path: str, chunks: Iterable[bytes]) -> None:
+        """Stream to a temporary file, then rename it over ``path``."""
+        target = self._path(path)
+        os.replace(self._temp(target, chunks), target)
+
+    def read_bytes(self, path: str) -> bytes:
+        """The whole file."""
+        with open(self._path(path), "rb") as fh:
+            return fh.read()
+
+    def size(self, path: str) -> int:
+        """``os.path.getsize``."""
+        return os.path.getsize(self._path(path))
+
+    def exists(self, path: str) -> bool:
+        """A file at ``path``."""
+        return os.path.isfile(self._path(path))
+
+    def list(self, prefix: str) -> list[str]:
+        """Walk the folder ``prefix``; temporary files are not listed."""
+        top = self._path(prefix)
+        found = []
+        for folder, _, names in os.walk(top):
+            for name in names:
+                if not name.endswith(".tmp"):
+                    relative = os.path.relpath(os.path.join(folder, name), self.root)
+                    found.append(relative.replace(os.sep, "/"))
+        return sorted(found)
+
+    def list_children(self, prefix: str) -> list[str]:
+        """``os.listdir`` of the folder ``prefix``."""
+        try:
+            return sorted(n for n in os.listdir(self._path(prefix)) if not n.endswith(".tmp"))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def delete(self, prefix: str) -> None:
+        """Remove a file or a whole folder."""
+        target = self._path(prefix)
+        if target == self.root:
+            raise ValueError("refusing to delete the whole root")
+        if os.path.isdir(target):
+            shutil.rmtree(target, ignore_errors=True)
+        else:
+            _remove(target)
+
+
 def _remove(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.remove(path)
@@ -190,3 +290,9 @@ def register_sources(register: Any) -> None:
 def register_sinks(register: Any) -> None:
     """Register the JSON-lines sink."""
     register(JsonLinesSink)
+
+
+@hookimpl
+def register_snapshot_backends(register: Any) -> None:
+    """Register the plain-files snapshot backend."""
+    register(DirectorySnapshotBackend)
