@@ -1,12 +1,14 @@
 """Garbage collection of the store: what no inline step removes, so months of jobs stay bounded.
 
 Lists, maps, streams and running checkpoints clean up after themselves as
-they go (a checkpoint keeps ten batches of log and one chain of state per
-shard). What is left behind by crashes and by jobs that ended is collected
+they go (a checkpoint keeps ten to twenty batches of log and one chain of
+state per range of key groups; a list's or map's log is folded every 100
+records). What is left behind by crashes and by jobs that ended is collected
 here, by ``client.collect_garbage()`` or ``sparkjet gc``:
 
-- segments of lists and maps that no committed record names (a batch job or
-  a task attempt that died before its commit), and abort markers;
+- segments of lists and maps that no base or committed record names (folded
+  away, or left by a batch job or a task attempt that died before its
+  commit), and abort markers;
 - take-over claims older than a job's current epoch, quarantined control
   requests, and files left by the create-only probe;
 - scratch checkpoints a job's record does not name (NONE restarts), and
