@@ -93,6 +93,9 @@ class FakeEngine:
     def parallelism(self) -> int:
         return self._parallelism
 
+    def version(self) -> str:
+        return "fake"
+
     def live_executors(self) -> frozenset[str] | None:
         return self.executors
 

@@ -25,6 +25,7 @@ from sparkjet.core.errors import (
     SnapshotReplacedError,
     SnapshotSignatureError,
     SparkjetError,
+    StateIncompatibleError,
     StoreError,
     TimeoutException,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "SnapshotReplacedError",
     "SnapshotSignatureError",
     "SparkjetError",
+    "StateIncompatibleError",
     "StoreError",
     "TimeoutException",
 ]

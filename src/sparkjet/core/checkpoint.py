@@ -486,6 +486,18 @@ class StatePaths:
                     self.store.remove(self.path(stage, version))
         return RangeState(values, touched, [written] if full else [*chain, written])
 
+    def write_copy(
+        self, stage: str, lo: int, hi: int, batch: int, keys: int, data: bytes
+    ) -> StateVersion:
+        """Write ``data``, a full copy of key groups ``[lo, hi)`` (``keys`` keys) as of ``batch``.
+
+        For a checkpoint seeded from a snapshot; the caller's commit record
+        names the file (see :meth:`counts`).
+        """
+        written = _new_version(batch, lo, hi, keys, data, True)
+        self.store.write_bytes(self.path(stage, written), data)
+        return written
+
     def compact(self, stage: str, lo: int, hi: int, committed: int) -> StateVersion | None:
         """Fold key groups ``[lo, hi)``'s chain as of ``committed`` into one full copy.
 

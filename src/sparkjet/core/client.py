@@ -21,6 +21,7 @@ from sparkjet.core.maintenance import (
     collect_garbage,
 )
 from sparkjet.core.plugins import PluginHost, PluginInfo
+from sparkjet.core.snapshots import SnapshotStore, snapshot_store
 from sparkjet.core.store import JobRecords, Store
 from sparkjet.core.structures import IList, IMap, IStream
 
@@ -43,6 +44,7 @@ class Client:
         self.plugins = PluginHost(config.plugins_disable)
         self._engine = engine
         self._jet: JetService | None = None
+        self._snapshots: SnapshotStore | None = None
 
     def __repr__(self) -> str:
         return self.config.redact(f"<sparkjet Client store={self.store.url!r}>")
@@ -73,6 +75,13 @@ class Client:
             self._engine = SparkEngine(self.config, self.plugins)
         return self._engine
 
+    @property
+    def snapshots(self) -> SnapshotStore:
+        """Where exported snapshots are kept: ``[snapshots]`` of the configuration."""
+        if self._snapshots is None:
+            self._snapshots = snapshot_store(self.config, self.plugins)
+        return self._snapshots
+
     def get_jet(self) -> JetService:
         """The jet service: submit and find jobs."""
         if self._jet is None:
@@ -83,6 +92,7 @@ class Client:
                 engine=self.engine,
                 redact=self.config.redact,
                 plugin_options=self.config.plugin_options,
+                snapshots=lambda: self.snapshots,
             ))
         return self._jet
 

@@ -56,6 +56,9 @@ class Engine(Protocol):
     def parallelism(self) -> int:
         """How many tasks the engine runs at once: the default partition count."""
 
+    def version(self) -> str:
+        """The engine's version (for snapshot manifests), e.g. ``"4.3.0"`` for Spark."""
+
     def live_executors(self) -> frozenset[str] | None:
         """The ids of the executors alive now; None where there is nothing to watch (local)."""
 

@@ -154,3 +154,19 @@ class SnapshotReplacedError(SnapshotError):
 
     Nothing read so far may be used: get the snapshot again.
     """
+
+
+class StateIncompatibleError(PipelineDefinitionError):
+    """A stateful stage's state in the initial snapshot does not fit the new pipeline.
+
+    Raised by ``submit`` with ``initial_snapshot_name`` when a stage of the
+    same name keeps a different kind of state (another accumulator type, a
+    ``distinct`` that became an aggregation); the message names each such
+    stage with the signature in the snapshot and in the pipeline. Rename the
+    stage to start it empty instead.
+    """
+
+    def __init__(self, message: str, stages: list[str]) -> None:
+        super().__init__(message, stages[0] if stages else None)
+        #: Every incompatible stage, by name.
+        self.stages = stages

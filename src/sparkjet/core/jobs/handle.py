@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,7 @@ from sparkjet.core.errors import (
     JobCancelledError,
     JobFailedError,
     JobStateError,
+    SnapshotError,
     TimeoutException,
 )
 from sparkjet.core.jobs.lifecycle import Action, JobStatusEvent, check_action
@@ -28,6 +30,10 @@ from sparkjet.core.model import JobConfig, JobStatus
 if TYPE_CHECKING:
     from sparkjet.core.jobs.runner import JobRunner
     from sparkjet.core.jobs.service import JetService
+    from sparkjet.core.snapshots import Snapshot
+
+#: How long an export asked of a driver in another process may take, by default.
+EXPORT_TIMEOUT_SECONDS = 600.0
 
 log = logging.getLogger("sparkjet.jobs")
 
@@ -286,6 +292,57 @@ class Job:
         micro-batch; with NONE it starts from scratch.
         """
         self._act(Action.RESTART)
+
+    def export_snapshot(
+        self, name: str, cancel_job: bool = False, timeout: float | None = None
+    ) -> Snapshot:
+        """Export the job's state as snapshot ``name`` (Jet's ``exportSnapshot``); returns it.
+
+        A consistent cut at the job's last committed micro-batch: every
+        stateful stage's state by key group, and every source's offsets. A
+        RUNNING job goes on (its micro-batches wait while the state is
+        written); a SUSPENDED one reads SUSPENDED_EXPORTING_SNAPSHOT meanwhile.
+        A snapshot of the same name is replaced once the new one is complete.
+        With ``cancel_job`` the job is cancelled after the export (its
+        checkpoint is deleted; the snapshot stays).
+
+        :raises JobStateError: the job is neither RUNNING nor SUSPENDED, is a
+            batch job, or has not committed a micro-batch yet.
+        :raises TimeoutException: a driver in another process did not answer
+            within ``timeout`` seconds (default 600).
+        """
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"export_snapshot() needs a non-empty snapshot name, got {name!r}")
+        check_action(Action.EXPORT_SNAPSHOT, self.status, streaming=self.is_streaming(),
+                     label=self.label)
+        runner = self._runner
+        if runner is None and not driver_alive(self._refresh()):
+            runner = self._service._take_over(self)  # its driver died: SUSPENDED, here
+        if runner is not None:
+            runner.export_snapshot(name, cancel_job)
+            return self._service.get_snapshot(name)
+        request = uuid.uuid4().hex
+        self._service.records.request(
+            self.id, Action.EXPORT_SNAPSHOT,
+            {"name": name, "cancel_job": cancel_job, "request": request},
+        )
+        wait = EXPORT_TIMEOUT_SECONDS if timeout is None else timeout
+        deadline = time.monotonic() + wait
+        while (result := (self._refresh().get("exports") or {}).get(request)) is None:
+            if time.monotonic() > deadline:
+                raise TimeoutException(
+                    f"job {self.label}: its driver did not export snapshot {name!r} within "
+                    f"{wait:g} s")
+            time.sleep(REMOTE_POLL_SECONDS)
+        if "error" in result:
+            raise SnapshotError(
+                f"job {self.label}: exporting snapshot {name!r} failed in the driving "
+                f"process: {result['error']}")
+        return self._service.get_snapshot(name)
+
+    def cancel_and_export_snapshot(self, name: str, timeout: float | None = None) -> Snapshot:
+        """Export snapshot ``name``, then cancel the job (Jet's ``cancelAndExportSnapshot``)."""
+        return self.export_snapshot(name, cancel_job=True, timeout=timeout)
 
     def update_config(self, **changes: Any) -> JobConfig:
         """Change a SUSPENDED job's configuration; returns the new one.

@@ -54,6 +54,7 @@ class Action(enum.StrEnum):
     RESUME = "resume"
     RESTART = "restart"
     UPDATE_CONFIG = "update_config"
+    EXPORT_SNAPSHOT = "export_snapshot"
 
 
 #: The statuses in which each action may be asked (in the order messages list them).
@@ -63,10 +64,14 @@ ACTION_FROM: Mapping[Action, tuple[JobStatus, ...]] = {
     Action.RESUME: (S.SUSPENDED,),
     Action.RESTART: (S.RUNNING,),
     Action.UPDATE_CONFIG: (S.SUSPENDED,),
+    # Jet: a snapshot of a running job, or of a suspended one (then the status
+    # reads SUSPENDED_EXPORTING_SNAPSHOT while it is written).
+    Action.EXPORT_SNAPSHOT: (S.RUNNING, S.SUSPENDED),
 }
 
 #: Actions only a streaming job takes (a batch job cannot stop half-way and continue).
-STREAMING_ONLY = frozenset({Action.SUSPEND, Action.RESUME, Action.RESTART})
+STREAMING_ONLY = frozenset(
+    {Action.SUSPEND, Action.RESUME, Action.RESTART, Action.EXPORT_SNAPSHOT})
 
 
 def check_action(action: Action, status: JobStatus, *, streaming: bool, label: str) -> None:
@@ -75,6 +80,11 @@ def check_action(action: Action, status: JobStatus, *, streaming: bool, label: s
     if status not in allowed:
         if action is Action.CANCEL:
             raise JobStateError(f"cannot cancel job {label}: it has already {status.value}")
+        if action is Action.EXPORT_SNAPSHOT:
+            raise JobStateError(
+                f"cannot export a snapshot of job {label}: it is {status.value}, not RUNNING "
+                "or SUSPENDED"
+            )
         if action is Action.UPDATE_CONFIG:
             raise JobStateError(
                 f"cannot update the configuration of job {label}: it is {status.value}, "

@@ -15,7 +15,8 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 from sparkjet.core.checkpoint import Checkpoint
@@ -27,6 +28,7 @@ from sparkjet.core.errors import (
     JobFencedError,
     JobStateError,
 )
+from sparkjet.core.exports import export_state, seed_checkpoint
 from sparkjet.core.graph import Transform
 from sparkjet.core.jobs.lifecycle import (
     Action,
@@ -39,6 +41,7 @@ from sparkjet.core.jobs.record import HEARTBEAT_SECONDS, Lease, now_ms
 from sparkjet.core.model import JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.core.planner import Plan
 from sparkjet.core.plugins import PluginHost
+from sparkjet.core.snapshots import Manifest, SnapshotStore
 from sparkjet.core.store import JobRecords, Store
 from sparkjet.core.streaming import StopReason, StreamLoop, StreamProgress
 
@@ -65,6 +68,30 @@ class Services:
     redact: Callable[[str], str]
     #: ``[plugins.<name>]`` tables of the configuration, by plugin name.
     plugin_options: Mapping[str, Mapping[str, Any]]
+    #: The configured snapshot store (made on first use).
+    snapshots: Callable[[], SnapshotStore]
+
+
+def _sparkjet_version() -> str:
+    try:
+        return version("sparkjet")
+    except PackageNotFoundError:  # pragma: no cover - a source checkout without metadata
+        return "0.0.0"
+
+
+#: Results of exports asked by other processes that a job record keeps.
+KEPT_EXPORT_RESULTS = 20
+
+
+@dataclass
+class ExportRequest:
+    """A snapshot export waiting for the micro-batch loop (between two batches)."""
+
+    name: str
+    cancel_job: bool
+    done: threading.Event = field(default_factory=threading.Event)
+    manifest: Manifest | None = None
+    error: BaseException | None = None
 
 
 class JobRunner:
@@ -99,6 +126,8 @@ class JobRunner:
         self._parked = True
         self._park_lock = threading.Lock()
         self.thread: threading.Thread | None = None
+        self._exports: list[ExportRequest] = []
+        self._exports_lock = threading.Lock()
         self.watcher = threading.Thread(
             target=self._watch, name=f"sparkjet-watch-{job.id}", daemon=True
         )
@@ -223,6 +252,10 @@ class JobRunner:
             self.suspend()
         elif action is Action.RESUME:
             self.resume()
+        elif action is Action.EXPORT_SNAPSHOT:
+            # Not on the watcher's thread: it must go on beating while the export runs.
+            threading.Thread(target=self._export_for_request, args=(payload,), daemon=True,
+                             name=f"sparkjet-export-{self.job.id}").start()
         else:
             self.restart()
 
@@ -356,15 +389,147 @@ class JobRunner:
         self._stop_cause = cause
         return StopReason.SUSPEND
 
+    # --- snapshots ------------------------------------------------------------
+
+    def export_snapshot(self, name: str, cancel_job: bool = False) -> Manifest:
+        """Export the job's state as snapshot ``name``; then cancel it with ``cancel_job``.
+
+        A running job exports between two micro-batches, in its loop (the
+        state of its last committed batch; its batches wait for the export).
+        A suspended one exports here, its status SUSPENDED_EXPORTING_SNAPSHOT
+        meanwhile.
+        """
+        self._check(Action.EXPORT_SNAPSHOT)
+        manifest = self._export_parked(name, cancel_job)
+        if manifest is not None:
+            return manifest
+        request = ExportRequest(name, cancel_job)
+        with self._exports_lock:
+            self._exports.append(request)
+        while not request.done.wait(0.05):
+            # The loop stopped meanwhile (suspended, or the job ended): not served there.
+            if self.done.is_set() or (self.thread is not None and not self.thread.is_alive()):
+                with self._exports_lock:
+                    mine = request in self._exports
+                    if mine:
+                        self._exports.remove(request)
+                if mine:
+                    manifest = self._export_parked(name, cancel_job)
+                    if manifest is not None:
+                        return manifest
+                    raise JobStateError(
+                        f"snapshot {name!r} was not exported: job {self.job.label} ended "
+                        f"({self.lease.status.value}) first")
+        if request.error is not None:
+            raise request.error
+        assert request.manifest is not None
+        return request.manifest
+
+    def _export_parked(self, name: str, cancel_job: bool) -> Manifest | None:
+        """Export a SUSPENDED job's state here; None if the job is not parked here."""
+        with self._park_lock:
+            if not self._parked or self.done.is_set():
+                return None
+            self.set_status(JobStatus.SUSPENDED_EXPORTING_SNAPSHOT)
+        try:
+            manifest = self._export(name)
+        finally:
+            self.set_status(JobStatus.SUSPENDED)
+        if cancel_job:
+            self.cancel()
+        return manifest
+
+    def _export(self, name: str) -> Manifest:
+        self.lease.check_fence()
+        return export_state(
+            self._checkpoint(), self.plan, self.services.snapshots(), name,
+            job_id=self.job.id, job_name=self.job.name,
+            versions=(_sparkjet_version(), self.services.engine.version()),
+        )
+
+    def _serve_exports(self) -> None:
+        """Carry out the exports asked meanwhile (the loop thread, between two batches)."""
+        with self._exports_lock:
+            pending, self._exports = self._exports, []
+        for request in pending:
+            try:
+                request.manifest = self._export(request.name)
+                log.info("job %s: exported snapshot %r at batch %d", self.job.label,
+                         request.name, request.manifest.batch_id)
+            except Exception as exc:
+                request.error = exc
+            finally:
+                request.done.set()
+            if request.cancel_job and request.error is None:
+                self.cancel_requested.set()
+
+    def _fail_exports(self, why: str) -> None:
+        with self._exports_lock:
+            pending, self._exports = self._exports, []
+        for request in pending:
+            request.error = JobStateError(
+                f"snapshot {request.name!r} was not exported: {why}; export it again")
+            request.done.set()
+
+    def _export_for_request(self, payload: Any) -> None:
+        """An export asked by another process; its result goes into the job record."""
+        try:
+            name, cancel_job, request = payload["name"], bool(payload["cancel_job"]), payload[
+                "request"]
+        except (TypeError, KeyError):
+            log.warning("job %s: ignoring a malformed export request %r", self.job.label,
+                        payload)
+            return
+        result: dict[str, Any] = {"time": now_ms()}
+        try:
+            result["batch"] = self.export_snapshot(str(name), cancel_job).batch_id
+        except Exception as exc:
+            result["error"] = self.services.redact(f"{type(exc).__name__}: {exc}")
+            log.warning("job %s: export of snapshot %r asked by another process failed: %s",
+                        self.job.label, name, result["error"])
+        results = dict(self.job._record.get("exports") or {})
+        results[str(request)] = result
+        kept = sorted(results, key=lambda r: results[r].get("time", 0))[-KEPT_EXPORT_RESULTS:]
+        try:
+            self.write_record(exports={r: results[r] for r in kept})
+        except Exception:
+            log.exception("job %s: recording an export's result failed", self.job.label)
+
     def _should_stop(self) -> StopReason | None:
+        if self._exports:
+            self._serve_exports()
         if self.cancel_requested.is_set():
             return StopReason.CANCEL
         if self.stop_request is not None:
             return self.stop_request
         return self._cluster_check()
 
+    def _seed(self, checkpoint: Checkpoint) -> None:
+        """A new job from ``initial_snapshot_name``: its checkpoint seeded before batch 0."""
+        name = self.job.config.initial_snapshot_name
+        if name is None or checkpoint.last_commit() >= 0:
+            return
+        self.lease.check_fence()
+        snapshot = self.services.snapshots().get(name)
+        make = self.context_factory()
+        sources = {self.plan.name(n): n for n in self.plan.nodes if n.op == "source"}
+        rows = seed_checkpoint(
+            checkpoint, self.plan, snapshot,
+            lambda source: sources[source].params["source"].initial_offsets(
+                make(sources[source])),
+        )
+        for row in rows:
+            if row.status == "dropped":
+                log.warning("job %s: snapshot %r holds state of stage %r (%d keys), which this "
+                            "pipeline does not have: ignored", self.job.label, name, row.stage,
+                            row.keys)
+        log.info("job %s: started from snapshot %r (batch %d): %s", self.job.label, name,
+                 snapshot.manifest.batch_id,
+                 ", ".join(f"{r.stage} {r.status}" for r in rows) or "no stateful stages")
+
     def _run_stream(self) -> StopReason:
         config = self.job.config
+        self._seed(self._checkpoint())
         while True:
             guarantee = config.processing_guarantee
             trigger = 0.0 if guarantee is ProcessingGuarantee.NONE else (
@@ -385,6 +550,10 @@ class JobRunner:
                 key_groups=config.key_groups,
             )
             reason = loop.run()
+            if reason is StopReason.CANCEL:
+                self._fail_exports(f"job {self.job.label} was cancelled")
+            else:
+                self._serve_exports()  # asked as the loop stopped: its state is as it was
             if reason is StopReason.CANCEL:
                 raise JobCancelledError(f"job {self.job.label} was cancelled")
             if reason is not StopReason.RESTART:
@@ -478,4 +647,8 @@ class JobRunner:
         }
         if streaming:
             metrics.update(self.progress.as_metrics())
+            restore = self.job._record.get("restore")
+            if restore:
+                # Which stages the job's initial snapshot restored, started empty or dropped.
+                metrics["snapshotRestore"] = restore
         return metrics

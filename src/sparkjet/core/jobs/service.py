@@ -15,11 +15,13 @@ from sparkjet.core.errors import (
     PipelineDefinitionError,
     ProcessingGuaranteeError,
 )
+from sparkjet.core.exports import require_compatible
 from sparkjet.core.jobs.handle import Job
 from sparkjet.core.jobs.record import new_job_id, now_ms, this_driver
 from sparkjet.core.jobs.runner import JobRunner, Services
 from sparkjet.core.model import JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.core.planner import plan
+from sparkjet.core.snapshots import Snapshot
 
 log = logging.getLogger("sparkjet.jobs")
 
@@ -51,12 +53,16 @@ class JetService:
         config = config if config is not None else JobConfig()
         if not isinstance(config, JobConfig):
             raise PipelineDefinitionError(f"submit() takes a JobConfig, got {config!r}")
-        if config.initial_snapshot_name is not None:
-            raise PipelineDefinitionError(
-                f"JobConfig.initial_snapshot_name={config.initial_snapshot_name!r}: starting from "
-                "a snapshot is not supported by this version of sparkjet"
-            )
         validated = plan(pipeline, self.services.plugins, config.processing_guarantee)
+        restore = None
+        if config.initial_snapshot_name is not None:
+            # Refused now, never half restored later: the manifest (and its
+            # signature), every file's checksum, and the upgrade rules.
+            snapshot = self.services.snapshots().get(config.initial_snapshot_name)
+            snapshot.verify()
+            rows = require_compatible(validated, snapshot.manifest)
+            restore = {"snapshot": snapshot.name, "batch": snapshot.manifest.batch_id,
+                       "stages": {r.stage: r.status for r in rows}}
         store = self.services.store
         if (
             validated.streaming
@@ -101,6 +107,8 @@ class JetService:
                 "driver": this_driver(),
                 "stages": list(validated.names.values()),
             }
+            if restore is not None:
+                record["restore"] = restore
             job = Job(self, record)
             runner = JobRunner(self.services, job, validated)
             self._runners[job.id] = runner
@@ -190,6 +198,22 @@ class JetService:
             if not job.is_terminal():
                 return job
         return matches[0] if matches else None
+
+    def get_snapshot(self, name: str) -> Snapshot:
+        """The exported snapshot ``name`` (Jet's ``JobStateSnapshot``); its manifest checked.
+
+        :raises SnapshotNotFoundError: there is none of that name.
+        """
+        return self.services.snapshots().get(name)
+
+    def find_snapshot(self, name: str) -> Snapshot | None:
+        """The exported snapshot ``name``, or None (Jet's ``getJobStateSnapshot``)."""
+        store = self.services.snapshots()
+        return store.get(name) if store.exists(name) else None
+
+    def list_snapshots(self) -> list[Snapshot]:
+        """Every exported snapshot, by name (Jet's ``getJobStateSnapshots``)."""
+        return self.services.snapshots().list()
 
     def get_jobs(self) -> list[Job]:
         """Every job in the store, newest first."""

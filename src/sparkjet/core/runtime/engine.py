@@ -41,6 +41,9 @@ class SparkEngine:
     def parallelism(self) -> int:
         return max(1, int(self._sc.defaultParallelism))
 
+    def version(self) -> str:
+        return str(self._sc.version)
+
     def live_executors(self) -> frozenset[str] | None:
         ids = session.executor_ids(self._sc)
         return None if ids is None else frozenset(ids)

@@ -1,0 +1,310 @@
+"""A streaming job's state in and out of snapshots: export, the upgrade rules, restore.
+
+An exported snapshot is the state of one committed batch of the job's
+checkpoint, by key group, plus its sources' offsets at that batch (the format
+and its storage are :mod:`sparkjet.core.snapshots`'). Each stateful stage's
+state is written as one file per range of key groups the batch's state tasks
+owned, ``state/<stage>/<lo>-<hi>-<keys>.state``, holding what a checkpoint's
+full copy holds (``{"values": {key: entry}, "touched": {key: millis}}``,
+cloudpickled; see :mod:`sparkjet.core.checkpoint`).
+
+A job submitted with ``initial_snapshot_name`` starts from it by Jet's rules
+(``003``, "State Compatibility"), with state matched by stage name:
+
+- a stateful stage in both, with the same *state signature*, is restored;
+- a stateful stage only in the new pipeline starts empty;
+- a stage only in the snapshot is ignored (and reported);
+- a stage in both whose signature differs is refused at submit
+  (:class:`StateIncompatibleError`, naming the stage and both signatures);
+- sources in the snapshot resume at their recorded offsets, new ones start
+  where they would without a snapshot.
+
+Restoring seeds the new job's empty checkpoint: its meta.json with the
+snapshot's number of key groups (state is carried by key group, so the new
+job may run any number of tasks), each restored stage's files as full copies
+of batch 0, and a commit record of batch 0 holding the sources' offsets and
+the files that count. The job then goes on from batch 1 as if it had always
+run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import cloudpickle
+
+from sparkjet.core.checkpoint import Checkpoint, StatePaths, task_range
+from sparkjet.core.errors import JobStateError, SnapshotCorruptedError, StateIncompatibleError
+from sparkjet.core.graph import KEYED, OpKind, Transform
+from sparkjet.core.naming import encode_name
+from sparkjet.core.planner import Plan
+from sparkjet.core.snapshots import Manifest, ManifestFields, Snapshot, SnapshotStore, StageFields
+
+__all__ = [
+    "UpgradeRow",
+    "check_upgrade",
+    "export_state",
+    "pipeline_fingerprint",
+    "require_compatible",
+    "seed_checkpoint",
+    "state_signature",
+    "stateful_stages",
+]
+
+
+def stateful_stages(plan: Plan) -> dict[str, Transform]:
+    """The plan's stateful stages (keyed stages, which keep state in a stream), by name."""
+    return {plan.name(n): n for n in plan.nodes if n.op in KEYED}
+
+
+def _type_name(value: Any) -> str:
+    kind = type(value)
+    return kind.__qualname__ if kind.__module__ == "builtins" else (
+        f"{kind.__module__}.{kind.__qualname__}")
+
+
+def state_signature(node: Transform) -> dict[str, Any]:
+    """What the stage's state looks like; a restore refuses a stage whose signature changed.
+
+    The kind of stateful operation and the type of each key's state: an
+    aggregation's accumulator (what ``create()`` returns) and whether it has a
+    combiner (the two keep different entries); a ``map_stateful``'s state
+    object; a plugin transform's own ``state_signature()``. Changing what the
+    functions compute with the same types (Jet: "tweak the aggregate
+    operation, but accumulator type has to stay the same"), a TTL, or any
+    stateless stage keeps the signature.
+    """
+    params = node.params
+    if node.op is OpKind.GROUP_AGGREGATE:
+        operation = params["operation"]
+        return {"op": "aggregate", "accumulator": _type_name(operation.create()),
+                "combiner": operation.combine is not None}
+    if node.op is OpKind.MAP_STATEFUL:
+        return {"op": "map_stateful", "state": _type_name(params["create_fn"]())}
+    if node.op is OpKind.DISTINCT:
+        return {"op": "distinct"}
+    transform = params["transform"]
+    return {"op": "apply", "transform": transform.kind,
+            "state": transform.state_signature()}
+
+
+def pipeline_fingerprint(plan: Plan) -> str:
+    """Identifies a pipeline's shape: its stages' names and operations, and the edges."""
+    shape = [[plan.name(n), n.op.value, sorted(plan.name(c) for c in n.consumers)]
+             for n in plan.nodes]
+    return hashlib.sha256(json.dumps(sorted(shape)).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class UpgradeRow:
+    """What starting a pipeline from a snapshot does with one stateful stage."""
+
+    stage: str
+    #: ``restored``, ``new`` (starts empty), ``dropped`` (its state is ignored)
+    #: or ``incompatible`` (refused at submit).
+    status: str
+    #: The keys of state the snapshot holds for the stage (0 for a new one).
+    keys: int
+    #: The state signature in the snapshot, and in the new pipeline.
+    old_signature: Any = None
+    new_signature: Any = None
+
+
+def check_upgrade(plan: Plan, manifest: Manifest) -> list[UpgradeRow]:
+    """Per stateful stage of the pipeline and of the snapshot: what a restore would do."""
+    rows = []
+    new = {name: state_signature(node) for name, node in stateful_stages(plan).items()}
+    for name, signature in new.items():
+        old = manifest.stage(name)
+        if old is None:
+            rows.append(UpgradeRow(name, "new", 0, None, signature))
+        elif old.state_signature != signature:
+            rows.append(UpgradeRow(name, "incompatible", old.key_count, old.state_signature,
+                                   signature))
+        else:
+            rows.append(UpgradeRow(name, "restored", old.key_count, old.state_signature,
+                                   signature))
+    rows.extend(UpgradeRow(s.name, "dropped", s.key_count, s.state_signature, None)
+                for s in manifest.stages if s.name not in new)
+    return rows
+
+
+def require_compatible(plan: Plan, manifest: Manifest) -> list[UpgradeRow]:
+    """:func:`check_upgrade`, raising StateIncompatibleError for any incompatible stage."""
+    if not plan.streaming:
+        raise JobStateError(
+            f"snapshot {manifest.name!r}: only a streaming pipeline can start from a "
+            "snapshot (a batch job keeps no state between runs)"
+        )
+    rows = check_upgrade(plan, manifest)
+    bad = [r for r in rows if r.status == "incompatible"]
+    if bad:
+        raise StateIncompatibleError(
+            f"cannot start from snapshot {manifest.name!r}: "
+            + "; ".join(f"stage {r.stage!r} keeps state {json.dumps(r.old_signature)} in the "
+                        f"snapshot but {json.dumps(r.new_signature)} in this pipeline"
+                        for r in bad)
+            + " (rename the stage to start it empty, or keep its state's type)",
+            stages=[r.stage for r in bad],
+        )
+    return rows
+
+
+def _state_file(stage: str, lo: int, hi: int, keys: int) -> str:
+    return f"state/{encode_name('stage', stage)}/{lo:05d}-{hi:05d}-{keys}.state"
+
+
+def _parse_state_file(path: str) -> tuple[int, int, int] | None:
+    stem = path.rsplit("/", 1)[-1]
+    if not stem.endswith(".state"):
+        return None
+    parts = stem[: -len(".state")].split("-")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        return None
+    lo, hi, keys = map(int, parts)
+    return (lo, hi, keys) if lo < hi else None
+
+
+def export_state(
+    checkpoint: Checkpoint,
+    plan: Plan,
+    snapshots: SnapshotStore,
+    name: str,
+    *,
+    job_id: str,
+    job_name: str | None,
+    versions: tuple[str, str],
+) -> Manifest:
+    """Export the checkpoint's last committed batch as snapshot ``name``.
+
+    Nothing may write the checkpoint meanwhile: the job's own micro-batch loop
+    calls this between batches, or the job is suspended. Reads each stage's
+    state range by range (the ranges the batch's tasks owned), so the driver
+    holds one range at a time. ``versions`` are sparkjet's and Spark's.
+    """
+    batch = checkpoint.last_commit()
+    if batch < 0:
+        raise JobStateError(
+            f"cannot export snapshot {name!r} of job {job_name or job_id!r}: it has not "
+            "committed a micro-batch yet"
+        )
+    record = checkpoint.commit_record(batch)
+    groups = checkpoint.written_key_groups()
+    assert groups is not None
+    paths: StatePaths = checkpoint.state(groups).with_counted(checkpoint.counted())
+    planned = checkpoint.planned(batch) or {}
+    tasks = max(1, min(int(planned.get("tasks", groups)), groups))
+    ranges = [task_range(t, tasks, groups) for t in range(tasks)]
+    stages = []
+    files: list[tuple[str, _Lazy]] = []
+    for stage, node in stateful_stages(plan).items():
+        stage_files = []
+        total = 0
+        for lo, hi in ranges:
+            chain = StatePaths.chain(paths.versions(stage, lo, hi), batch, lo, hi)
+            read = _Lazy(paths, stage, lo, hi, batch)
+            if chain and all((v.lo, v.hi) == (lo, hi) for v in chain):
+                keys = chain[-1].keys  # the key count the range's newest file names
+            else:  # files of other ranges (or none): count by reading
+                keys = read.keys()
+            path = _state_file(stage, lo, hi, keys)
+            files.append((path, read))
+            stage_files.append(path)
+            total += keys
+        stages.append(StageFields(stage, node.op.value, state_signature(node), total, groups,
+                                  stage_files))
+    fields = ManifestFields(
+        job_id=job_id, job_name=job_name, sparkjet_version=versions[0],
+        spark_version=versions[1], pipeline_fingerprint=pipeline_fingerprint(plan),
+        batch_id=batch, sources=dict(record["ends"]), stages=stages,
+    )
+    return snapshots.write(name, fields, files)
+
+
+class _Lazy:
+    """One range's state file, made only when the snapshot store reads it.
+
+    So the exporting driver holds one range of key groups at a time.
+    """
+
+    def __init__(self, paths: StatePaths, stage: str, lo: int, hi: int, batch: int) -> None:
+        self.paths, self.stage, self.lo, self.hi, self.batch = paths, stage, lo, hi, batch
+
+    def _state(self) -> tuple[int, bytes]:
+        state, _ = self.paths.read(self.stage, self.lo, self.hi, self.batch)
+        data = cloudpickle.dumps({"values": state.values, "touched": state.touched})
+        return len(state.values), data
+
+    def keys(self) -> int:
+        return self._state()[0]
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield self._state()[1]
+
+
+def seed_checkpoint(
+    checkpoint: Checkpoint,
+    plan: Plan,
+    snapshot: Snapshot,
+    initial_offsets: Callable[[str], Any],
+) -> list[UpgradeRow]:
+    """Seed the new job's empty checkpoint from ``snapshot`` (see the module docstring).
+
+    ``initial_offsets(source stage name)`` gives a source the snapshot does not
+    know its starting offsets. Every file is checked against the manifest as
+    it is copied; a bad one is an error naming it, and the checkpoint then
+    holds no commit (the job starts from nothing only if restarted without
+    the snapshot). Create-only at the commit record: a second driver seeding
+    at once finds batch 0 committed and goes on from it.
+    """
+    manifest = snapshot.manifest
+    rows = require_compatible(plan, manifest)
+    restored = {r.stage for r in rows if r.status == "restored"}
+    groups = {s.key_groups for s in manifest.stages if s.name in restored}
+    if len(groups) > 1:
+        raise SnapshotCorruptedError(
+            f"snapshot {manifest.name!r}: its stages are split into different numbers of key "
+            f"groups ({sorted(groups)})"
+        )
+    key_groups = groups.pop() if groups else None
+    meta = checkpoint.meta()
+    if meta is None:
+        checkpoint.key_groups(key_groups or 1, list(plan.names.values()))
+    elif key_groups is not None and checkpoint.written_key_groups() != key_groups:
+        raise SnapshotCorruptedError(
+            f"snapshot {manifest.name!r} holds {key_groups} key groups but checkpoint "
+            f"{checkpoint.root!r} was started with {checkpoint.written_key_groups()}"
+        )
+    paths = checkpoint.state(checkpoint.written_key_groups() or 1)
+    counted: dict[str, dict[str, str]] = {}
+    for stage in manifest.stages:
+        if stage.name not in restored:
+            continue
+        for entry in stage.files:
+            parsed = _parse_state_file(entry.path)
+            if parsed is None:
+                raise SnapshotCorruptedError(
+                    f"snapshot {manifest.name!r}: stage {stage.name!r} has a file "
+                    f"{entry.path!r} this sparkjet cannot read"
+                )
+            lo, hi, keys = parsed
+            data = snapshot.read_file(entry.path)  # checked against its sha256 and size
+            version = paths.write_copy(stage.name, lo, hi, 0, keys, data)
+            counted.setdefault(stage.name, {})[f"{lo}-{hi}"] = version.name
+    ends = {}
+    for node in plan.nodes:
+        if node.op is OpKind.SOURCE:
+            source = plan.name(node)
+            ends[source] = (manifest.sources[source] if source in manifest.sources
+                            else initial_offsets(source))
+    checkpoint.write_commit(0, {
+        "ends": ends, "time": int(time.time() * 1000), "duration_ms": 0, "state": counted,
+        "restored_from": {"snapshot": manifest.name, "batch": manifest.batch_id,
+                          "job_id": manifest.job_id},
+    })
+    return rows

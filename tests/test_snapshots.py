@@ -1,0 +1,172 @@
+"""Exported snapshots of running jobs, and updated pipelines started from them (Jet's rules)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import sparkjet
+from sparkjet.aggregate import counting
+from sparkjet.errors import (
+    JobCancelledError,
+    JobStateError,
+    SnapshotCorruptedError,
+    SnapshotNotFoundError,
+    StateIncompatibleError,
+)
+from sparkjet.job import JobConfig, JobStatus, ProcessingGuarantee
+from sparkjet.pipeline import Pipeline, StreamSource
+from tests.conftest import TEST_SPARK
+from tests.conftest import wait_until as wait_for
+
+EXACTLY_ONCE = ProcessingGuarantee.EXACTLY_ONCE
+
+
+def start(client: Any, pipeline: Pipeline, name: str, snapshot: str | None = None) -> Any:
+    config = JobConfig(name=name, processing_guarantee=EXACTLY_ONCE,
+                       snapshot_interval_millis=100, key_groups=16)
+    config.initial_snapshot_name = snapshot
+    job = client.get_jet().submit(pipeline, config)
+    wait_for(lambda: job.status is JobStatus.RUNNING, what=f"{name} to run")
+    return job
+
+
+def stop(job: Any) -> None:
+    if not job.is_terminal():
+        job.cancel()
+        with pytest.raises(JobCancelledError):
+            job.join(timeout=60)
+
+
+def v1() -> Pipeline:
+    p = Pipeline.create()
+    events = p.read_from(StreamSource("clicks")).set_name("clicks")
+    (events.group_by(lambda x: x % 10).aggregate(counting()).set_name("clicks-per-user")
+     .write_to(Pipeline.to_map("counts")))
+    events.distinct().set_name("uniq").write_to(Pipeline.to_list("firsts"))
+    return p
+
+
+def v2() -> Pipeline:
+    """Adds a filter, a new stateful stage; drops ``uniq``; keeps ``clicks-per-user``."""
+    p = Pipeline.create()
+    events = p.read_from(StreamSource("clicks")).set_name("clicks")
+    kept = events.filter(lambda x: x >= 0).set_name("non-negative")  # stateless: free to add
+    (kept.group_by(lambda x: x % 10).aggregate(counting()).set_name("clicks-per-user")
+     .write_to(Pipeline.to_map("counts")))
+    (kept.group_by(lambda x: x % 2).aggregate(counting()).set_name("per-parity")
+     .write_to(Pipeline.to_map("parity")))
+    return p
+
+
+def oracle(values: range | list[int], mod: int) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for v in values:
+        counts[v % mod] = counts.get(v % mod, 0) + 1
+    return counts
+
+
+def test_export_then_upgrade_carries_state_by_stage_name(client: Any) -> None:
+    stream = client.get_stream("clicks", partitions=2)
+    job = start(client, v1(), "clicks")
+    try:
+        stream.publish_all(range(300))
+        wait_for(lambda: dict(client.get_map("counts").entry_set()) == oracle(range(300), 10),
+                 what="v1's counts")
+        snapshot = job.export_snapshot("v1")  # the job keeps running
+        assert job.status is JobStatus.RUNNING
+        assert (snapshot.name, snapshot.job_id, snapshot.job_name) == ("v1", job.id, "clicks")
+        assert snapshot.payload_size > 0 and snapshot.creation_time > 0
+        stages = {s.name: s for s in snapshot.manifest.stages}
+        assert stages["clicks-per-user"].key_count == 10 and stages["uniq"].key_count == 300
+        assert [s.name for s in client.get_jet().list_snapshots()] == ["v1"]
+        stream.publish_all(range(300, 400))
+        wait_for(lambda: dict(client.get_map("counts").entry_set()) == oracle(range(400), 10),
+                 what="v1 going on after the export")
+        # Jet overwrites by name: the cut now holds all 400.
+        replaced = job.cancel_and_export_snapshot("v1")
+        with pytest.raises(JobCancelledError):
+            job.join(timeout=60)
+        assert {s.name: s.key_count for s in replaced.manifest.stages}["uniq"] == 400
+    finally:
+        stop(job)
+    # Published while no job ran: the upgraded job reads it from the snapshot's offsets.
+    stream.publish_all(range(400, 450))
+    job2 = start(client, v2(), "clicks-v2", snapshot="v1")
+    try:
+        stream.publish_all(range(450, 500))
+        wait_for(lambda: dict(client.get_map("counts").entry_set()) == oracle(range(500), 10),
+                 what="clicks-per-user going on from its restored counts")
+        wait_for(lambda: dict(client.get_map("parity").entry_set()) == oracle(
+            range(400, 500), 2), what="the new stage, started empty at the cut")
+        restore = job2.get_metrics()["snapshotRestore"]
+        assert restore["snapshot"] == "v1"
+        assert restore["stages"] == {"clicks-per-user": "restored", "per-parity": "new",
+                                     "uniq": "dropped"}
+    finally:
+        stop(job2)
+
+
+def test_upgrades_refused_at_submit_name_the_stage_or_file(client: Any) -> None:
+    stream = client.get_stream("clicks", partitions=1)
+    job = start(client, v1(), "clicks")
+    try:
+        stream.publish_all(range(50))
+        wait_for(lambda: len(client.get_map("counts").entry_set()) == 10, what="counts")
+        job.export_snapshot("good")
+    finally:
+        stop(job)
+    jet = client.get_jet()
+    # Another accumulator type under the same stage name.
+    p = Pipeline.create()
+    (p.read_from(StreamSource("clicks")).group_by(lambda x: x % 10)
+     .aggregate(accumulator=lambda acc, x: [*acc, x], initial=[]).set_name("clicks-per-user")
+     .write_to(Pipeline.to_map("lists")))
+    config = JobConfig(name="bad", processing_guarantee=EXACTLY_ONCE)
+    config.initial_snapshot_name = "good"
+    with pytest.raises(StateIncompatibleError, match="clicks-per-user") as refused:
+        jet.submit(p, config)
+    assert refused.value.stages == ["clicks-per-user"]
+    assert "'int'" in str(refused.value) or '"int"' in str(refused.value)
+    config.initial_snapshot_name = "missing"
+    with pytest.raises(SnapshotNotFoundError, match="missing"):
+        jet.submit(v2(), config)
+    # A state file with a flipped byte: refused before anything starts.
+    snapshot = jet.get_snapshot("good")
+    entry = snapshot.manifest.stage("clicks-per-user").files[0]
+    store = client.snapshots
+    path = snapshot.path(entry.path)
+    data = bytearray(store.backend.read_bytes(path))
+    data[len(data) // 2] ^= 0xFF
+    store.backend.write_bytes(path, bytes(data))
+    config.initial_snapshot_name = "good"
+    with pytest.raises(SnapshotCorruptedError, match=entry.path.rsplit("/", 1)[-1]):
+        jet.submit(v2(), config)
+    assert jet.get_job_by_name("bad") is None  # nothing was submitted
+
+
+def test_export_from_a_suspended_job_and_from_another_process(
+    client: Any, store_url: str
+) -> None:
+    stream = client.get_stream("clicks", partitions=1)
+    job = start(client, v1(), "clicks")
+    try:
+        stream.publish_all(range(30))
+        wait_for(lambda: len(client.get_map("counts").entry_set()) == 10, what="counts")
+        # A handle from another client acts through the job's control folder.
+        other = sparkjet.connect(store={"url": store_url}, spark=TEST_SPARK)
+        remote = other.get_jet().get_job(job.id)
+        assert remote.export_snapshot("remote", timeout=120).job_id == job.id
+        job.suspend()
+        wait_for(lambda: job.status is JobStatus.SUSPENDED, what="suspended")
+        seen: list[JobStatus] = []
+        job.add_status_listener(lambda event: seen.append(event.new_status))
+        assert job.export_snapshot("paused").manifest.batch_id >= 0
+        assert JobStatus.SUSPENDED_EXPORTING_SNAPSHOT in seen
+        assert job.status is JobStatus.SUSPENDED
+        assert sorted(s.name for s in client.get_jet().list_snapshots()) == ["paused", "remote"]
+    finally:
+        stop(job)
+    with pytest.raises(JobStateError, match="FAILED"):
+        job.export_snapshot("too-late")
