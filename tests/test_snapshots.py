@@ -170,3 +170,23 @@ def test_export_from_a_suspended_job_and_from_another_process(
         stop(job)
     with pytest.raises(JobStateError, match="FAILED"):
         job.export_snapshot("too-late")
+
+
+def test_check_upgrade_and_read_state_without_a_job(client: Any) -> None:
+    stream = client.get_stream("clicks", partitions=2)
+    job = start(client, v1(), "clicks")
+    try:
+        stream.publish_all(range(25))
+        wait_for(lambda: dict(client.get_map("counts").entry_set()) == oracle(range(25), 10),
+                 what="counts")
+        snapshot = job.export_snapshot("for-analysis")
+    finally:
+        stop(job)
+    assert snapshot.read_state("clicks-per-user") == oracle(range(25), 10)
+    assert snapshot.read_state("uniq") == dict.fromkeys(range(25), True)
+    with pytest.raises(SnapshotNotFoundError, match="'nope'.*'clicks-per-user'"):
+        snapshot.read_state("nope")
+    rows = client.get_jet().check_upgrade(v2(), "for-analysis")
+    assert {(r.stage, r.status, r.keys) for r in rows} == {
+        ("clicks-per-user", "restored", 10), ("per-parity", "new", 0), ("uniq", "dropped", 25)}
+    assert client.get_jet().get_jobs()[0].name == "clicks"  # check_upgrade submitted nothing

@@ -41,9 +41,16 @@ import cloudpickle
 from sparkjet.core.checkpoint import Checkpoint, StatePaths, task_range
 from sparkjet.core.errors import JobStateError, SnapshotCorruptedError, StateIncompatibleError
 from sparkjet.core.graph import KEYED, OpKind, Transform
-from sparkjet.core.naming import encode_name
 from sparkjet.core.planner import Plan
-from sparkjet.core.snapshots import Manifest, ManifestFields, Snapshot, SnapshotStore, StageFields
+from sparkjet.core.snapshots import (
+    Manifest,
+    ManifestFields,
+    Snapshot,
+    SnapshotStore,
+    StageFields,
+    parse_state_file,
+    state_file_path,
+)
 
 __all__ = [
     "UpgradeRow",
@@ -155,21 +162,6 @@ def require_compatible(plan: Plan, manifest: Manifest) -> list[UpgradeRow]:
     return rows
 
 
-def _state_file(stage: str, lo: int, hi: int, keys: int) -> str:
-    return f"state/{encode_name('stage', stage)}/{lo:05d}-{hi:05d}-{keys}.state"
-
-
-def _parse_state_file(path: str) -> tuple[int, int, int] | None:
-    stem = path.rsplit("/", 1)[-1]
-    if not stem.endswith(".state"):
-        return None
-    parts = stem[: -len(".state")].split("-")
-    if len(parts) != 3 or not all(p.isdigit() for p in parts):
-        return None
-    lo, hi, keys = map(int, parts)
-    return (lo, hi, keys) if lo < hi else None
-
-
 def export_state(
     checkpoint: Checkpoint,
     plan: Plan,
@@ -212,7 +204,7 @@ def export_state(
                 keys = chain[-1].keys  # the key count the range's newest file names
             else:  # files of other ranges (or none): count by reading
                 keys = read.keys()
-            path = _state_file(stage, lo, hi, keys)
+            path = state_file_path(stage, lo, hi, keys)
             files.append((path, read))
             stage_files.append(path)
             total += keys
@@ -286,7 +278,7 @@ def seed_checkpoint(
         if stage.name not in restored:
             continue
         for entry in stage.files:
-            parsed = _parse_state_file(entry.path)
+            parsed = parse_state_file(entry.path)
             if parsed is None:
                 raise SnapshotCorruptedError(
                     f"snapshot {manifest.name!r}: stage {stage.name!r} has a file "

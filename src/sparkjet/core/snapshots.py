@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+import cloudpickle
 import fsspec
 
 from sparkjet.core.contracts import SnapshotBackend
@@ -61,6 +62,7 @@ from sparkjet.core.errors import (
     SnapshotSignatureError,
     SparkjetError,
 )
+from sparkjet.core.naming import encode_name as encode_store_name
 
 if TYPE_CHECKING:
     from sparkjet.core.config import Config
@@ -760,6 +762,49 @@ class Snapshot:
     def destroy(self) -> None:
         """Delete this snapshot's name from the backend (Jet's ``destroy()``)."""
         self._store.delete(self.name)
+
+    def read_state(self, stage: str) -> dict[Any, Any]:
+        """A stateful stage's state at the cut, for analysis: ``{key: state}``.
+
+        The state is what the stage keeps per key: an aggregation's
+        accumulator (before ``finish``), a ``map_stateful``'s or a plugin
+        transform's state object, ``True`` for ``distinct``. Every file is
+        checked against the manifest first. Unpickles: a snapshot is trusted
+        input (see the trust model in the docs).
+        """
+        entry = self.manifest.stage(stage)
+        if entry is None:
+            known = ", ".join(repr(s.name) for s in self.manifest.stages) or "none"
+            raise SnapshotNotFoundError(
+                f"snapshot {self.name!r} holds no state of stage {stage!r} (its stateful "
+                f"stages: {known})", self.name)
+        out: dict[Any, Any] = {}
+        for file in entry.files:
+            data = cloudpickle.loads(self.read_file(file.path))
+            for key, value in data["values"].items():
+                out[key] = value[1] if isinstance(value, tuple) and len(value) == 2 else value
+        return out
+
+
+def state_file_path(stage: str, lo: int, hi: int, keys: int) -> str:
+    """Where a snapshot keeps key groups ``[lo, hi)`` of ``stage``'s state (``keys`` keys).
+
+    The file holds what a checkpoint's full copy holds: a cloudpickle of
+    ``{"values": {key: entry}, "touched": {key: millis}}``.
+    """
+    return f"state/{encode_store_name('stage', stage)}/{lo:05d}-{hi:05d}-{keys}.state"
+
+
+def parse_state_file(path: str) -> tuple[int, int, int] | None:
+    """``(lo, hi, keys)`` of a :func:`state_file_path`, or None if it is not one."""
+    stem = path.rsplit("/", 1)[-1]
+    if not stem.endswith(".state"):
+        return None
+    parts = stem[: -len(".state")].split("-")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        return None
+    lo, hi, keys = map(int, parts)
+    return (lo, hi, keys) if lo < hi else None
 
 
 class SnapshotStore:

@@ -15,7 +15,7 @@ from sparkjet.core.errors import (
     PipelineDefinitionError,
     ProcessingGuaranteeError,
 )
-from sparkjet.core.exports import require_compatible
+from sparkjet.core.exports import UpgradeRow, check_upgrade, require_compatible
 from sparkjet.core.jobs.handle import Job
 from sparkjet.core.jobs.record import new_job_id, now_ms, this_driver
 from sparkjet.core.jobs.runner import JobRunner, Services
@@ -214,6 +214,21 @@ class JetService:
     def list_snapshots(self) -> list[Snapshot]:
         """Every exported snapshot, by name (Jet's ``getJobStateSnapshots``)."""
         return self.services.snapshots().list()
+
+    def check_upgrade(self, pipeline: Any, snapshot: str) -> list[UpgradeRow]:
+        """What submitting ``pipeline`` from ``snapshot`` would do, per stateful stage; no job.
+
+        Rows with status ``restored``, ``new``, ``dropped`` or ``incompatible``
+        (see :class:`UpgradeRow`); submit succeeds when none is incompatible.
+        The pipeline is validated as submit would (the guarantee does not
+        matter here) and the snapshot verified whole.
+
+        :raises SnapshotError: the snapshot is missing, corrupt or untrusted.
+        """
+        validated = plan(pipeline, self.services.plugins, ProcessingGuarantee.NONE)
+        found = self.services.snapshots().get(snapshot)
+        found.verify()
+        return check_upgrade(validated, found.manifest)
 
     def get_jobs(self) -> list[Job]:
         """Every job in the store, newest first."""
