@@ -27,6 +27,7 @@ RUNS = {
         ["sparkjet", "native", "S3", "targets:"],
     ),
     "commit_log": (["--commits", "150", "--s3"], ["folded", "never folded", "plain Python"]),
+    "snapshot": (["--sizes-mb", "1", "--s3"], ["fsspec copy", "export:", "restore: both"]),
     "state_scaling": (
         ["--sizes", "100,2000", "--probes", "2", "--increment", "20"],
         ["sparkjet", "native", "vs smallest", "targets:"],

@@ -38,7 +38,7 @@ from typing import Any
 
 import cloudpickle
 
-from sparkjet.core.checkpoint import Checkpoint, StatePaths, task_range
+from sparkjet.core.checkpoint import Checkpoint, StatePaths, StateVersion, task_range
 from sparkjet.core.errors import JobStateError, SnapshotCorruptedError, StateIncompatibleError
 from sparkjet.core.graph import KEYED, OpKind, Transform
 from sparkjet.core.planner import Plan
@@ -199,7 +199,7 @@ def export_state(
         total = 0
         for lo, hi in ranges:
             chain = StatePaths.chain(paths.versions(stage, lo, hi), batch, lo, hi)
-            read = _Lazy(paths, stage, lo, hi, batch)
+            read = _Lazy(paths, stage, lo, hi, batch, chain)
             if chain and all((v.lo, v.hi) == (lo, hi) for v in chain):
                 keys = chain[-1].keys  # the key count the range's newest file names
             else:  # files of other ranges (or none): count by reading
@@ -224,11 +224,15 @@ class _Lazy:
     So the exporting driver holds one range of key groups at a time.
     """
 
-    def __init__(self, paths: StatePaths, stage: str, lo: int, hi: int, batch: int) -> None:
+    def __init__(
+        self, paths: StatePaths, stage: str, lo: int, hi: int, batch: int,
+        chain: list[StateVersion],
+    ) -> None:
         self.paths, self.stage, self.lo, self.hi, self.batch = paths, stage, lo, hi, batch
+        self.chain = chain
 
     def _state(self) -> tuple[int, bytes]:
-        state, _ = self.paths.read(self.stage, self.lo, self.hi, self.batch)
+        state = self.paths.read_chain(self.stage, self.lo, self.hi, self.chain)
         data = cloudpickle.dumps({"values": state.values, "touched": state.touched})
         return len(state.values), data
 
@@ -236,6 +240,12 @@ class _Lazy:
         return self._state()[0]
 
     def __iter__(self) -> Iterator[bytes]:
+        if len(self.chain) == 1 and self.chain[0].full and (
+                self.chain[0].lo, self.chain[0].hi) == (self.lo, self.hi):
+            # One full copy of exactly this range: the snapshot's file is that
+            # file, byte for byte (the formats are the same); no unpickling.
+            yield self.paths.store.read_bytes(self.paths.path(self.stage, self.chain[0]))
+            return
         yield self._state()[1]
 
 
