@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+import threading
+import time
 from typing import Any
 
 import pytest
+from pyspark import cloudpickle as pyspark_cloudpickle
 
 import sparkjet
 from sparkjet.aggregate import counting
@@ -13,10 +17,12 @@ from sparkjet.errors import (
     JobStateError,
     SnapshotCorruptedError,
     SnapshotNotFoundError,
+    SnapshotSignatureError,
     StateIncompatibleError,
 )
 from sparkjet.job import JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.pipeline import Pipeline, StreamSource
+from sparkjet.plugin import ALL_GUARANTEES, StatefulTransform, hookimpl
 from tests.conftest import TEST_SPARK
 from tests.conftest import wait_until as wait_for
 
@@ -190,3 +196,121 @@ def test_check_upgrade_and_read_state_without_a_job(client: Any) -> None:
     assert {(r.stage, r.status, r.keys) for r in rows} == {
         ("clicks-per-user", "restored", 10), ("per-parity", "new", 0), ("uniq", "dropped", 25)}
     assert client.get_jet().get_jobs()[0].name == "clicks"  # check_upgrade submitted nothing
+
+
+def test_upgrade_round_trip_while_a_producer_keeps_publishing(client: Any) -> None:
+    """EXACTLY_ONCE across export, cancel and restore: the counts equal the oracle."""
+    stream = client.get_stream("clicks", partitions=2)
+    published: list[int] = []
+    stop_publishing = threading.Event()
+
+    def produce() -> None:
+        n = 0
+        while not stop_publishing.is_set():
+            batch = list(range(n, n + 7))
+            stream.publish_all(batch)
+            published.extend(batch)
+            n += 7
+            time.sleep(0.02)
+
+    producer = threading.Thread(target=produce, daemon=True)
+    job = start(client, v1(), "clicks")
+    producer.start()
+    try:
+        wait_for(lambda: len(published) > 300, what="a stream of clicks")
+        job.cancel_and_export_snapshot("live")
+        with pytest.raises(JobCancelledError):
+            job.join(timeout=60)
+        job2 = start(client, v2(), "clicks-v2", snapshot="live")
+        wait_for(lambda: len(published) > 900, what="more clicks")
+    finally:
+        stop_publishing.set()
+        producer.join(timeout=30)
+    try:
+        total = list(published)
+        wait_for(lambda: dict(client.get_map("counts").entry_set()) == oracle(total, 10),
+                 what="every click counted once across the upgrade")
+    finally:
+        stop(job2)
+
+
+# Spark's workers cannot import this test module: ship its classes by value
+# (PySpark serialises tasks with its own copy of cloudpickle).
+pyspark_cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+class Highs(StatefulTransform):
+    """Each key's running maximum."""
+
+    kind = "highs"
+    guarantees = ALL_GUARANTEES
+    signature = "max:int"
+
+    def create_state(self) -> Any:
+        return None
+
+    def process(self, state: Any, key: Any, items: list[Any]) -> tuple[Any, list[Any]]:
+        state = max([*items, *([] if state is None else [state])])
+        return state, [(key, state)]
+
+    def state_signature(self) -> str:
+        return self.signature
+
+
+class HighsAsList(Highs):
+    signature = "max:list"
+
+
+class _Highs:
+    @hookimpl
+    def register_stateful_transforms(self, register):  # type: ignore[no-untyped-def]
+        register(Highs)
+
+
+def test_a_plugin_transform_declares_its_state_signature(client: Any) -> None:
+    client.register_plugin(_Highs(), "highs")
+    stream = client.get_stream("h", partitions=1)
+
+    def pipeline(transform: StatefulTransform) -> Pipeline:
+        p = Pipeline.create()
+        (p.read_from(StreamSource("h")).group_by(lambda x: x % 2).apply(transform)
+         .set_name("highs").write_to(Pipeline.to_map("highs")))
+        return p
+
+    job = start(client, pipeline(Highs()), "highs")
+    try:
+        stream.publish_all([1, 8, 3])
+        wait_for(lambda: dict(client.get_map("highs").entry_set()) == {1: 3, 0: 8}, what="highs")
+        snapshot = job.export_snapshot("highs")
+    finally:
+        stop(job)
+    assert snapshot.manifest.stage("highs").state_signature == {
+        "op": "apply", "transform": "highs", "state": "max:int"}
+    config = JobConfig(name="highs-2", processing_guarantee=EXACTLY_ONCE)
+    config.initial_snapshot_name = "highs"
+    with pytest.raises(StateIncompatibleError, match="max:list"):
+        client.get_jet().submit(pipeline(HighsAsList()), config)
+
+
+def test_a_signed_snapshot_is_refused_with_the_wrong_key(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SNAPSHOT_KEY", "s3cr3t-first-9f1")
+    signed = sparkjet.connect(store={"url": store_url}, spark=TEST_SPARK,
+                              snapshots={"signing_key": "${env:SNAPSHOT_KEY}"})
+    stream = signed.get_stream("clicks", partitions=1)
+    job = start(signed, v1(), "clicks")
+    try:
+        stream.publish_all(range(20))
+        wait_for(lambda: len(signed.get_map("counts").entry_set()) == 10, what="counts")
+        assert job.export_snapshot("signed").manifest.signed
+    finally:
+        stop(job)
+    monkeypatch.setenv("SNAPSHOT_KEY", "s3cr3t-second-7c2")
+    other = sparkjet.connect(store={"url": store_url}, spark=TEST_SPARK,
+                             snapshots={"signing_key": "${env:SNAPSHOT_KEY}"})
+    config = JobConfig(name="v2", processing_guarantee=EXACTLY_ONCE)
+    config.initial_snapshot_name = "signed"
+    with pytest.raises(SnapshotSignatureError, match="signed") as refused:
+        other.get_jet().submit(v2(), config)
+    assert "s3cr3t-second-7c2" not in str(refused.value) and "s3cr3t-first-9f1" not in str(refused.value)
