@@ -184,7 +184,7 @@ def test_check_upgrade_and_read_state_without_a_job(client: Any) -> None:
         stop(job)
     assert snapshot.read_state("clicks-per-user") == oracle(range(25), 10)
     assert snapshot.read_state("uniq") == dict.fromkeys(range(25), True)
-    with pytest.raises(SnapshotNotFoundError, match="'nope'.*'clicks-per-user'"):
+    with pytest.raises(SnapshotNotFoundError, match=r"'nope'.*'clicks-per-user'"):
         snapshot.read_state("nope")
     rows = client.get_jet().check_upgrade(v2(), "for-analysis")
     assert {(r.stage, r.status, r.keys) for r in rows} == {
