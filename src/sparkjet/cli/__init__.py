@@ -11,7 +11,15 @@ Commands::
     sparkjet [--config FILE] resume [--timeout SECONDS] JOB
     sparkjet [--config FILE] restart [--timeout SECONDS] JOB
     sparkjet [--config FILE] publish [--partitions N] STREAM FILE
+    sparkjet [--config FILE] gc [--grace SECONDS] [--retention SECONDS] [--dry-run]
     sparkjet [--config FILE] plugins
+    sparkjet [--config FILE] save-snapshot [-C] [--timeout SECONDS] JOB NAME
+    sparkjet [--config FILE] list-snapshots [-F]
+    sparkjet [--config FILE] delete-snapshot NAME
+    sparkjet [--config FILE] inspect-snapshot [--verify] NAME
+    sparkjet [--config FILE] check-upgrade -s SNAPSHOT FILE.py [ARGS...]
+    sparkjet [--config FILE] copy-snapshot NAME --to URL [--as NEW] [-o KEY=VALUE]...
+                                           [--to-backend KIND]
 
 The configuration is found as ``sparkjet.connect()`` finds it (``--config``,
 ``SPARKJET_CONFIG``, ``./sparkjet.toml``, ``[tool.sparkjet]`` in
@@ -30,10 +38,12 @@ resume`` continues it later, and cancels any other job. ``sparkjet cancel``,
 ``suspend`` and ``restart`` from another shell act on it through the store.
 
 Exit status: 0 on success (also when a foreground streaming job is suspended);
-1 when a job failed or was cancelled, or an action on a job or stream could
-not be done (unknown job or stream, wrong status, timeout); 2 when the command
-line, the configuration, a plugin, the pipeline file or the file to publish is
-wrong; 130 when interrupted. Expected errors print ``ERROR: <message>`` on
+1 when a job failed or was cancelled, or an action on a job, stream or
+snapshot could not be done (unknown job, stream or snapshot, wrong status,
+timeout, a corrupt snapshot); 2 when the command line, the configuration, a
+plugin, the pipeline file or the file to publish is wrong, or the pipeline's
+state is incompatible with the snapshot it would start from; 130 when
+interrupted. Expected errors print ``ERROR: <message>`` on
 stderr, without a traceback, and never a configured secret.
 """
 

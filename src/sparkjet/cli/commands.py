@@ -33,8 +33,17 @@ def submit(args: argparse.Namespace, client: Client) -> int:
         config.snapshot_interval_millis = args.snapshot_interval
     if args.suspend_on_failure:
         config.suspend_on_failure = True
+    if args.snapshot is not None:
+        config.initial_snapshot_name = args.snapshot
     job = client.get_jet().submit(pipeline, config)
     out(f"Submitted job {job.id}, name: {job.name or 'N/A'}")
+    restore = job.get_metrics().get("snapshotRestore") if args.snapshot is not None else None
+    if restore:
+        stages = ", ".join(f"{stage} {status}" for stage, status in restore["stages"].items())
+        out(
+            f"Starting from snapshot '{restore['snapshot']}' (batch {restore['batch']}): "
+            f"{stages or 'no stateful stages'}"
+        )
     return follow(job, client)
 
 
@@ -51,7 +60,7 @@ def list_jobs(args: argparse.Namespace, client: Client) -> int:
     return EXIT_OK
 
 
-def _find_job(client: Client, ref: str) -> Job:
+def find_job(client: Client, ref: str) -> Job:
     """The job with id ``ref``, else the one named ``ref``; CliError (exit 1) if none."""
     jet = client.get_jet()
     job = jet.get_job(ref) or jet.get_job_by_name(ref)
@@ -62,7 +71,7 @@ def _find_job(client: Client, ref: str) -> Job:
 
 def cancel(args: argparse.Namespace, client: Client) -> int:
     """``cancel``: cancel the job and wait until it has stopped."""
-    job = _find_job(client, args.job)
+    job = find_job(client, args.job)
     job.cancel()
     out(f"Cancelling job {job.label}")
     status = wait_until(job, JobStatus.is_terminal, args.timeout)
@@ -86,7 +95,7 @@ def cancel(args: argparse.Namespace, client: Client) -> int:
 
 def suspend(args: argparse.Namespace, client: Client) -> int:
     """``suspend``: ask the streaming job to suspend and wait until it is SUSPENDED."""
-    job = _find_job(client, args.job)
+    job = find_job(client, args.job)
     job.suspend()
     out(f"Suspending job {job.label}")
     await_status(job, JobStatus.SUSPENDED, args.timeout, client)
@@ -100,7 +109,7 @@ def resume(args: argparse.Namespace, client: Client) -> int:
     When the process that ran the job is gone, the job continues in this
     process, in the foreground, as with ``submit``.
     """
-    job = _find_job(client, args.job)
+    job = find_job(client, args.job)
     job.resume()
     taken_over = False
 
@@ -127,7 +136,7 @@ def resume(args: argparse.Namespace, client: Client) -> int:
 
 def restart(args: argparse.Namespace, client: Client) -> int:
     """``restart``: ask the streaming job to restart and wait until it is RUNNING."""
-    job = _find_job(client, args.job)
+    job = find_job(client, args.job)
     job.restart()
     out(f"Restarting job {job.label}")
     await_status(job, JobStatus.RUNNING, args.timeout, client, refuse=(JobStatus.SUSPENDED,))

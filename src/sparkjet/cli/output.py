@@ -45,6 +45,19 @@ def format_time(millis: int) -> str:
     return datetime.fromtimestamp(millis / 1000).strftime(TIME_FORMAT)
 
 
+def format_time_millis(millis: int) -> str:
+    """Epoch milliseconds as local time with milliseconds, ``2020-03-15T14:37:01.011`` (Jet)."""
+    if millis < 0:
+        return "N/A"
+    moment = datetime.fromtimestamp(millis // 1000)
+    return f"{moment.strftime(TIME_FORMAT)}.{millis % 1000:03d}"
+
+
+def format_count(value: int) -> str:
+    """An integer with thousands separators, ``1,196`` (Jet's ``%,d``)."""
+    return f"{value:,}"
+
+
 def describe(exc: BaseException) -> str:
     """``<type>: <message>`` of an exception, or its type alone when it has no message."""
     text = str(exc)

@@ -7,12 +7,16 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from sparkjet import Client
-from sparkjet.cli import commands
+from sparkjet.cli import commands, snapshots
 from sparkjet.job import ProcessingGuarantee
 
 #: How long ``cancel``, ``suspend``, ``resume`` and ``restart`` wait for the job's new
 #: status, unless ``--timeout`` says otherwise.
 DEFAULT_TIMEOUT = 60.0
+
+#: How long ``save-snapshot`` waits for the job's driver to export, unless ``--timeout`` says
+#: otherwise (``Job.export_snapshot``'s own default).
+EXPORT_TIMEOUT = 600.0
 
 #: What a command's ``handler`` default is: a function of :mod:`sparkjet.cli.commands`.
 Handler = Callable[[argparse.Namespace, Client], int]
@@ -75,6 +79,13 @@ def _guarantee(text: str) -> ProcessingGuarantee:
         ) from None
 
 
+def _option(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), value
+
+
 def _add_job_action(
     subcommands: Any,
     name: str,
@@ -134,6 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument(
         "--suspend-on-failure", action="store_true",
         help="suspend a failing streaming job instead of failing it (it can be resumed)",
+    )
+    submit.add_argument(
+        "-s", "--snapshot", metavar="NAME",
+        help="JobConfig.initial_snapshot_name: start the job from this exported snapshot "
+        "(state matched by stage name; refused if it is missing, corrupt or incompatible)",
     )
     submit.add_argument("file", metavar="FILE.py", help="Python file defining 'pipeline'")
     submit.add_argument(
@@ -219,6 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gc.set_defaults(handler=commands.gc)
 
+    _add_snapshot_commands(subcommands)
+
     plugins = subcommands.add_parser(
         "plugins", help="list loaded plugins, what they register and the guarantees supported",
         description="List every loaded plugin with the sources, sinks, stateful transforms "
@@ -226,3 +244,100 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plugins.set_defaults(handler=commands.plugins)
     return parser
+
+
+def _add_snapshot_commands(subcommands: Any) -> None:
+    """Add the snapshot commands: save, list, delete, inspect, check-upgrade and copy."""
+    save = subcommands.add_parser(
+        "save-snapshot", help="export a named snapshot of a job, optionally cancelling it",
+        description="Export the state of the streaming job with this id or name as snapshot "
+        "NAME (Job.export_snapshot), at its last committed micro-batch; a snapshot of that "
+        "name is replaced. The job must be RUNNING or SUSPENDED. With -C the job is "
+        "cancelled after the export.",
+    )
+    save.add_argument("job", metavar="JOB", help="the job's id or name")
+    save.add_argument("name", metavar="NAME", help="the snapshot's name")
+    save.add_argument(
+        "-C", "--cancel", action="store_true", help="cancel the job after taking the snapshot"
+    )
+    save.add_argument(
+        "-t", "--timeout", type=_positive_seconds, default=EXPORT_TIMEOUT, metavar="SECONDS",
+        help="how long to wait for the export (and with -C for the job to stop) "
+        f"(default {EXPORT_TIMEOUT:g})",
+    )
+    save.set_defaults(handler=snapshots.save_snapshot)
+
+    list_snapshots = subcommands.add_parser(
+        "list-snapshots", help="list exported snapshots",
+        description="List the exported snapshots of the configured snapshot store, by name: "
+        "creation time, size, the job they were taken of and their name.",
+    )
+    list_snapshots.add_argument(
+        "-F", "--full-job-name", action="store_true",
+        help="do not trim job names to 24 characters (can break the layout)",
+    )
+    list_snapshots.set_defaults(handler=snapshots.list_snapshots)
+
+    delete = subcommands.add_parser(
+        "delete-snapshot", help="delete a named snapshot",
+        description="Delete the exported snapshot NAME (also one whose files are corrupt).",
+    )
+    delete.add_argument("name", metavar="NAME", help="the snapshot's name")
+    delete.set_defaults(handler=snapshots.delete_snapshot)
+
+    inspect = subcommands.add_parser(
+        "inspect-snapshot", help="show a snapshot's manifest: job, batch, sources, stages",
+        description="Print the manifest of the exported snapshot NAME: where and when it was "
+        "taken, its size, format, signature, versions and source offsets, then one row per "
+        "stateful stage. With --verify every file is also checked against its checksum.",
+    )
+    inspect.add_argument("name", metavar="NAME", help="the snapshot's name")
+    inspect.add_argument(
+        "--verify", action="store_true",
+        help="read every file and check its size and sha256 (exit 1 if one is wrong)",
+    )
+    inspect.set_defaults(handler=snapshots.inspect_snapshot)
+
+    check = subcommands.add_parser(
+        "check-upgrade", help="dry-run starting a pipeline file from a snapshot",
+        description="Load FILE.py as 'submit' does and say, per stateful stage, what starting "
+        "it from snapshot SNAPSHOT would do: restored, new (starts empty), dropped (state "
+        "ignored) or incompatible. Submits nothing. Exits 0 only when submit -s would be "
+        "accepted: no stage incompatible (else 2) and the snapshot whole and intact (else 1).",
+    )
+    check.add_argument(
+        "-s", "--snapshot", required=True, metavar="SNAPSHOT", help="the snapshot's name"
+    )
+    check.add_argument("file", metavar="FILE.py", help="Python file defining 'pipeline'")
+    check.add_argument(
+        "args", metavar="ARGS", nargs=argparse.REMAINDER,
+        help="arguments for the pipeline, as for submit",
+    )
+    check.set_defaults(handler=snapshots.check_upgrade)
+
+    copy = subcommands.add_parser(
+        "copy-snapshot", help="copy a snapshot to another snapshot store, verified by checksum",
+        description="Copy the exported snapshot NAME to the snapshot store at URL (a local "
+        "path, file://, memory://, s3:// or gs://), as NEW with --as. Every file is checked "
+        "against the manifest as it is read, and read back and checked again at the target "
+        "before the copy's manifest is written; a failed copy leaves the target as it was.",
+    )
+    copy.add_argument("name", metavar="NAME", help="the snapshot's name")
+    copy.add_argument(
+        "--to", required=True, metavar="URL", help="where the target snapshot store is"
+    )
+    copy.add_argument(
+        "--as", dest="as_name", metavar="NEW", help="the copy's name (default: NAME)"
+    )
+    copy.add_argument(
+        "-o", "--to-option", dest="to_options", type=_option, action="append", default=[],
+        metavar="KEY=VALUE",
+        help="a storage option of the target (repeatable), such as endpoint_url=...; "
+        "write secrets as ${env:NAME}",
+    )
+    copy.add_argument(
+        "--to-backend", metavar="KIND",
+        help="the target's snapshot backend kind (default: from the URL's scheme); for "
+        "backends from plugins",
+    )
+    copy.set_defaults(handler=snapshots.copy_snapshot)

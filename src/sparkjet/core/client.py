@@ -6,11 +6,13 @@ and hands it to the services, which know it only as :class:`~sparkjet.core.engin
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from typing import Any
 
 from sparkjet.core.config import Config, load_config
+from sparkjet.core.config import _resolve as resolve_env  # ${env:...}, as the file does
 from sparkjet.core.engine import Engine
 from sparkjet.core.errors import ConfigError
 from sparkjet.core.jobs import JetService, Services
@@ -21,7 +23,7 @@ from sparkjet.core.maintenance import (
     collect_garbage,
 )
 from sparkjet.core.plugins import PluginHost, PluginInfo
-from sparkjet.core.snapshots import SnapshotStore, snapshot_store
+from sparkjet.core.snapshots import SnapshotStore, kind_for_url, snapshot_store
 from sparkjet.core.store import JobRecords, Store
 from sparkjet.core.structures import IList, IMap, IStream
 
@@ -81,6 +83,36 @@ class Client:
         if self._snapshots is None:
             self._snapshots = snapshot_store(self.config, self.plugins)
         return self._snapshots
+
+    def snapshot_store_at(
+        self, url: str, options: Mapping[str, Any] | None = None, *, backend: str | None = None
+    ) -> SnapshotStore:
+        """A snapshot store at ``url`` other than the configured one (``copy-snapshot --to``).
+
+        ``backend`` is the backend kind; by default the built-in one for the
+        URL's scheme (a local path or ``file://``: ``local``, ``memory://``,
+        ``s3://``, ``gs://``). ``options`` are the backend's storage options,
+        not the configured ones; ``${env:NAME}`` in a value is replaced by that
+        environment variable and masked like a configured secret. The store
+        signs and checks manifests with the configured ``[snapshots]
+        signing_key``, if any.
+
+        :raises ConfigError: no backend kind for the URL, an unknown kind, or
+            an unset environment variable.
+        :raises SnapshotBackendError: the backend refuses the URL or options.
+        """
+        kind = backend or kind_for_url(url)
+        if kind is None:
+            raise ConfigError(self.redact(
+                f"no built-in snapshot backend for {url!r}: use a local path, file://, "
+                "memory://, s3:// or gs://, or name the backend kind"
+            ))
+        resolved = resolve_env(dict(options or {}), f"snapshot store {url}", "options",
+                               self.config.secrets)
+        config = dataclasses.replace(
+            self.config, snapshots_backend=kind, snapshots_url=url, snapshots_options=resolved
+        )
+        return snapshot_store(config, self.plugins)
 
     def get_jet(self) -> JetService:
         """The jet service: submit and find jobs."""
