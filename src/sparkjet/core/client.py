@@ -155,12 +155,18 @@ class Client:
         Orphan segments and abort markers, old take-over claims, unused scratch
         checkpoints, quarantined control requests and probe files older than
         ``grace_seconds``, and the folders of jobs that ended more than
-        ``retention_seconds`` ago (see ``sparkjet gc``).
+        ``retention_seconds`` ago (see ``sparkjet gc``); and in the snapshot
+        backend, attempts that failed or killed exports left (older than
+        ``grace_seconds``) and complete ones a newer export of their name
+        replaced.
         """
-        return collect_garbage(
+        report = collect_garbage(
             self.store, grace_seconds=grace_seconds, retention_seconds=retention_seconds,
             dry_run=dry_run,
         )
+        for folder in self.snapshots.gc(grace_seconds, dry_run=dry_run):
+            report.add("snapshot export attempts", folder)
+        return report
 
     def redact(self, text: str) -> str:
         """``text`` with every configured secret (``${env:...}`` value) masked."""
