@@ -60,7 +60,7 @@ import cloudpickle
 
 from sparkjet.core.errors import StoreError
 from sparkjet.core.model import DEFAULT_KEY_GROUPS
-from sparkjet.core.naming import decode_name, encode_name
+from sparkjet.core.naming import decode_name, encode_name, unpickle
 from sparkjet.core.store import Store
 
 #: The ``format`` number written to meta.json (4: file names carry their
@@ -386,21 +386,11 @@ class StatePaths:
 
     def _load(self, stage: str, version: StateVersion) -> Any:
         path = self.path(stage, version)
-        raw = self.store.read_bytes(path)
-        try:
-            data = cloudpickle.loads(raw)
-            wanted = ("values", "touched") if version.full else ("set", "touched", "removed")
-            missing = [k for k in wanted if k not in data]
-            if missing:
-                raise KeyError(f"no {', '.join(missing)}")
-        except MemoryError:  # too big for this process, not corrupt
-            raise
-        except Exception as exc:
-            raise StoreError(self.store.redact(
-                f"stage {stage!r}: state file {path!r} is corrupt or truncated "
-                f"({len(raw)} bytes): {type(exc).__name__}: {exc}"
-            )) from exc
-        return data
+        return unpickle(
+            self.store.read_bytes(path), f"stage {stage!r}: state file {path!r}",
+            keys=("values", "touched") if version.full else ("set", "touched", "removed"),
+            redact=self.store.redact, loads=cloudpickle.loads,
+        )
 
     def read_chain(self, stage: str, lo: int, hi: int, chain: list[StateVersion]) -> RangeState:
         """The state of key groups ``[lo, hi)`` that the files of ``chain`` make up."""

@@ -30,7 +30,7 @@ from typing import Any
 import fsspec
 
 from sparkjet.core.errors import StoreError
-from sparkjet.core.naming import PICKLE_PROTOCOL, decode_name, encode_name
+from sparkjet.core.naming import PICKLE_PROTOCOL, decode_name, encode_name, unpickle
 from sparkjet.core.streams import StreamLog
 
 log = logging.getLogger("sparkjet.store")
@@ -456,15 +456,8 @@ class CommitLog:
                     f"{self.label}: segment {path!r} named by a committed record is missing"
                 )
             ) from exc
-        try:
-            items: list[Any] = pickle.loads(raw)
-        except MemoryError:  # too big for this process, not corrupt
-            raise
-        except Exception as exc:
-            raise StoreError(self.store.redact(
-                f"{self.label}: segment {path!r} is corrupt or truncated "
-                f"({len(raw)} bytes): {type(exc).__name__}: {exc}"
-            )) from exc
+        items: list[Any] = unpickle(raw, f"{self.label}: segment {path!r}",
+                                    redact=self.store.redact)
         return items
 
     def sequences(self) -> list[int]:
@@ -618,20 +611,13 @@ class CommitLog:
             raw = self.store.read_bytes(path)
         except FileNotFoundError:
             return None  # replaced by a newer fold meanwhile
-        try:
-            base: dict[str, Any] = pickle.loads(raw)
+        def folds_up_to_seq(base: dict[str, Any]) -> None:
             if base["seq"] != seq:
                 raise ValueError(f"it says it folds up to record {base['seq']}")
-            missing = [k for k in ("records", "producers") if k not in base]
-            if missing:
-                raise KeyError(f"no {', '.join(missing)}")
-        except MemoryError:  # too big for this process, not corrupt
-            raise
-        except Exception as exc:
-            raise StoreError(self.store.redact(
-                f"{self.label}: base {path!r} is corrupt or truncated ({len(raw)} bytes): "
-                f"{type(exc).__name__}: {exc}"
-            )) from exc
+
+        base: dict[str, Any] = unpickle(
+            raw, f"{self.label}: base {path!r}", keys=("seq", "records", "producers"),
+            check=folds_up_to_seq, redact=self.store.redact)
         return base
 
     def _from_base(self, cursor: LogCursor) -> Iterator[Record]:
