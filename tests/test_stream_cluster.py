@@ -21,6 +21,7 @@ teardown.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -37,6 +38,7 @@ import pytest
 
 import sparkjet
 from sparkjet.job import Job, JobStatus
+from sparkjet.testing import StoreLocation
 from tests.cluster.standalone import Proc, StandaloneCluster, descendants
 from tests.conftest import wait_until
 
@@ -100,9 +102,11 @@ class Feed:
 class Driver:
     """The driver subprocess; its stdout lines are collected by a thread."""
 
-    def __init__(self, cluster: StandaloneCluster, store: str, name: str, scaling: bool) -> None:
+    def __init__(
+        self, cluster: StandaloneCluster, store: str, name: str, scaling: bool, *extra: str
+    ) -> None:
         argv = [sys.executable, "-u", str(DRIVER), store, cluster.url, name,
-                "--auto-scaling", "on" if scaling else "off", "--interval", "300"]
+                "--auto-scaling", "on" if scaling else "off", "--interval", "300", *extra]
         self.proc: Proc = cluster.track(
             cluster.spawn(f"driver-{name}", argv, cluster.env(), stdout=subprocess.PIPE)
         )
@@ -381,3 +385,45 @@ def test_lost_worker_without_auto_scaling_suspends_then_resumes(
         assert committed(job) > before
         finish(job, driver)
         phase(t0, "job cancelled, driver ended")
+
+
+@pytest.mark.storage
+def test_a_snapshot_on_s3_carries_state_to_a_smaller_cluster(
+    cluster: StandaloneCluster, s3_location: StoreLocation
+) -> None:
+    """Export a running job's state to S3 (asked from another process), cancel it, start the
+    pipeline from the snapshot on one worker instead of two: the counts go on exactly."""
+    t0 = time.monotonic()
+    location = s3_location.fresh()
+    options = ["--store-options", json.dumps(location.options)]
+    cluster.start_worker()
+    second = cluster.start_worker()
+    cluster.wait_workers(2, timeout=60)
+    driver = Driver(cluster, location.url, "v1", True, *options)
+    with explained(cluster, driver):
+        driver.wait_line("SUBMITTED", 150)
+        phase(t0, "v1 submitted on 2 executors")
+        client = sparkjet.connect(store=location.connect_overrides())
+        job: Job = wait_until(lambda: client.get_jet().get_job_by_name("v1"), 10, "v1's record")
+        wait_until(lambda: job.status is JobStatus.RUNNING, 60, "v1 to run")
+        feed = Feed(client)
+        feed.publish(ROUND)
+        wait_exact(client, feed, 120, "v1")
+        snapshot = job.cancel_and_export_snapshot("v1", timeout=120)
+        driver.wait_line("ENDED", 60)
+        phase(t0, f"exported at batch {snapshot.manifest.batch_id}; v1 cancelled")
+    assert {s.name: s.key_count for s in snapshot.manifest.stages} == {"count-per-key": N_KEYS}
+    feed.publish(ROUND)  # while no job runs: v2 reads it from the snapshot's offsets
+    cluster.kill_worker(second)
+    wait_until(lambda: cluster.alive_workers() == 1, 150, "the master to see one worker left")
+    driver2 = Driver(cluster, location.url, "v2", True, *options, "--executors", "1",
+                     "--initial-snapshot", "v1")
+    with explained(cluster, driver2):
+        driver2.wait_line("SUBMITTED", 150)
+        job2: Job = wait_until(lambda: client.get_jet().get_job_by_name("v2"), 10, "v2's record")
+        wait_until(lambda: job2.status is JobStatus.RUNNING, 60, "v2 to run")
+        feed.publish(ROUND)
+        wait_exact(client, feed, 180, "v2 on one worker, from the snapshot")
+        phase(t0, "v2 counted on exactly")
+        assert job2.get_metrics()["snapshotRestore"]["stages"] == {"count-per-key": "restored"}
+        finish(job2, driver2)

@@ -2,6 +2,7 @@
 
     python stream_driver.py STORE MASTER_URL JOB_NAME --auto-scaling on|off
         [--guarantee EXACTLY_ONCE] [--interval MS] [--executors N] [--stream NAME]
+        [--store-options JSON] [--initial-snapshot NAME]
 
 It connects to ``MASTER_URL`` (2 executors of 1 core), waits until N executors
 have registered (the job's executor baseline is the count at its first check),
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import json
 import os
 import signal
 import sys
@@ -83,6 +85,8 @@ def main() -> int:
     parser.add_argument("--executors", type=int, default=2)
     parser.add_argument("--stream", default="events")
     parser.add_argument("--wait-executors", type=float, default=90.0)
+    parser.add_argument("--store-options", default="{}", help="the store's fsspec options (JSON)")
+    parser.add_argument("--initial-snapshot", default=None, help="start from this snapshot")
     args = parser.parse_args()
     # The test sends SIGUSR1 before it gives up on the driver: every thread's stack to stderr.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -95,7 +99,9 @@ def main() -> int:
         return len(executor_ids(sc) or ())
     from sparkjet.job import JobConfig, ProcessingGuarantee
 
-    client = sparkjet.connect(store={"url": args.store}, spark=spark_settings(args.master))
+    options = json.loads(args.store_options)
+    store = {"url": args.store, "options": options} if options else {"url": args.store}
+    client = sparkjet.connect(store=store, spark=spark_settings(args.master))
     sc = client.spark.sparkContext
     deadline = time.monotonic() + args.wait_executors
     while (executor_count(sc) or 0) < args.executors:
@@ -106,12 +112,14 @@ def main() -> int:
     print(f"EXECUTORS {executor_count(sc)}", flush=True)
 
     client.get_stream(args.stream, partitions=2)
-    job = client.get_jet().submit(build_pipeline(args.stream), JobConfig(
+    config = JobConfig(
         name=args.name,
         processing_guarantee=ProcessingGuarantee[args.guarantee],
         snapshot_interval_millis=args.interval,
         auto_scaling_enabled=args.auto_scaling == "on",
-    ))
+    )
+    config.initial_snapshot_name = args.initial_snapshot
+    job = client.get_jet().submit(build_pipeline(args.stream), config)
     print(f"SUBMITTED {job.id}", flush=True)
 
     last = None
