@@ -382,16 +382,23 @@ class Job:
         Returns ``{"executionStartTime": ms, "executionCompletionTime": ms,
         "stages": {name: {"receivedCount": n, "emittedCount": n}}}``; times
         are -1 until known. Counts are updated as Spark tasks finish. Empty
-        stages when ``metrics_enabled`` is off. Other processes see metrics
-        only of completed jobs with ``store_metrics_after_job_completion``.
+        stages when ``metrics_enabled`` is off. Other processes see a streaming
+        job's progress, its ``snapshotRestore`` (a job started from a
+        snapshot), and all metrics of completed jobs with
+        ``store_metrics_after_job_completion``.
         """
         runner = self._runner
         if runner is None:
             stored = self._refresh().get("metrics")
-            return dict(stored) if stored else {
+            if stored:
+                return dict(stored)
+            metrics = {
                 "executionStartTime": self._record.get("execution_start_time", -1),
                 "executionCompletionTime": self._record.get("completion_time", -1),
                 "stages": {},
                 **(self._record.get("progress") or {}),
             }
+            if self._record.get("restore"):
+                metrics["snapshotRestore"] = self._record["restore"]
+            return metrics
         return runner.metrics()
