@@ -110,6 +110,18 @@ def resume(args: argparse.Namespace, client: Client) -> int:
     process, in the foreground, as with ``submit``.
     """
     job = find_job(client, args.job)
+    if not resume_job(job, client, args.timeout):
+        return EXIT_OK
+    # The job runs here now: stay in the foreground, as `submit` does.
+    return follow(job, client, resumed=True)
+
+
+def resume_job(job: Job, client: Client, timeout: float) -> bool:
+    """Resume ``job`` and wait until it is RUNNING; True if it now runs in this process.
+
+    A job whose driver died is taken over here: the caller keeps it in the
+    foreground (:func:`~sparkjet.cli.follow.follow` with ``resumed``).
+    """
     job.resume()
     taken_over = False
 
@@ -123,15 +135,14 @@ def resume(args: argparse.Namespace, client: Client) -> int:
 
     if job.is_driven_here():
         out(f"Resuming job {job.label} in this process: the process that ran it is gone")
-    else:
-        out(f"Resuming job {job.label}")
-        await_status(job, JobStatus.RUNNING, args.timeout, client, retake=take_over_if_orphaned)
-        if not taken_over:
-            out(state_line(job, client))
-            return EXIT_OK
-        out(f"The process that ran job {job.label} is gone: it resumes in this process")
-    # The job runs here now: stay in the foreground, as `submit` does.
-    return follow(job, client, resumed=True)
+        return True
+    out(f"Resuming job {job.label}")
+    await_status(job, JobStatus.RUNNING, timeout, client, retake=take_over_if_orphaned)
+    if not taken_over:
+        out(state_line(job, client))
+        return False
+    out(f"The process that ran job {job.label} is gone: it resumes in this process")
+    return True
 
 
 def restart(args: argparse.Namespace, client: Client) -> int:

@@ -10,7 +10,7 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from types import FrameType
 
 from sparkjet import Client
@@ -117,6 +117,25 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def follow_all(jobs: Sequence[Job], client: Client, resumed: Collection[str] = ()) -> int:
+    """Keep jobs that run in this process in the foreground until each ends or is suspended.
+
+    Each is followed as :func:`follow` does, in turn; ``resumed``: the ids of
+    those just resumed here. Interrupted, every job still running is suspended
+    or cancelled as an interrupted ``submit`` does. Returns the worst status.
+    """
+    codes = [EXIT_OK]
+    for index, job in enumerate(jobs):
+        code = follow(job, client, resumed=job.id in resumed)
+        if code == EXIT_INTERRUPTED:
+            for other in jobs[index + 1:]:
+                if not _settled(other.status) or other.id in resumed:
+                    _interrupted(other, client, starting=other.status is JobStatus.SUSPENDED)
+            return EXIT_INTERRUPTED
+        codes.append(code)
+    return max(codes)
 
 
 def follow(job: Job, client: Client, resumed: bool = False) -> int:

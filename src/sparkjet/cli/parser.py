@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from sparkjet import Client
-from sparkjet.cli import commands, snapshots
+from sparkjet.cli import apply, commands, snapshots
 from sparkjet.job import ProcessingGuarantee
 
 #: How long ``cancel``, ``suspend``, ``resume`` and ``restart`` wait for the job's new
@@ -236,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     gc.set_defaults(handler=commands.gc)
 
     _add_snapshot_commands(subcommands)
+    _add_declarative_commands(subcommands)
 
     plugins = subcommands.add_parser(
         "plugins", help="list loaded plugins, what they register and the guarantees supported",
@@ -341,3 +342,39 @@ def _add_snapshot_commands(subcommands: Any) -> None:
         "backends from plugins",
     )
     copy.set_defaults(handler=snapshots.copy_snapshot)
+
+
+def _get(args: argparse.Namespace, client: Client) -> int:
+    """``get jobs|snapshots``: the ``list-jobs`` or ``list-snapshots`` table."""
+    if args.kind == "jobs":
+        return commands.list_jobs(args, client)
+    return snapshots.list_snapshots(args, client)
+
+
+def _add_declarative_commands(subcommands: Any) -> None:
+    """Add ``apply FILE.toml`` and ``get jobs|snapshots``."""
+    apply_ = subcommands.add_parser(
+        "apply", help="make jobs and snapshots match a TOML file, like Jet's operator",
+        description="Read the [[job]] and [[snapshot]] tables of FILE.toml and make the store "
+        "match: submit the jobs that are missing, suspend or resume those whose state "
+        "differs, then export each snapshot that does not exist yet (once). One line per "
+        "action; 'Nothing to change.' when all matches. Jobs submitted or taken over here "
+        "run in this process, in the foreground, as with 'submit'.",
+    )
+    apply_.add_argument("file", metavar="FILE.toml", help="the declaration file")
+    apply_.set_defaults(handler=apply.apply)
+
+    get = subcommands.add_parser(
+        "get", help="show the jobs or snapshots there are",
+        description="'get jobs' is 'list-jobs' (active jobs; all with -a), 'get snapshots' "
+        "is 'list-snapshots'.",
+    )
+    get.add_argument("kind", choices=("jobs", "snapshots"), help="what to show")
+    get.add_argument(
+        "-a", "--all", action="store_true", help="jobs: include completed and failed jobs"
+    )
+    get.add_argument(
+        "-F", "--full-job-name", action="store_true",
+        help="snapshots: do not trim job names to 24 characters",
+    )
+    get.set_defaults(handler=_get)

@@ -114,6 +114,24 @@ class Client:
         )
         return snapshot_store(config, self.plugins)
 
+    def bucket_options(self, name: str) -> dict[str, Any]:
+        """The fsspec storage options of ``[buckets.<name>]`` in the configuration.
+
+        ``${env:NAME}`` in a value is replaced by that environment variable and
+        masked like any configured secret.
+
+        :raises ConfigError: there is no such table, or a variable is not set.
+        """
+        table = self.config.buckets.get(name)
+        where = self.config.source or "configuration"
+        if table is None:
+            known = ", ".join(f"[buckets.{b}]" for b in sorted(self.config.buckets)) or "none"
+            raise ConfigError(f"{where}: no table [buckets.{name}] (known: {known})")
+        resolved: dict[str, Any] = resolve_env(
+            dict(table), where, f"[buckets.{name}]", self.config.secrets
+        )
+        return resolved
+
     def get_jet(self) -> JetService:
         """The jet service: submit and find jobs."""
         if self._jet is None:

@@ -46,6 +46,9 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], str]]] = {
     "plugins": {
         "disable": ((list,), "a list of plugin names"),
     },
+    # [buckets.<name>]: fsspec storage options of a bucket (``sparkjet apply``'s
+    # ``credentials``); its keys are free-form, only tables are allowed here.
+    "buckets": {},
 }
 
 
@@ -65,6 +68,9 @@ class Config:
     snapshots_signing_key: str | None = None
     plugins_disable: list[str] = field(default_factory=list)
     plugin_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: ``[buckets.<name>]`` tables as written: ``${env:NAME}`` is resolved on use
+    #: (:meth:`~sparkjet.Client.bucket_options`), so an unused one needs no variable set.
+    buckets: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: Where the file part came from (for messages), or None.
     source: str | None = None
     secrets: list[str] = field(default_factory=list, repr=False)
@@ -155,8 +161,13 @@ def _check(data: Mapping[str, Any], where: str) -> None:
         for key, value in table.items():
             spec = _SCHEMA[section].get(key)
             if spec is None:
-                if section == "plugins" and isinstance(value, Mapping):
-                    continue  # [plugins.<name>]: a plugin's own table
+                if section in ("plugins", "buckets") and isinstance(value, Mapping):
+                    continue  # [plugins.<name>], [buckets.<name>]: free-form tables
+                if section == "buckets":
+                    raise ConfigError(
+                        f"{where}: [buckets] {key}: expected a table of storage options "
+                        f"([buckets.{key}]), got {_kind(value)}"
+                    )
                 known = ", ".join(sorted(_SCHEMA[section]))
                 raise ConfigError(
                     f"{where}: unknown key '{key}' in [{section}] (expected one of: {known})"
@@ -258,3 +269,5 @@ def _apply(config: Config, data: Mapping[str, Any], where: str) -> None:
             config.plugins_disable = list(get("plugins", "disable"))
         else:
             config.plugin_options.setdefault(key, {}).update(get("plugins", key))
+    for key, table in data.get("buckets", {}).items():
+        config.buckets.setdefault(key, {}).update(table)
