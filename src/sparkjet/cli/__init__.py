@@ -20,6 +20,8 @@ Commands::
     sparkjet [--config FILE] check-upgrade -s SNAPSHOT FILE.py [ARGS...]
     sparkjet [--config FILE] copy-snapshot NAME --to URL [--as NEW] [-o KEY=VALUE]...
                                            [--to-backend KIND]
+    sparkjet [--config FILE] apply FILE.toml
+    sparkjet [--config FILE] get jobs [-a] | get snapshots [-F]
 
 The configuration is found as ``sparkjet.connect()`` finds it (``--config``,
 ``SPARKJET_CONFIG``, ``./sparkjet.toml``, ``[tool.sparkjet]`` in
