@@ -55,6 +55,12 @@ class JetService:
             raise PipelineDefinitionError(f"submit() takes a JobConfig, got {config!r}")
         validated = plan(pipeline, self.services.plugins, config.processing_guarantee)
         restore = None
+        if config.initial_snapshot_name is not None and not validated.streaming:
+            raise PipelineDefinitionError(
+                f"JobConfig.initial_snapshot_name={config.initial_snapshot_name!r}: only a "
+                "streaming pipeline can start from a snapshot (a batch job keeps no state "
+                "between runs)"
+            )
         if config.initial_snapshot_name is not None:
             # Refused now, never half restored later: the manifest (and its
             # signature), every file's checksum, and the upgrade rules.
