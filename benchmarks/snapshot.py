@@ -122,7 +122,7 @@ def measure(label: str, location: StoreLocation, megabytes: int) -> None:
     snapshot = snapshots.get("bench")
     verify = timed(snapshot.verify)
     target = Checkpoint(store, store.path("jobs", "restored", "checkpoint"))
-    seed = timed(lambda: seed_checkpoint(target, planned, snapshot, lambda source: [0]))
+    seed = timed(lambda: seed_checkpoint(target, planned, snapshot, lambda source: [0], GROUPS))
     restored = target.state(GROUPS).read(STAGE, 0, GROUPS, 0)[0].values
     if len(restored) != sum(s.key_count for s in snapshot.manifest.stages):
         raise SystemExit("the restored state does not hold the exported keys")

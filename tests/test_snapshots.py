@@ -315,3 +315,26 @@ def test_a_signed_snapshot_is_refused_with_the_wrong_key(
         other.get_jet().submit(v2(), config)
     message = str(refused.value)
     assert "s3cr3t-second-7c2" not in message and "s3cr3t-first-9f1" not in message
+
+
+def test_a_restore_that_carries_no_state_keeps_the_jobs_own_key_groups(tmp_path: Any) -> None:
+    """Every stateful stage new: the checkpoint gets the job's key_groups, not the snapshot's."""
+    from sparkjet.core.checkpoint import Checkpoint
+    from sparkjet.core.exports import seed_checkpoint
+    from sparkjet.core.planner import plan
+    from sparkjet.core.plugins import PluginHost
+    from sparkjet.core.snapshots import ManifestFields, SnapshotStore
+    from sparkjet.core.store import Store
+    from sparkjet.testing import StoreLocation
+
+    snapshots = SnapshotStore(StoreLocation(str(tmp_path / "snapshots")).snapshot_backend())
+    snapshots.write("old", ManifestFields(
+        job_id="j", job_name="old", sparkjet_version="x", spark_version="y",
+        pipeline_fingerprint="f", batch_id=3, sources={"clicks": [5, 7]}), [])
+    store = Store(str(tmp_path / "store"))
+    checkpoint = Checkpoint(store, store.path("jobs", "new", "checkpoint"))
+    planned = plan(v2(), PluginHost(), EXACTLY_ONCE)
+    rows = seed_checkpoint(checkpoint, planned, snapshots.get("old"), lambda s: [0, 0], 64)
+    assert {r.status for r in rows} == {"new"}
+    assert checkpoint.written_key_groups() == 64
+    assert checkpoint.commit_record(0)["ends"] == {"clicks": [5, 7]}

@@ -254,11 +254,14 @@ def seed_checkpoint(
     plan: Plan,
     snapshot: Snapshot,
     initial_offsets: Callable[[str], Any],
+    key_groups: int,
 ) -> list[UpgradeRow]:
     """Seed the new job's empty checkpoint from ``snapshot`` (see the module docstring).
 
     ``initial_offsets(source stage name)`` gives a source the snapshot does not
-    know its starting offsets. Every file is checked against the manifest as
+    know its starting offsets. The checkpoint takes the snapshot's number of
+    key groups where a stage is restored (keys were assigned by it), else
+    ``key_groups`` (the new job's own). Every file is checked against the manifest as
     it is copied; a bad one is an error naming it, and the checkpoint then
     holds no commit (the job starts from nothing only if restarted without
     the snapshot). Create-only at the commit record: a second driver seeding
@@ -273,13 +276,13 @@ def seed_checkpoint(
             f"snapshot {manifest.name!r}: its stages are split into different numbers of key "
             f"groups ({sorted(groups)})"
         )
-    key_groups = groups.pop() if groups else None
+    carried = groups.pop() if groups else None
     meta = checkpoint.meta()
     if meta is None:
-        checkpoint.key_groups(key_groups or 1, list(plan.names.values()))
-    elif key_groups is not None and checkpoint.written_key_groups() != key_groups:
+        checkpoint.key_groups(carried or key_groups, list(plan.names.values()))
+    elif carried is not None and checkpoint.written_key_groups() != carried:
         raise SnapshotCorruptedError(
-            f"snapshot {manifest.name!r} holds {key_groups} key groups but checkpoint "
+            f"snapshot {manifest.name!r} holds {carried} key groups but checkpoint "
             f"{checkpoint.root!r} was started with {checkpoint.written_key_groups()}"
         )
     paths = checkpoint.state(checkpoint.written_key_groups() or 1)

@@ -517,6 +517,7 @@ class JobRunner:
             checkpoint, self.plan, snapshot,
             lambda source: sources[source].params["source"].initial_offsets(
                 make(sources[source])),
+            self.job.config.key_groups,
         )
         for row in rows:
             if row.status == "dropped":
