@@ -131,8 +131,12 @@ def test_apply_reads_a_pipeline_url_and_refuses_a_snapshot_of_a_completed_job(
         # (other tests' jobs may still log to stderr in this process: only ERROR lines count)
         err = [line for line in captured.err.splitlines() if line.startswith("ERROR:")]
         assert len(err) == 2, captured.err
-        assert err[0].startswith("ERROR: snapshot 'late': cannot export_snapshot job 'doubler'")
-        assert err[0].endswith("it is a batch job")
+        # Jet's rule: only a RUNNING or SUSPENDED (streaming) job exports a snapshot.
+        assert err[0].startswith("ERROR: snapshot 'late': cannot export a snapshot of job "
+                                 "'doubler'"), err[0]
+        # (refused for its status, COMPLETED, or, were it still RUNNING, as a batch job)
+        assert err[0].endswith(("it is COMPLETED, not RUNNING or SUSPENDED",
+                                "it is a batch job")), err[0]
         assert err[1] == (
             "ERROR: snapshot 'ghost': jobs.toml: [[snapshot]] 'ghost': job: no job named 'nobody'"
         )
