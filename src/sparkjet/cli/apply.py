@@ -18,7 +18,7 @@ from typing import Any
 import fsspec
 
 from sparkjet import Client
-from sparkjet.cli.commands import resume_job
+from sparkjet.cli.commands import job_config, resume_job
 from sparkjet.cli.errors import EXIT_FAILED, EXIT_OK, CliError
 from sparkjet.cli.follow import await_status, follow_all, wait_until
 from sparkjet.cli.loading import load_pipeline
@@ -198,16 +198,9 @@ def _load(spec: JobSpec, client: Client) -> Pipeline:
 
 
 def _config(spec: JobSpec) -> JobConfig:
-    config = JobConfig(name=spec.name, arguments=list(spec.arguments))
-    if spec.processing_guarantee is not None:
-        config.processing_guarantee = spec.processing_guarantee
-    if spec.snapshot_interval_millis is not None:
-        config.snapshot_interval_millis = spec.snapshot_interval_millis
-    if spec.suspend_on_failure:
-        config.suspend_on_failure = True
-    if spec.initial_snapshot is not None:
-        config.initial_snapshot_name = spec.initial_snapshot
-    return config
+    return job_config(spec.name, list(spec.arguments), spec.processing_guarantee,
+                      spec.snapshot_interval_millis, spec.suspend_on_failure,
+                      spec.initial_snapshot)
 
 
 def _suspend(job: Job, client: Client) -> None:

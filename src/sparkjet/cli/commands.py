@@ -26,15 +26,8 @@ def submit(args: argparse.Namespace, client: Client) -> int:
     if job_args[:1] == ["--"]:
         job_args = job_args[1:]
     pipeline = load_pipeline(args.file, job_args)
-    config = JobConfig(name=args.name, arguments=job_args)
-    if args.guarantee is not None:
-        config.processing_guarantee = args.guarantee
-    if args.snapshot_interval is not None:
-        config.snapshot_interval_millis = args.snapshot_interval
-    if args.suspend_on_failure:
-        config.suspend_on_failure = True
-    if args.snapshot is not None:
-        config.initial_snapshot_name = args.snapshot
+    config = job_config(args.name, job_args, args.guarantee, args.snapshot_interval,
+                        args.suspend_on_failure, args.snapshot)
     job = client.get_jet().submit(pipeline, config)
     out(f"Submitted job {job.id}, name: {job.name or 'N/A'}")
     restore = job.get_metrics().get("snapshotRestore") if args.snapshot is not None else None
@@ -45,6 +38,30 @@ def submit(args: argparse.Namespace, client: Client) -> int:
             f"{stages or 'no stateful stages'}"
         )
     return follow(job, client)
+
+
+def job_config(
+    name: str | None,
+    arguments: list[str],
+    guarantee: Any = None,
+    snapshot_interval: int | None = None,
+    suspend_on_failure: bool = False,
+    snapshot: str | None = None,
+) -> JobConfig:
+    """The JobConfig of a job started from the command line (``submit``, ``apply``).
+
+    Options left unset (None) keep JobConfig's defaults.
+    """
+    config = JobConfig(name=name, arguments=arguments)
+    if guarantee is not None:
+        config.processing_guarantee = guarantee
+    if snapshot_interval is not None:
+        config.snapshot_interval_millis = snapshot_interval
+    if suspend_on_failure:
+        config.suspend_on_failure = True
+    if snapshot is not None:
+        config.initial_snapshot_name = snapshot
+    return config
 
 
 def list_jobs(args: argparse.Namespace, client: Client) -> int:
