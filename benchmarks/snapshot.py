@@ -28,8 +28,8 @@ from typing import Any
 
 from sparkjet.aggregate import counting
 from sparkjet.core.checkpoint import Checkpoint, RangeState, task_range
-from sparkjet.core.exports import export_state, seed_checkpoint
-from sparkjet.core.planner import plan
+from sparkjet.core.exports import cut_export, export_state, release_cut, seed_checkpoint
+from sparkjet.core.planner import Plan, plan
 from sparkjet.core.plugins import PluginHost
 from sparkjet.core.snapshots import SnapshotStore
 from sparkjet.job import ProcessingGuarantee
@@ -104,6 +104,16 @@ def timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - started
 
 
+def export(checkpoint: Checkpoint, planned: Plan, snapshots: SnapshotStore) -> None:
+    """What a job's export does: pin the last committed batch, export it, unpin."""
+    cut = cut_export(checkpoint, planned, "bench", "bench")
+    try:
+        export_state(checkpoint, cut, planned, snapshots, "bench", job_id="bench",
+                     job_name=None, versions=("bench", "bench"))
+    finally:
+        release_cut(checkpoint, cut)
+
+
 def measure(label: str, location: StoreLocation, megabytes: int) -> None:
     planned = the_plan()
     store = location.store()
@@ -116,9 +126,7 @@ def measure(label: str, location: StoreLocation, megabytes: int) -> None:
             store.write_bytes(path.replace("/bench/", "/copy/"), store.read_bytes(path))
 
     copy = timed(plain_copy)
-    export = timed(lambda: export_state(
-        checkpoint, planned, snapshots, "bench", job_id="bench", job_name=None,
-        versions=("bench", "bench")))
+    export = timed(lambda: export(checkpoint, planned, snapshots))
     snapshot = snapshots.get("bench")
     verify = timed(snapshot.verify)
     target = Checkpoint(store, store.path("jobs", "restored", "checkpoint"))
@@ -128,9 +136,7 @@ def measure(label: str, location: StoreLocation, megabytes: int) -> None:
         raise SystemExit("the restored state does not hold the exported keys")
     # The same state as a full copy plus 3 changelogs per range: the export folds them.
     add_changelogs(checkpoint, 3)
-    folded = timed(lambda: export_state(
-        checkpoint, planned, snapshots, "bench", job_id="bench", job_name=None,
-        versions=("bench", "bench")))
+    folded = timed(lambda: export(checkpoint, planned, snapshots))
     mb = size / 1e6
     print(f"\n{label}: {mb:,.1f} MB of state, {len(restored):,} keys")
     print(f"{'':34}{'seconds':>9}{'MB/s':>9}{'vs copy':>9}")

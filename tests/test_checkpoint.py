@@ -224,6 +224,45 @@ def test_state_versions_written_and_superseded(store: Store, tmp_path: Path) -> 
     assert paths.read("s", 0, 1, committed=7)[0].values["a"] == ("a", 11)
 
 
+def test_a_pinned_batch_keeps_its_files_until_unpinned(store: Store, tmp_path: Path) -> None:
+    """A snapshot export reads batch 1's state while batches 2 and 3 each write a full copy."""
+    checkpoint = Checkpoint(store, str(tmp_path / "cp"))
+    folder = tmp_path / "cp" / "state" / encode_name("stage", "s")
+
+    def step(paths: StatePaths, batch: int) -> None:
+        versions = paths.versions("s")
+        state = paths.read_chain("s", 0, 1, StatePaths.chain(versions, batch - 1, 0, 1))
+        state.values.update({"a": batch, "b": batch})  # every key: a full copy
+        paths.write("s", 0, 1, batch, state, ["a", "b"], [], versions)
+
+    def batches() -> list[int]:
+        return sorted(int(p.name.split("-")[0]) for p in folder.iterdir())
+
+    paths = checkpoint.state(1)
+    step(paths, 1)
+    token = checkpoint.pin(1)
+    assert json.loads((tmp_path / "cp" / "pins" / f"{token}.json").read_bytes())["batch"] == 1
+    assert checkpoint.pinned() == 1
+    pinned = paths.with_pin(checkpoint.pinned())
+    step(pinned, 2)
+    step(pinned, 3)  # would remove batch 1's copy (3 read 2's), but 1 is pinned
+    assert batches() == [1, 2, 3]
+    assert pinned.with_counted({}).pinned == 1  # the pin survives with_counted
+    assert [v.batch for v in pinned.superseded("s", 3)] == [2]  # nor does gc take 1's
+    assert [v.batch for v in paths.superseded("s", 3)] == [1, 2]
+    assert paths.read_chain("s", 0, 1, StatePaths.chain(paths.versions("s"), 1, 0, 1)
+                            ).values == {"a": 1, "b": 1}
+    checkpoint.unpin(token)
+    assert checkpoint.pinned() == -1
+    step(checkpoint.state(1).with_pin(checkpoint.pinned()), 4)  # unpinned: the old go
+    assert batches() == [3, 4]
+    # A driver starting the job removes the pins of exports that died with theirs.
+    kept, stale = checkpoint.pin(4), checkpoint.pin(3)
+    checkpoint.clear_pins(keep={kept})
+    assert sorted(p.name for p in (tmp_path / "cp" / "pins").iterdir()) == [f"{kept}.json"]
+    assert stale != kept and checkpoint.pinned() == 4
+
+
 def test_state_carries_over_to_another_number_of_tasks(store: Store, tmp_path: Path) -> None:
     groups = 8
     paths = StatePaths(store, str(tmp_path / "state"), key_groups=groups)

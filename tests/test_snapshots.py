@@ -23,6 +23,7 @@ from sparkjet.errors import (
 from sparkjet.job import JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.pipeline import Pipeline, StreamSource
 from sparkjet.plugin import ALL_GUARANTEES, StatefulTransform, hookimpl
+from sparkjet.plugins.snapshots import LocalSnapshotBackend
 from tests.conftest import TEST_SPARK
 from tests.conftest import wait_until as wait_for
 
@@ -338,3 +339,125 @@ def test_a_restore_that_carries_no_state_keeps_the_jobs_own_key_groups(tmp_path:
     assert {r.status for r in rows} == {"new"}
     assert checkpoint.written_key_groups() == 64
     assert checkpoint.commit_record(0)["ends"] == {"clicks": [5, 7]}
+
+
+class GatedSnapshotBackend(LocalSnapshotBackend):
+    """A local folder whose state-file writes wait for the test to open the gate.
+
+    So an export is held mid-way, for as long as the test likes, on the real
+    local backend.
+    """
+
+    kind = "gated"
+    entered = threading.Event()
+    gate = threading.Event()
+
+    def _wait(self) -> None:
+        type(self).entered.set()
+        if not type(self).gate.wait(120):
+            raise TimeoutError("the test never opened the gate")
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        self._wait()
+        super().write_bytes(path, data)
+
+    def write_chunks(self, path: str, chunks: Any) -> None:
+        self._wait()
+        super().write_chunks(path, chunks)
+
+
+class RegistersGated:
+    @hookimpl
+    def register_snapshot_backends(self, register: Any) -> None:
+        register(GatedSnapshotBackend)
+
+
+def test_a_running_job_goes_on_while_its_snapshot_is_exported(
+    store_url: str, tmp_path: Any
+) -> None:
+    """The export reads the cut's state beside the loop; the pin keeps the files it reads.
+
+    Every batch below changes every key, so each writes a full copy and its
+    next batch removes the older files: without the pin, the cut's files
+    would be gone before the held export reads them. And were the export
+    run in the loop, no batch would commit while it is held.
+    """
+    client = sparkjet.connect(store={"url": store_url}, spark=TEST_SPARK,
+                              snapshots={"backend": "gated", "url": str(tmp_path / "snaps")})
+    client.plugins.register(RegistersGated(), "gated-plugin")
+    GatedSnapshotBackend.entered.clear()
+    GatedSnapshotBackend.gate.clear()
+    stream = client.get_stream("clicks", partitions=1)
+    p = Pipeline.create()
+    (p.read_from(StreamSource("clicks")).set_name("clicks")
+     .group_by(lambda x: x % 50).aggregate(counting()).set_name("per-key")
+     .write_to(Pipeline.to_map("counts")))
+    job = start(client, p, "live")
+    result: dict[str, Any] = {}
+
+    def export() -> None:
+        try:
+            result["snapshot"] = job.export_snapshot("live")
+        except BaseException as exc:
+            result["error"] = exc
+
+    try:
+        stream.publish_all(range(100))
+        wait_for(lambda: dict(client.get_map("counts").entry_set()) == oracle(range(100), 50),
+                 what="the first counts")
+        exporter = threading.Thread(target=export)
+        exporter.start()
+        assert GatedSnapshotBackend.entered.wait(60), "the export never began writing"
+        checkpoint = client.store.path("jobs", job.id)
+        pins = client.store.listdir(f"{checkpoint}/checkpoint/pins")
+        assert len(pins) == 1
+        for round_ in range(2, 6):  # each a batch of its own, while the export is held
+            stream.publish_all(range(50))
+            wait_for(lambda r=round_: dict(client.get_map("counts").entry_set()) == {
+                k: r + 1 for k in range(50)}, what=f"batch {round_} during the export")
+        assert job.status is JobStatus.RUNNING and "snapshot" not in result
+        GatedSnapshotBackend.gate.set()
+        exporter.join(60)
+        assert "error" not in result, result.get("error")
+        snapshot = result["snapshot"]
+        # The state of the cut: the first 100 items, not what came during the export.
+        assert snapshot.read_state("per-key") == oracle(range(100), 50)
+        assert client.store.listdir(f"{checkpoint}/checkpoint/pins") == []
+        stream.publish_all(range(50))  # unpinned: the next batches remove the old files
+        wait_for(lambda: dict(client.get_map("counts").entry_set()) == {
+            k: 7 for k in range(50)}, what="a batch after the export")
+    finally:
+        GatedSnapshotBackend.gate.set()
+        stop(job)
+
+
+def test_a_state_file_gone_mid_export_is_named(tmp_path: Any) -> None:
+    """A file of the cut removed under the export (a take-over): named, nothing published."""
+    from sparkjet.core.checkpoint import Checkpoint, RangeState
+    from sparkjet.core.errors import StoreError
+    from sparkjet.core.exports import cut_export, export_state, release_cut
+    from sparkjet.core.planner import plan
+    from sparkjet.core.plugins import PluginHost
+    from sparkjet.core.snapshots import SnapshotStore
+    from sparkjet.core.store import Store
+    from sparkjet.testing import StoreLocation
+
+    store = Store(str(tmp_path / "store"))
+    checkpoint = Checkpoint(store, store.path("jobs", "j", "checkpoint"))
+    checkpoint.key_groups(4, ["clicks-per-user"])
+    paths = checkpoint.state(4)
+    written = paths.write("clicks-per-user", 0, 4, 0, RangeState({1: 1}, {}, []), [1], [], [])
+    checkpoint.write_plan(0, {"batch": 0, "starts": {}, "ends": {"clicks": [3]}, "tasks": 1})
+    checkpoint.write_commit(0, {"ends": {"clicks": [3]}, "state": {
+        "clicks-per-user": {"0-4": written.chain[-1].name}}})
+    snapshots = SnapshotStore(StoreLocation(str(tmp_path / "snapshots")).snapshot_backend())
+    planned = plan(v1(), PluginHost(), EXACTLY_ONCE)
+    cut = cut_export(checkpoint, planned, "gone", "'j'")
+    store.remove(paths.path("clicks-per-user", written.chain[-1]))
+    with pytest.raises(StoreError, match=written.chain[-1].name) as info:
+        export_state(checkpoint, cut, planned, snapshots, "gone", job_id="j", job_name=None,
+                     versions=("x", "y"))
+    assert "removed while it was being exported" in str(info.value)
+    assert not snapshots.exists("gone")
+    release_cut(checkpoint, cut)
+    assert checkpoint.pinned() == -1

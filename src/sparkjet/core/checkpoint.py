@@ -17,6 +17,9 @@ start with ``z``), so attempts never overwrite one another. A commit record's
 ``"state"`` names, per stage and range ``"<lo>-<hi>"``, the file of the
 attempt that counts (``""``: none); other attempts' files of that batch are
 ignored, and removed before the record is (see :meth:`StatePaths.counts`).
+A *pin* names a batch whose state a snapshot export is reading while the job
+goes on: no state file of that batch or an older one is removed while it
+stands (see :meth:`Checkpoint.pin`).
 The layout must stay the last part of this docstring: a docs test reads it.
 
 A key belongs to key group ``stable_hash(key) % key_groups`` (see
@@ -45,6 +48,7 @@ Layout (``jobs/<id>/checkpoint`` in the store; a throw-away
     meta.json              {"format": 4, "key_groups": <n>, "stages": [<names>, sorted]}
     offsets/<batch>.json   the plan (write-ahead): {"batch", "starts", "ends", "time", "tasks"}
     commits/<batch>.json   committed batches: {"ends", "time", "duration_ms", "state"}
+    pins/<token>.json      a snapshot export reading a batch's state: {"batch", "time"}
     state/<stage>/<batch>-<lo>-<hi>-<keys>-<bytes>-<attempt>.state   a full copy of [lo, hi)
     state/<stage>/<batch>-<lo>-<hi>-<keys>-<bytes>-<attempt>.delta   one batch's changelog
 """
@@ -52,6 +56,7 @@ Layout (``jobs/<id>/checkpoint`` in the store; a throw-away
 from __future__ import annotations
 
 import json
+import time
 import uuid
 import zlib
 from typing import Any, NamedTuple
@@ -78,6 +83,7 @@ KEEP_LOG = 10
 _META = "meta.json"
 _OFFSETS = "offsets"
 _COMMITS = "commits"
+_PINS = "pins"
 _STATE = "state"
 _STATE_SUFFIX = ".state"
 _DELTA_SUFFIX = ".delta"
@@ -266,16 +272,24 @@ class StatePaths:
         root: str,
         key_groups: int = DEFAULT_KEY_GROUPS,
         counted: Counted | None = None,
+        pinned: int = -1,
     ) -> None:
         self.store = store
         self.root = root
         self.key_groups = key_groups
         #: The files that count of batches whose commit records are still kept.
         self.counted: Counted = counted or {}
+        #: Files of this batch or older are never removed here: a snapshot
+        #: export is reading that batch's state (-1: none; see :meth:`Checkpoint.pin`).
+        self.pinned = pinned
 
     def with_counted(self, counted: Counted) -> StatePaths:
         """The same layout, knowing which files of recent batches count (see :meth:`counts`)."""
-        return StatePaths(self.store, self.root, self.key_groups, counted)
+        return StatePaths(self.store, self.root, self.key_groups, counted, self.pinned)
+
+    def with_pin(self, pinned: int) -> StatePaths:
+        """The same layout, removing no file of batch ``pinned`` or older (-1: none)."""
+        return StatePaths(self.store, self.root, self.key_groups, self.counted, pinned)
 
     def counts(self, stage: str, version: StateVersion) -> bool:
         """Whether a file counts: its batch's commit record names it, or names nothing.
@@ -445,7 +459,8 @@ class StatePaths:
         was read from), ``changed`` and ``removed`` the keys the batch set and
         dropped, ``existing`` the stage's files as listed before. After
         writing, removes this range's files older than the chain's full copy (a
-        replay of this batch reads only the chain). Never touches a newer
+        replay of this batch reads only the chain), but none of the pinned
+        batch or older (a snapshot export is reading it). Never touches a newer
         batch's file, nor one of this batch (a stray attempt of an old batch
         must not delete what a newer one wrote, and a reader of this batch may
         be reading the other attempt's copy), nor one that other ranges may
@@ -472,7 +487,8 @@ class StatePaths:
         fulls = [v for v in chain if v.full]
         if simple and fulls:
             for version in existing:
-                if version.batch < fulls[0].batch and lo <= version.lo and version.hi <= hi:
+                if (self.pinned < version.batch < fulls[0].batch and lo <= version.lo
+                        and version.hi <= hi):
                     self.store.remove(self.path(stage, version))
         return RangeState(values, touched, [written] if full else [*chain, written])
 
@@ -562,10 +578,14 @@ class StatePaths:
         return sorted(decode_name(e) for e in self.store.listdir(self.root))
 
     def superseded(self, stage: str, committed: int) -> list[StateVersion]:
-        """The stage's files that no key group's state needs as of ``committed`` or later."""
+        """The stage's files that no key group's state needs as of ``committed`` or later.
+
+        None of the pinned batch or older (a snapshot export is reading them).
+        """
         versions = self.versions(stage)
         live = set(self.chain(versions, committed, 0, self.key_groups))
-        return [v for v in versions if v.batch <= committed and v not in live]
+        return [v for v in versions
+                if self.pinned < v.batch <= committed and v not in live]
 
 
 def _apply(
@@ -722,6 +742,39 @@ class Checkpoint:
             if isinstance(record, dict) and isinstance(record.get("state"), dict):
                 out[batch] = record["state"]
         return out
+
+    def pin(self, batch: int) -> str:
+        """Pin ``batch``'s state for a snapshot export; returns the pin's token.
+
+        While the pin stands no state file of ``batch`` or an older one is
+        removed: the job's own state tasks are told so by their driver
+        (:attr:`StatePaths.pinned`), ``sparkjet gc`` reads the pin files. The
+        exporter removes its pin with :meth:`unpin` when done; a driver
+        starting the job removes those a dead one left (:meth:`clear_pins`).
+        """
+        token = uuid.uuid4().hex[:16]
+        self.store.write_bytes(f"{self.root}/{_PINS}/{token}.json", json.dumps(
+            {"batch": batch, "time": int(time.time() * 1000)}).encode())
+        return token
+
+    def unpin(self, token: str) -> None:
+        """Remove the pin :meth:`pin` returned ``token`` for."""
+        self.store.remove(f"{self.root}/{_PINS}/{token}.json")
+
+    def pinned(self) -> int:
+        """The newest batch a pin file names, or -1."""
+        newest = -1
+        for entry in self.store.listdir(f"{self.root}/{_PINS}"):
+            pin = self._json(f"{_PINS}/{entry}") if entry.endswith(".json") else None
+            if isinstance(pin, dict) and isinstance(pin.get("batch"), int):
+                newest = max(newest, pin["batch"])
+        return newest
+
+    def clear_pins(self, keep: set[str] | frozenset[str] = frozenset()) -> None:
+        """Remove every pin but those of ``keep`` (those of exports that died with their driver)."""
+        for entry in self.store.listdir(f"{self.root}/{_PINS}"):
+            if entry.removesuffix(".json") not in keep:
+                self.store.remove(f"{self.root}/{_PINS}/{entry}")
 
     @property
     def state_root(self) -> str:

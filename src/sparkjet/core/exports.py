@@ -29,6 +29,7 @@ run.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
@@ -39,7 +40,12 @@ from typing import Any
 import cloudpickle
 
 from sparkjet.core.checkpoint import Checkpoint, StatePaths, StateVersion, task_range
-from sparkjet.core.errors import JobStateError, SnapshotCorruptedError, StateIncompatibleError
+from sparkjet.core.errors import (
+    JobStateError,
+    SnapshotCorruptedError,
+    StateIncompatibleError,
+    StoreError,
+)
 from sparkjet.core.graph import KEYED, OpKind, Transform
 from sparkjet.core.planner import Plan
 from sparkjet.core.snapshots import (
@@ -53,10 +59,13 @@ from sparkjet.core.snapshots import (
 )
 
 __all__ = [
+    "ExportCut",
     "UpgradeRow",
     "check_upgrade",
+    "cut_export",
     "export_state",
     "pipeline_fingerprint",
+    "release_cut",
     "require_compatible",
     "seed_checkpoint",
     "state_signature",
@@ -162,8 +171,61 @@ def require_compatible(plan: Plan, manifest: Manifest) -> list[UpgradeRow]:
     return rows
 
 
+@dataclass(frozen=True)
+class ExportCut:
+    """The batch a snapshot export reads, pinned (see :meth:`Checkpoint.pin`)."""
+
+    batch: int
+    #: The sources' offsets at the end of the batch.
+    ends: dict[str, Any]
+    #: The state tasks the batch ran (its ranges of key groups are the snapshot's files).
+    tasks: int
+    key_groups: int
+    #: Per stateful stage, per range ``(lo, hi)``: the files its state as of
+    #: the batch is made of, listed when the cut was taken.
+    chains: dict[str, dict[tuple[int, int], list[StateVersion]]]
+    #: The pin's token, for :func:`release_cut`.
+    pin: str
+
+
+def cut_export(checkpoint: Checkpoint, plan: Plan, name: str, job: str) -> ExportCut:
+    """Pin the checkpoint's last committed batch for exporting snapshot ``name`` of ``job``.
+
+    Called where no batch runs (between two, or with the job suspended): it
+    lists the files each range's state is made of (one listing per stateful
+    stage) and pins the batch, so no batch after it removes them and the job
+    may go on while :func:`export_state` reads them. Release with
+    :func:`release_cut`.
+    """
+    batch = checkpoint.last_commit()
+    if batch < 0:
+        raise JobStateError(
+            f"cannot export snapshot {name!r} of job {job}: it has not committed a "
+            "micro-batch yet"
+        )
+    record = checkpoint.commit_record(batch)
+    groups = checkpoint.written_key_groups()
+    assert groups is not None
+    planned = checkpoint.planned(batch) or {}
+    tasks = max(1, min(int(planned.get("tasks", groups)), groups))
+    paths = checkpoint.state(groups).with_counted(checkpoint.counted())
+    ranges = [task_range(t, tasks, groups) for t in range(tasks)]
+    chains = {}
+    for stage in stateful_stages(plan):
+        listed = paths.versions(stage)
+        chains[stage] = {(lo, hi): StatePaths.chain(listed, batch, lo, hi) for lo, hi in ranges}
+    pin = checkpoint.pin(batch)
+    return ExportCut(batch, dict(record["ends"]), tasks, groups, chains, pin)
+
+
+def release_cut(checkpoint: Checkpoint, cut: ExportCut) -> None:
+    """The export of ``cut`` is done (or failed): its state files may go again."""
+    checkpoint.unpin(cut.pin)
+
+
 def export_state(
     checkpoint: Checkpoint,
+    cut: ExportCut,
     plan: Plan,
     snapshots: SnapshotStore,
     name: str,
@@ -172,33 +234,21 @@ def export_state(
     job_name: str | None,
     versions: tuple[str, str],
 ) -> Manifest:
-    """Export the checkpoint's last committed batch as snapshot ``name``.
+    """Export the state of ``cut``'s batch as snapshot ``name``.
 
-    Nothing may write the checkpoint meanwhile: the job's own micro-batch loop
-    calls this between batches, or the job is suspended. Reads each stage's
-    state range by range (the ranges the batch's tasks owned), so the driver
-    holds one range at a time. ``versions`` are sparkjet's and Spark's.
+    The job may run meanwhile: the cut's pin keeps the files it listed.
+    Reads each stage's state range by range (the ranges the batch's tasks
+    owned), so the driver holds one range at a time. ``versions`` are
+    sparkjet's and Spark's.
     """
-    batch = checkpoint.last_commit()
-    if batch < 0:
-        raise JobStateError(
-            f"cannot export snapshot {name!r} of job {job_name or job_id!r}: it has not "
-            "committed a micro-batch yet"
-        )
-    record = checkpoint.commit_record(batch)
-    groups = checkpoint.written_key_groups()
-    assert groups is not None
-    paths: StatePaths = checkpoint.state(groups).with_counted(checkpoint.counted())
-    planned = checkpoint.planned(batch) or {}
-    tasks = max(1, min(int(planned.get("tasks", groups)), groups))
-    ranges = [task_range(t, tasks, groups) for t in range(tasks)]
+    batch, groups = cut.batch, cut.key_groups
+    paths: StatePaths = checkpoint.state(groups).with_pin(batch)
     stages = []
     files: list[tuple[str, _Lazy]] = []
     for stage, node in stateful_stages(plan).items():
         stage_files = []
         total = 0
-        for lo, hi in ranges:
-            chain = StatePaths.chain(paths.versions(stage, lo, hi), batch, lo, hi)
+        for (lo, hi), chain in cut.chains[stage].items():
             read = _Lazy(paths, stage, lo, hi, batch, chain)
             if chain and all((v.lo, v.hi) == (lo, hi) for v in chain):
                 keys = chain[-1].keys  # the key count the range's newest file names
@@ -213,7 +263,7 @@ def export_state(
     fields = ManifestFields(
         job_id=job_id, job_name=job_name, sparkjet_version=versions[0],
         spark_version=versions[1], pipeline_fingerprint=pipeline_fingerprint(plan),
-        batch_id=batch, sources=dict(record["ends"]), stages=stages,
+        batch_id=batch, sources=dict(cut.ends), stages=stages,
     )
     return snapshots.write(name, fields, files)
 
@@ -232,9 +282,25 @@ class _Lazy:
         self.chain = chain
 
     def _state(self) -> tuple[int, bytes]:
-        state = self.paths.read_chain(self.stage, self.lo, self.hi, self.chain)
+        with self._gone():
+            state = self.paths.read_chain(self.stage, self.lo, self.hi, self.chain)
         data = cloudpickle.dumps({"values": state.values, "touched": state.touched})
         return len(state.values), data
+
+    @contextlib.contextmanager
+    def _gone(self) -> Iterator[None]:
+        """A chain's file missing: say which, and why it can be (never a bare ENOENT)."""
+        try:
+            yield
+        except FileNotFoundError as exc:
+            missing = next((self.paths.path(self.stage, v) for v in self.chain
+                            if not self.paths.store.exists(self.paths.path(self.stage, v))),
+                           str(exc))
+            raise StoreError(self.paths.store.redact(
+                f"stage {self.stage!r}: state file {missing!r} of batch {self.batch}'s state "
+                "was removed while it was being exported (the checkpoint was deleted, or "
+                "another driver took the job over); export the snapshot again"
+            )) from None
 
     def keys(self) -> int:
         return self._state()[0]
@@ -244,7 +310,9 @@ class _Lazy:
                 self.chain[0].lo, self.chain[0].hi) == (self.lo, self.hi):
             # One full copy of exactly this range: the snapshot's file is that
             # file, byte for byte (the formats are the same); no unpickling.
-            yield self.paths.store.read_bytes(self.paths.path(self.stage, self.chain[0]))
+            with self._gone():
+                data = self.paths.store.read_bytes(self.paths.path(self.stage, self.chain[0]))
+            yield data
             return
         yield self._state()[1]
 

@@ -187,7 +187,8 @@ class _Collector:
             return
         if groups is None or committed < 0:
             return
-        paths = checkpoint.state(groups)
+        # A snapshot export reading a batch's state pins it: none of its files go.
+        paths = checkpoint.state(groups).with_pin(checkpoint.pinned())
         for stage in paths.stages():
             for version in paths.superseded(stage, committed):
                 path = paths.path(stage, version)

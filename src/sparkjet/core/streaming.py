@@ -93,6 +93,7 @@ class StreamLoop:
         on_batch: Callable[[], None] = lambda: None,
         fence: Callable[[], None] = lambda: None,
         key_groups: int = DEFAULT_KEY_GROUPS,
+        pinned: Callable[[], int] = lambda: -1,
     ) -> None:
         self.plan = plan
         self.engine = engine
@@ -110,6 +111,9 @@ class StreamLoop:
         self.sources = [n for n in plan.nodes if n.op == "source"]
         #: Key groups of a new checkpoint (an existing one keeps its own).
         self.key_groups = key_groups
+        #: The newest batch a snapshot export is reading (-1: none): asked
+        #: before every batch, whose state tasks then remove none of its files.
+        self.pinned = pinned
 
     def run(self) -> StopReason:
         groups = self.checkpoint.key_groups(self.key_groups, list(self.plan.names.values()))
@@ -159,7 +163,8 @@ class StreamLoop:
                 },
                 # A plan written before the number of tasks was planned ran
                 # one task per shard (key group).
-                state=state.with_counted(counted), tasks=int(planned.get("tasks", groups)),
+                state=state.with_counted(counted).with_pin(self.pinned()),
+                tasks=int(planned.get("tasks", groups)),
                 now_ms=int(planned["time"]),
                 on_commit=self.fence,
             )

@@ -28,7 +28,13 @@ from sparkjet.core.errors import (
     JobFencedError,
     JobStateError,
 )
-from sparkjet.core.exports import export_state, seed_checkpoint
+from sparkjet.core.exports import (
+    ExportCut,
+    cut_export,
+    export_state,
+    release_cut,
+    seed_checkpoint,
+)
 from sparkjet.core.graph import Transform
 from sparkjet.core.jobs.lifecycle import (
     Action,
@@ -128,6 +134,10 @@ class JobRunner:
         self.thread: threading.Thread | None = None
         self._exports: list[ExportRequest] = []
         self._exports_lock = threading.Lock()
+        #: Exports reading beside the loop: their threads, and their pins
+        #: (token: batch), which every batch's state tasks are told of.
+        self._export_threads: list[threading.Thread] = []
+        self._pins: dict[str, int] = {}
         self.watcher = threading.Thread(
             target=self._watch, name=f"sparkjet-watch-{job.id}", daemon=True
         )
@@ -394,10 +404,11 @@ class JobRunner:
     def export_snapshot(self, name: str, cancel_job: bool = False) -> Manifest:
         """Export the job's state as snapshot ``name``; then cancel it with ``cancel_job``.
 
-        A running job exports between two micro-batches, in its loop (the
-        state of its last committed batch; its batches wait for the export).
-        A suspended one exports here, its status SUSPENDED_EXPORTING_SNAPSHOT
-        meanwhile.
+        A running job takes the cut between two micro-batches: it pins its
+        last committed batch's state and goes on running while a thread of
+        its own exports that state (with ``cancel_job`` the job runs no
+        batch after the cut: it exports, then ends). A suspended one exports
+        here, its status SUSPENDED_EXPORTING_SNAPSHOT meanwhile.
         """
         self._check(Action.EXPORT_SNAPSHOT)
         manifest = self._export_parked(name, cancel_job)
@@ -432,36 +443,88 @@ class JobRunner:
                 return None
             self.set_status(JobStatus.SUSPENDED_EXPORTING_SNAPSHOT)
         try:
-            manifest = self._export(name)
+            self.lease.check_fence()
+            checkpoint = self._checkpoint()
+            cut = cut_export(checkpoint, self.plan, name, self.job.label)
+            manifest = self._export_cut(checkpoint, cut, name)
         finally:
             self.set_status(JobStatus.SUSPENDED)
         if cancel_job:
             self.cancel()
         return manifest
 
-    def _export(self, name: str) -> Manifest:
-        self.lease.check_fence()
-        return export_state(
-            self._checkpoint(), self.plan, self.services.snapshots(), name,
-            job_id=self.job.id, job_name=self.job.name,
-            versions=(_sparkjet_version(), self.services.engine.version()),
-        )
+    def _export_cut(self, checkpoint: Checkpoint, cut: ExportCut, name: str) -> Manifest:
+        """Export ``cut`` as snapshot ``name`` (its pin told to every batch meanwhile)."""
+        with self._exports_lock:
+            self._pins[cut.pin] = cut.batch
+        try:
+            return export_state(
+                checkpoint, cut, self.plan, self.services.snapshots(), name,
+                job_id=self.job.id, job_name=self.job.name,
+                versions=(_sparkjet_version(), self.services.engine.version()),
+            )
+        finally:
+            try:
+                release_cut(checkpoint, cut)
+            except Exception:  # the driver that next starts the job removes it
+                log.exception("job %s: removing the pin of snapshot %r's export failed",
+                              self.job.label, name)
+            with self._exports_lock:
+                del self._pins[cut.pin]
+
+    def _pinned(self) -> int:
+        """The newest batch an export of this runner is reading, or -1."""
+        with self._exports_lock:
+            return max(self._pins.values(), default=-1)
 
     def _serve_exports(self) -> None:
-        """Carry out the exports asked meanwhile (the loop thread, between two batches)."""
+        """Take the cuts of the exports asked meanwhile (the loop thread, between two batches).
+
+        Each is exported by a thread of its own while the loop goes on; one
+        with ``cancel_job`` is exported here and the job then ends, so no
+        batch after the cut runs (its output would come again from a job
+        started from the snapshot).
+        """
         with self._exports_lock:
             pending, self._exports = self._exports, []
         for request in pending:
             try:
-                request.manifest = self._export(request.name)
-                log.info("job %s: exported snapshot %r at batch %d", self.job.label,
-                         request.name, request.manifest.batch_id)
+                self.lease.check_fence()
+                checkpoint = self._checkpoint()
+                cut = cut_export(checkpoint, self.plan, request.name, self.job.label)
             except Exception as exc:
                 request.error = exc
-            finally:
                 request.done.set()
-            if request.cancel_job and request.error is None:
-                self.cancel_requested.set()
+                continue
+            if request.cancel_job:
+                self._export_request(request, checkpoint, cut)
+                if request.error is None:
+                    self.cancel_requested.set()
+                continue
+            with self._exports_lock:
+                self._pins[cut.pin] = cut.batch  # before the next batch is planned
+            thread = threading.Thread(
+                target=self._export_request, args=(request, checkpoint, cut), daemon=True,
+                name=f"sparkjet-export-{self.job.id}")
+            self._export_threads.append(thread)
+            thread.start()
+
+    def _export_request(self, request: ExportRequest, checkpoint: Checkpoint,
+                        cut: ExportCut) -> None:
+        try:
+            request.manifest = self._export_cut(checkpoint, cut, request.name)
+            log.info("job %s: exported snapshot %r at batch %d", self.job.label,
+                     request.name, cut.batch)
+        except Exception as exc:
+            request.error = exc
+        finally:
+            request.done.set()
+
+    def _join_exports(self) -> None:
+        """Wait for the exports running beside the loop (it stopped: nothing writes now)."""
+        threads, self._export_threads = self._export_threads, []
+        for thread in threads:
+            thread.join()
 
     def _fail_exports(self, why: str) -> None:
         with self._exports_lock:
@@ -530,7 +593,11 @@ class JobRunner:
 
     def _run_stream(self) -> StopReason:
         config = self.job.config
-        self._seed(self._checkpoint())
+        checkpoint = self._checkpoint()
+        self._seed(checkpoint)
+        with self._exports_lock:
+            mine = set(self._pins)  # a suspended job's export may still be reading
+        checkpoint.clear_pins(keep=mine)  # those of exports that died with their driver
         while True:
             guarantee = config.processing_guarantee
             trigger = 0.0 if guarantee is ProcessingGuarantee.NONE else (
@@ -549,12 +616,17 @@ class JobRunner:
                 on_batch=self._after_batch,
                 fence=self.lease.check_fence,
                 key_groups=config.key_groups,
+                pinned=self._pinned,
             )
-            reason = loop.run()
+            try:
+                reason = loop.run()
+            finally:
+                self._join_exports()
             if reason is StopReason.CANCEL:
                 self._fail_exports(f"job {self.job.label} was cancelled")
             else:
                 self._serve_exports()  # asked as the loop stopped: its state is as it was
+                self._join_exports()
             if reason is StopReason.CANCEL:
                 raise JobCancelledError(f"job {self.job.label} was cancelled")
             if reason is not StopReason.RESTART:
