@@ -12,19 +12,35 @@ fsspec (read whole, write whole), the bytes an export must move at least.
 Run on a local folder and, with ``--s3``, on moto's S3 server on 127.0.0.1.
 Printed: seconds, MB/s, and each against the plain copy.
 
-The throughput cost of running with periodic snapshots (every committed
-micro-batch is one) is ``stream_rolling.py --interval-ms 1000``: EXACTLY_ONCE
-beside NONE in one process.
+Then, on a real Spark session (``--master``; skip with ``--no-jobs``):
+
+- **A running job's export**: a streaming job holding ``--live-mb`` of keyed
+  state while a producer keeps publishing; the gaps between its committed
+  micro-batches before and during ``job.export_snapshot()``. The export
+  runs beside the micro-batch loop, so the longest gap during it is set
+  against the export's own time (what the job would have waited had the
+  export run in its loop).
+- **The throughput cost of periodic snapshots**: events per second through
+  a rolling count with EXACTLY_ONCE and ``snapshot_interval_millis=1000``
+  (every committed micro-batch is a snapshot) against NONE, in the same
+  process.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
+import random
+import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from _harness import connect
 
 from sparkjet.aggregate import counting
 from sparkjet.core.checkpoint import Checkpoint, RangeState, task_range
@@ -32,7 +48,8 @@ from sparkjet.core.exports import cut_export, export_state, release_cut, seed_ch
 from sparkjet.core.planner import Plan, plan
 from sparkjet.core.plugins import PluginHost
 from sparkjet.core.snapshots import SnapshotStore
-from sparkjet.job import ProcessingGuarantee
+from sparkjet.errors import JobCancelledError
+from sparkjet.job import JobConfig, ProcessingGuarantee
 from sparkjet.pipeline import Pipeline, StreamSource
 from sparkjet.testing import StoreLocation
 
@@ -43,6 +60,14 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes-mb", default="10,100", help="comma-separated MB of state")
     parser.add_argument("--s3", action="store_true", help="also on moto's S3 server")
+    parser.add_argument("--no-jobs", action="store_true",
+                        help="skip the running-job parts (export while running, throughput)")
+    parser.add_argument("--live-mb", type=int, default=100,
+                        help="MB of state of the running job exported")
+    parser.add_argument("-n", type=int, default=1_000_000,
+                        help="events in each throughput run")
+    parser.add_argument("--repeat", type=int, default=2, help="throughput runs per guarantee")
+    parser.add_argument("--master", default="local[2]", help="Spark master")
     return parser.parse_args()
 
 
@@ -104,7 +129,7 @@ def timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - started
 
 
-def export(checkpoint: Checkpoint, planned: Plan, snapshots: SnapshotStore) -> None:
+def export_cut(checkpoint: Checkpoint, planned: Plan, snapshots: SnapshotStore) -> None:
     """What a job's export does: pin the last committed batch, export it, unpin."""
     cut = cut_export(checkpoint, planned, "bench", "bench")
     try:
@@ -126,7 +151,7 @@ def measure(label: str, location: StoreLocation, megabytes: int) -> None:
             store.write_bytes(path.replace("/bench/", "/copy/"), store.read_bytes(path))
 
     copy = timed(plain_copy)
-    export = timed(lambda: export(checkpoint, planned, snapshots))
+    export = timed(lambda: export_cut(checkpoint, planned, snapshots))
     snapshot = snapshots.get("bench")
     verify = timed(snapshot.verify)
     target = Checkpoint(store, store.path("jobs", "restored", "checkpoint"))
@@ -136,7 +161,7 @@ def measure(label: str, location: StoreLocation, megabytes: int) -> None:
         raise SystemExit("the restored state does not hold the exported keys")
     # The same state as a full copy plus 3 changelogs per range: the export folds them.
     add_changelogs(checkpoint, 3)
-    folded = timed(lambda: export(checkpoint, planned, snapshots))
+    folded = timed(lambda: export_cut(checkpoint, planned, snapshots))
     mb = size / 1e6
     print(f"\n{label}: {mb:,.1f} MB of state, {len(restored):,} keys")
     print(f"{'':34}{'seconds':>9}{'MB/s':>9}{'vs copy':>9}")
@@ -147,6 +172,141 @@ def measure(label: str, location: StoreLocation, megabytes: int) -> None:
                           ("restore: seed the checkpoint", seed),
                           ("restore: both", verify + seed)):
         print(f"{name:34}{seconds:>9.2f}{mb / seconds:>9.1f}{seconds / copy:>8.2f}x")
+
+
+def commits_of(job: Any, stop: threading.Event, seen: list[tuple[float, int]]) -> None:
+    """Record (time, batch) whenever ``job`` commits a new micro-batch, polling every 5 ms."""
+    last = -2
+    while not stop.is_set():
+        batch = job.get_metrics().get("lastCommittedBatch", -1)
+        if batch != last:
+            seen.append((time.monotonic(), batch))
+            last = batch
+        time.sleep(0.005)
+
+
+def gaps(seen: list[tuple[float, int]], start: float, end: float) -> list[float]:
+    """Seconds between consecutive commits seen in [start, end], and up to the first after."""
+    times = [t for t, _ in seen]
+    inside = [t for t in times if start <= t <= end]
+    after = [t for t in times if t > end][:1]
+    before = [t for t in times if t < start][-1:]
+    points = before + inside + after
+    return [b - a for a, b in itertools.pairwise(points)]
+
+
+def running_export(client: Any, megabytes: int) -> None:
+    """A running job's batches while it exports ``megabytes`` of state (see the docstring)."""
+    keys = megabytes * 1_000_000 // 30  # a counting() entry pickles to about 30 bytes
+    stream = client.get_stream("live", partitions=2)
+    p = Pipeline.create()
+    (p.read_from(StreamSource("live")).set_name("live").group_by(lambda e: e)
+     .aggregate(counting()).set_name(STAGE).filter(lambda kv: False)
+     .write_to(Pipeline.to_list("nothing")))
+    config = JobConfig(name="live", processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
+                       snapshot_interval_millis=200, key_groups=GROUPS)
+    job = client.get_jet().submit(p, config)
+    step = 500_000
+    for start in range(0, keys, step):
+        stream.publish_all(f"u{i:011d}" for i in range(start, min(keys, start + step)))
+
+    def held() -> int:
+        stage = job.get_metrics().get("stages", {}).get(STAGE, {})
+        return int(stage.get("snapshotKeys", 0))
+
+    deadline = time.monotonic() + 600
+    while held() < keys:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the job holds {held()} keys of {keys} after 600 s")
+        time.sleep(0.2)
+    stop = threading.Event()
+    rng = random.Random(7)
+
+    def produce() -> None:  # 2,000 events every 100 ms on keys the state holds
+        while not stop.is_set():
+            stream.publish_all(f"u{rng.randrange(keys):011d}" for _ in range(2_000))
+            time.sleep(0.1)
+
+    seen: list[tuple[float, int]] = []
+    threads = [threading.Thread(target=produce), threading.Thread(
+        target=commits_of, args=(job, stop, seen))]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(6)  # changelogs pile up in every range: the export has them to fold
+        began = time.monotonic()
+        snapshot = job.export_snapshot("live")
+        ended = time.monotonic()
+        time.sleep(2)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+        job.cancel()
+        with contextlib.suppress(JobCancelledError):
+            job.join(timeout=120)
+    before = gaps(seen, began - 5, began)
+    during = gaps(seen, began, ended)
+    export = ended - began
+    print(f"\nrunning job, EXACTLY_ONCE, 200 ms trigger, {snapshot.payload_size / 1e6:,.1f} MB "
+          f"of state ({held_keys(snapshot):,} keys), a producer publishing meanwhile")
+    print(f"  export_snapshot() took           {export:>7.2f} s "
+          f"({snapshot.payload_size / 1e6 / export:,.1f} MB/s)")
+    print(f"  batches committed during it      {max(0, len(during) - 1):>7d}")
+    print(f"  median gap between batches before {statistics.median(before):>6.2f} s")
+    print(f"  longest gap during the export     {max(during):>6.2f} s "
+          f"({max(during) / export:.2f}x the export's time, which an export in the loop "
+          "would have paused the job for)")
+
+
+def held_keys(snapshot: Any) -> int:
+    return sum(s.key_count for s in snapshot.manifest.stages)
+
+
+def rate(client: Any, guarantee: ProcessingGuarantee, n: int, tag: str) -> float:
+    """Events per second through a rolling count of 10,000 keys, from publish to committed."""
+    stream = client.get_stream(f"rate-{tag}", partitions=2)
+    p = Pipeline.create()
+    (p.read_from(StreamSource(f"rate-{tag}")).set_name("events").group_by(lambda e: e % 10_000)
+     .aggregate(counting()).set_name(STAGE).write_to(Pipeline.to_map(f"counts-{tag}")))
+    config = JobConfig(name=f"rate-{tag}", processing_guarantee=guarantee,
+                       snapshot_interval_millis=1000)
+    job = client.get_jet().submit(p, config)
+
+    def received() -> int:
+        return int(job.get_metrics().get("stages", {}).get(STAGE, {}).get("receivedCount", 0))
+
+    def wait(total: int) -> None:
+        deadline = time.monotonic() + 600
+        while received() < total:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{tag}: {received()} of {total} events after 600 s")
+            time.sleep(0.01)
+
+    try:
+        stream.publish_all(range(20_000))  # warm-up
+        wait(20_000)
+        started = time.perf_counter()
+        for chunk in range(20):
+            stream.publish_all(range(chunk * n // 20, (chunk + 1) * n // 20))
+        wait(20_000 + n)
+        return n / (time.perf_counter() - started)
+    finally:
+        job.cancel()
+        with contextlib.suppress(JobCancelledError):
+            job.join(timeout=120)
+
+
+def snapshot_cost(client: Any, n: int, repeat: int) -> None:
+    """Best of ``repeat`` runs each: EXACTLY_ONCE with a snapshot every second, and NONE."""
+    none, exactly = 0.0, 0.0
+    for run in range(repeat):
+        none = max(none, rate(client, ProcessingGuarantee.NONE, n, f"none-{run}"))
+        exactly = max(exactly, rate(client, ProcessingGuarantee.EXACTLY_ONCE, n, f"eo-{run}"))
+    print(f"\nperiodic snapshots: {n:,} events, rolling count of 10,000 keys, best of {repeat}")
+    print(f"  NONE (no snapshots)                      {none:>12,.0f} events/s")
+    print(f"  EXACTLY_ONCE, a snapshot every 1,000 ms  {exactly:>12,.0f} events/s "
+          f"({exactly / none:.2f}x NONE)")
 
 
 def main() -> None:
@@ -162,6 +322,10 @@ def main() -> None:
             with moto_s3_server(Path(workdir)) as location:
                 for megabytes in sizes:
                     measure("S3 (moto on 127.0.0.1)", location.fresh(), megabytes)
+    if not args.no_jobs:
+        client = connect(args.master)
+        running_export(client, args.live_mb)
+        snapshot_cost(client, args.n, args.repeat)
 
 
 if __name__ == "__main__":

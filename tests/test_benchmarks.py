@@ -27,7 +27,11 @@ RUNS = {
         ["sparkjet", "native", "S3", "targets:"],
     ),
     "commit_log": (["--commits", "150", "--s3"], ["folded", "never folded", "plain Python"]),
-    "snapshot": (["--sizes-mb", "1", "--s3"], ["fsspec copy", "export:", "restore: both"]),
+    "snapshot": (
+        ["--sizes-mb", "1", "--s3", "--live-mb", "1", "-n", "20000", "--repeat", "1"],
+        ["fsspec copy", "export:", "restore: both", "longest gap during the export",
+         "a snapshot every 1,000 ms"],
+    ),
     "state_scaling": (
         ["--sizes", "100,2000", "--probes", "2", "--increment", "20"],
         ["sparkjet", "native", "vs smallest", "targets:"],

@@ -300,11 +300,13 @@ class Job:
 
         A consistent cut at the job's last committed micro-batch: every
         stateful stage's state by key group, and every source's offsets. A
-        RUNNING job goes on (its micro-batches wait while the state is
-        written); a SUSPENDED one reads SUSPENDED_EXPORTING_SNAPSHOT meanwhile.
+        RUNNING job goes on running its micro-batches while the state of the
+        cut is written (the cut's files are pinned meanwhile); a SUSPENDED
+        one reads SUSPENDED_EXPORTING_SNAPSHOT meanwhile.
         A snapshot of the same name is replaced once the new one is complete.
-        With ``cancel_job`` the job is cancelled after the export (its
-        checkpoint is deleted; the snapshot stays).
+        With ``cancel_job`` the job runs no batch after the cut and is
+        cancelled after the export (its checkpoint is deleted; the snapshot
+        stays).
 
         :raises JobStateError: the job is neither RUNNING nor SUSPENDED, is a
             batch job, or has not committed a micro-batch yet.
