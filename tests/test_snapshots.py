@@ -461,3 +461,27 @@ def test_a_state_file_gone_mid_export_is_named(tmp_path: Any) -> None:
     assert not snapshots.exists("gone")
     release_cut(checkpoint, cut)
     assert checkpoint.pinned() == -1
+
+
+def test_a_job_that_has_committed_no_batch_exports_its_empty_state(client: Any) -> None:
+    """Like Jet, a RUNNING job exports at once; the snapshot starts where its first batch would."""
+    stream = client.get_stream("clicks", partitions=2)
+    job = start(client, v1(), "clicks")
+    try:
+        snapshot = job.cancel_and_export_snapshot("at-start")
+        with pytest.raises(JobCancelledError):
+            job.join(timeout=60)
+    finally:
+        stop(job)
+    assert snapshot.manifest.batch_id == -1
+    assert {s.name: s.key_count for s in snapshot.manifest.stages} == {
+        "clicks-per-user": 0, "uniq": 0}
+    assert snapshot.manifest.sources == {"clicks": [0, 0]}
+    stream.publish_all(range(40))  # after the cut: the job started from it reads them all
+    job2 = start(client, v2(), "clicks-v2", snapshot="at-start")
+    try:
+        wait_for(lambda: dict(client.get_map("counts").entry_set()) == oracle(range(40), 10),
+                 what="counts from the empty snapshot")
+        assert job2.get_metrics()["snapshotRestore"]["stages"]["clicks-per-user"] == "restored"
+    finally:
+        stop(job2)

@@ -47,6 +47,7 @@ from sparkjet.core.errors import (
     StoreError,
 )
 from sparkjet.core.graph import KEYED, OpKind, Transform
+from sparkjet.core.model import DEFAULT_KEY_GROUPS
 from sparkjet.core.planner import Plan
 from sparkjet.core.snapshots import (
     Manifest,
@@ -175,6 +176,7 @@ def require_compatible(plan: Plan, manifest: Manifest) -> list[UpgradeRow]:
 class ExportCut:
     """The batch a snapshot export reads, pinned (see :meth:`Checkpoint.pin`)."""
 
+    #: The batch (-1: before the job's first; its state is empty).
     batch: int
     #: The sources' offsets at the end of the batch.
     ends: dict[str, Any]
@@ -184,11 +186,18 @@ class ExportCut:
     #: Per stateful stage, per range ``(lo, hi)``: the files its state as of
     #: the batch is made of, listed when the cut was taken.
     chains: dict[str, dict[tuple[int, int], list[StateVersion]]]
-    #: The pin's token, for :func:`release_cut`.
+    #: The pin's token, for :func:`release_cut` ("": nothing pinned).
     pin: str
 
 
-def cut_export(checkpoint: Checkpoint, plan: Plan, name: str, job: str) -> ExportCut:
+def cut_export(
+    checkpoint: Checkpoint,
+    plan: Plan,
+    name: str,
+    job: str,
+    before_first: Callable[[], dict[str, Any]] | None = None,
+    key_groups: int = DEFAULT_KEY_GROUPS,
+) -> ExportCut:
     """Pin the checkpoint's last committed batch for exporting snapshot ``name`` of ``job``.
 
     Called where no batch runs (between two, or with the job suspended): it
@@ -196,13 +205,22 @@ def cut_export(checkpoint: Checkpoint, plan: Plan, name: str, job: str) -> Expor
     stage) and pins the batch, so no batch after it removes them and the job
     may go on while :func:`export_state` reads them. Release with
     :func:`release_cut`.
+
+    A job that has not committed a batch yet has empty state: its cut is
+    batch -1, at the offsets ``before_first()`` gives (where its first batch
+    starts), with the checkpoint's key groups or ``key_groups``. Without
+    ``before_first`` that is refused.
     """
     batch = checkpoint.last_commit()
     if batch < 0:
-        raise JobStateError(
-            f"cannot export snapshot {name!r} of job {job}: it has not committed a "
-            "micro-batch yet"
-        )
+        if before_first is None:
+            raise JobStateError(
+                f"cannot export snapshot {name!r} of job {job}: it has not committed a "
+                "micro-batch yet"
+            )
+        return ExportCut(-1, dict(before_first()), 1,
+                         checkpoint.written_key_groups() or key_groups,
+                         {stage: {} for stage in stateful_stages(plan)}, "")
     record = checkpoint.commit_record(batch)
     groups = checkpoint.written_key_groups()
     assert groups is not None
@@ -220,7 +238,8 @@ def cut_export(checkpoint: Checkpoint, plan: Plan, name: str, job: str) -> Expor
 
 def release_cut(checkpoint: Checkpoint, cut: ExportCut) -> None:
     """The export of ``cut`` is done (or failed): its state files may go again."""
-    checkpoint.unpin(cut.pin)
+    if cut.pin:
+        checkpoint.unpin(cut.pin)
 
 
 def export_state(

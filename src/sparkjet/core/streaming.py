@@ -114,6 +114,9 @@ class StreamLoop:
         #: The newest batch a snapshot export is reading (-1: none): asked
         #: before every batch, whose state tasks then remove none of its files.
         self.pinned = pinned
+        #: The sources' offsets the loop goes on from: the end offsets of its
+        #: last committed batch (before the first, where it started).
+        self.ends: dict[str, Any] = {}
 
     def run(self) -> StopReason:
         groups = self.checkpoint.key_groups(self.key_groups, list(self.plan.names.values()))
@@ -125,6 +128,7 @@ class StreamLoop:
                 self.plan.name(n): n.params["source"].initial_offsets(self.job_context(n))
                 for n in self.sources
             }
+        self.ends = ends
         self.progress.last_committed = committed
         self.progress.snapshots = committed + 1  # batches are numbered from 0
         # Which state files count, per batch whose commit record is kept.
@@ -185,6 +189,7 @@ class StreamLoop:
                 del counted[old]  # its record is gone, and the files that did not count
             self._record(micro.stage_counts(), batch, duration_ms)
             ends = planned["ends"]
+            self.ends = ends
             batch += 1
             self.on_batch()
             rest = self.trigger_seconds - (time.monotonic() - started)

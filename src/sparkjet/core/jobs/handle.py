@@ -306,10 +306,11 @@ class Job:
         A snapshot of the same name is replaced once the new one is complete.
         With ``cancel_job`` the job runs no batch after the cut and is
         cancelled after the export (its checkpoint is deleted; the snapshot
-        stays).
+        stays). A job that has not committed a micro-batch yet exports its
+        empty state at the offsets its first batch starts from (batch -1).
 
-        :raises JobStateError: the job is neither RUNNING nor SUSPENDED, is a
-            batch job, or has not committed a micro-batch yet.
+        :raises JobStateError: the job is neither RUNNING nor SUSPENDED, or is
+            a batch job.
         :raises TimeoutException: a driver in another process did not answer
             within ``timeout`` seconds (default 600).
         """

@@ -138,6 +138,8 @@ class JobRunner:
         #: (token: batch), which every batch's state tasks are told of.
         self._export_threads: list[threading.Thread] = []
         self._pins: dict[str, int] = {}
+        #: The micro-batch loop running (or last run) here.
+        self._loop: StreamLoop | None = None
         self.watcher = threading.Thread(
             target=self._watch, name=f"sparkjet-watch-{job.id}", daemon=True
         )
@@ -445,7 +447,7 @@ class JobRunner:
         try:
             self.lease.check_fence()
             checkpoint = self._checkpoint()
-            cut = cut_export(checkpoint, self.plan, name, self.job.label)
+            cut = self._cut(checkpoint, name)
             manifest = self._export_cut(checkpoint, cut, name)
         finally:
             self.set_status(JobStatus.SUSPENDED)
@@ -472,6 +474,19 @@ class JobRunner:
             with self._exports_lock:
                 del self._pins[cut.pin]
 
+    def _cut(self, checkpoint: Checkpoint, name: str) -> ExportCut:
+        return cut_export(checkpoint, self.plan, name, self.job.label,
+                          before_first=self._first_offsets, key_groups=self.job.config.key_groups)
+
+    def _first_offsets(self) -> dict[str, Any]:
+        """Where the job's first micro-batch starts (it has committed none)."""
+        loop = self._loop
+        if loop is not None and loop.ends:
+            return dict(loop.ends)
+        make = self.context_factory()
+        return {self.plan.name(n): n.params["source"].initial_offsets(make(n))
+                for n in self.plan.nodes if n.op == "source"}
+
     def _pinned(self) -> int:
         """The newest batch an export of this runner is reading, or -1."""
         with self._exports_lock:
@@ -491,7 +506,7 @@ class JobRunner:
             try:
                 self.lease.check_fence()
                 checkpoint = self._checkpoint()
-                cut = cut_export(checkpoint, self.plan, request.name, self.job.label)
+                cut = self._cut(checkpoint, request.name)
             except Exception as exc:
                 request.error = exc
                 request.done.set()
@@ -618,6 +633,7 @@ class JobRunner:
                 key_groups=config.key_groups,
                 pinned=self._pinned,
             )
+            self._loop = loop
             try:
                 reason = loop.run()
             finally:
