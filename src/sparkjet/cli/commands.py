@@ -14,7 +14,7 @@ from typing import Any
 
 from sparkjet import Client
 from sparkjet.cli.errors import EXIT_FAILED, EXIT_OK, CliError
-from sparkjet.cli.follow import await_status, follow, wait_until
+from sparkjet.cli.follow import await_end, await_status, follow
 from sparkjet.cli.loading import load_pipeline
 from sparkjet.cli.output import format_time, out, state_line, table
 from sparkjet.job import Job, JobConfig, JobStatus
@@ -91,14 +91,7 @@ def cancel(args: argparse.Namespace, client: Client) -> int:
     job = find_job(client, args.job)
     job.cancel()
     out(f"Cancelling job {job.label}")
-    status = wait_until(job, JobStatus.is_terminal, args.timeout)
-    if not status.is_terminal():
-        raise CliError(
-            f"job {job.label} did not stop within {args.timeout:g} s (status "
-            f"{status.value}); it may still stop later",
-            EXIT_FAILED,
-        )
-    out(state_line(job, client))
+    await_end(job, args.timeout, client)
     if job.is_user_cancelled():
         return EXIT_OK
     failure = job.get_failure()

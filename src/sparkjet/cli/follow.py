@@ -57,6 +57,21 @@ def wait_until(
             time.sleep(POLL_SECONDS)
 
 
+def await_end(job: Job, timeout: float, client: Client, after: str = "") -> None:
+    """Wait until ``job`` has stopped and print its state; CliError (exit 1) after ``timeout`` s.
+
+    ``after``: what the wait follows, for the message (``" after the export"``).
+    """
+    status = wait_until(job, JobStatus.is_terminal, timeout)
+    if not status.is_terminal():
+        raise CliError(
+            f"job {job.label} did not stop within {timeout:g} s{after} (status "
+            f"{status.value}); it may still stop later",
+            EXIT_FAILED,
+        )
+    out(state_line(job, client))
+
+
 def await_status(
     job: Job,
     wanted: JobStatus,

@@ -17,11 +17,11 @@ from typing import Any
 from sparkjet import Client
 from sparkjet.cli.commands import find_job
 from sparkjet.cli.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CliError
-from sparkjet.cli.follow import wait_until
+from sparkjet.cli.follow import await_end
 from sparkjet.cli.loading import load_pipeline
-from sparkjet.cli.output import format_count, format_time_millis, out, state_line, table
+from sparkjet.cli.output import format_count, format_time_millis, out, table
 from sparkjet.errors import ConfigError, SnapshotBackendError
-from sparkjet.job import JobStatus, Snapshot, UpgradeRow
+from sparkjet.job import Snapshot, UpgradeRow
 
 #: Jet's ``list-snapshots`` columns: time, size and job name are padded to these widths.
 LIST_WIDTHS = (23, 15, 24)
@@ -67,14 +67,7 @@ def save_snapshot(args: argparse.Namespace, client: Client) -> int:
         f"{_plural(snapshot.payload_size, 'byte')}"
     )
     if args.cancel:
-        status = wait_until(job, JobStatus.is_terminal, args.timeout)
-        if not status.is_terminal():
-            raise CliError(
-                f"job {job.label} did not stop within {args.timeout:g} s after the export "
-                f"(status {status.value}); it may still stop later",
-                EXIT_FAILED,
-            )
-        out(state_line(job, client))
+        await_end(job, args.timeout, client, " after the export")
     return EXIT_OK
 
 
