@@ -485,3 +485,65 @@ def test_a_job_that_has_committed_no_batch_exports_its_empty_state(client: Any) 
         assert job2.get_metrics()["snapshotRestore"]["stages"]["clicks-per-user"] == "restored"
     finally:
         stop(job2)
+
+
+@pytest.mark.parametrize("where", ["folder", "memory"])
+def test_an_export_folds_changelogs_in_compaction_children(where: str, tmp_path: Any) -> None:
+    """Ranges with changelogs: folded by child processes into full copies the export copies.
+
+    On a store other processes cannot see (memory://) the export folds them itself.
+    """
+    from sparkjet.core.checkpoint import Checkpoint, RangeState
+    from sparkjet.core.exports import cut_export, export_state, release_cut
+    from sparkjet.core.planner import plan
+    from sparkjet.core.plugins import PluginHost
+    from sparkjet.core.snapshots import SnapshotStore
+    from sparkjet.core.store import Store
+    from sparkjet.testing import StoreLocation
+
+    url = str(tmp_path / "store") if where == "folder" else f"memory://fold-{tmp_path.name}"
+    store = Store(url)
+    checkpoint = Checkpoint(store, store.path("jobs", "j", "checkpoint"))
+    checkpoint.key_groups(4, ["clicks-per-user"])
+    paths = checkpoint.state(4)
+    stage = "clicks-per-user"
+    expected: dict[int, int] = {}
+    for batch in range(3):  # batch 0 a full copy of each range, then a changelog each
+        names = {}
+        for lo, hi in ((0, 2), (2, 4)):
+            versions = paths.versions(stage, lo, hi)
+            state = paths.read_chain(stage, lo, hi, paths.chain(versions, batch - 1, lo, hi))
+            keys = [k for k in range(40) if (k % 4) // 2 == lo // 2]
+            changed = keys if batch == 0 else keys[:2]
+            for key in changed:
+                state.values[key] = state.values.get(key, 0) + 1
+            written = paths.write(stage, lo, hi, batch, RangeState(
+                state.values, state.touched, state.chain), changed, [], versions)
+            names[f"{lo}-{hi}"] = written.chain[-1].name
+            expected.update(state.values)
+        checkpoint.write_plan(batch, {"batch": batch, "starts": {}, "ends": {"clicks": [batch]},
+                                      "tasks": 2})
+        checkpoint.write_commit(batch, {"ends": {"clicks": [batch]}, "state": {stage: names}})
+    assert [v.full for v in paths.versions(stage, 0, 2)] == [True, False, False]
+    snapshots = SnapshotStore(StoreLocation(str(tmp_path / "snapshots")).snapshot_backend())
+    planned = plan(v1(), PluginHost(), EXACTLY_ONCE)
+    cut = cut_export(checkpoint, planned, "folded", "'j'")
+    try:
+        manifest = export_state(checkpoint, cut, planned, snapshots, "folded", job_id="j",
+                                job_name=None, versions=("x", "y"))
+    finally:
+        release_cut(checkpoint, cut)
+    assert manifest.batch_id == 2
+    assert snapshots.get("folded").read_state(stage) == expected
+    assert {s.name: s.key_count for s in manifest.stages}[stage] == 40
+    compacted = [v for v in paths.versions(stage) if v.attempt.startswith("z")]
+    if where == "folder":  # each range's full copy as of batch 2, which the job reads too
+        assert sorted((v.lo, v.hi, v.batch, v.keys) for v in compacted) == [
+            (0, 2, 2, 20), (2, 4, 2, 20)]
+        # ... and the snapshot's files are those copies, byte for byte.
+        snapshot = snapshots.get("folded")
+        entries = manifest.stage(stage).files  # type: ignore[union-attr]
+        assert sorted(snapshot.read_file(e.path) for e in entries) == sorted(
+            store.read_bytes(paths.path(stage, v)) for v in compacted)
+    else:
+        assert compacted == []

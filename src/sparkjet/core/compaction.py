@@ -18,6 +18,11 @@ cannot see (``memory://``) compact inline.
 The child is ``python -m sparkjet.core.compaction``; it reads its request,
 pickled, on standard input, and says on standard error (the worker's log)
 what it did not do and why.
+
+A snapshot export uses the same children (:func:`compact_now`): the ranges
+of its cut that carry changelogs are folded by as many children at once as
+the machine has cores, and the export then copies each range's one full
+copy byte for byte.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import cloudpickle
 
 from sparkjet.core.checkpoint import COMPACT_EVERY, COMPACT_LIMIT, StatePaths, StateVersion
 
-__all__ = ["COMPACT_EVERY", "COMPACT_LIMIT", "running", "shared", "start"]
+__all__ = ["COMPACT_EVERY", "COMPACT_LIMIT", "compact_now", "running", "shared", "start"]
 
 #: Ranges with a compaction under way from this process: (state root, stage, lo, hi).
 _RUNNING: set[tuple[str, str, int, int]] = set()
@@ -71,12 +76,8 @@ def start(paths: StatePaths, stage: str, lo: int, hi: int, committed: int) -> bo
             return False
         _RUNNING.add(key)
     request = cloudpickle.dumps((paths, stage, lo, hi, committed))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     try:
-        child = subprocess.Popen(
-            [sys.executable, "-m", "sparkjet.core.compaction"],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, close_fds=True,
-        )
+        child = _child(request)
     except OSError as exc:
         with _LOCK:
             _RUNNING.discard(key)
@@ -84,20 +85,61 @@ def start(paths: StatePaths, stage: str, lo: int, hi: int, committed: int) -> bo
               f"[{lo}, {hi}): {exc}", file=sys.stderr)
         return False
 
-    def feed_and_reap() -> None:
-        try:
-            assert child.stdin is not None
-            with child.stdin:
-                child.stdin.write(request)
-        except OSError:
-            pass  # the child died before reading; its exit status says so
-        finally:
-            child.wait()
-            with _LOCK:
-                _RUNNING.discard(key)
+    def reap() -> None:
+        child.wait()
+        with _LOCK:
+            _RUNNING.discard(key)
 
-    threading.Thread(target=feed_and_reap, name="sparkjet-compaction", daemon=True).start()
+    threading.Thread(target=reap, name="sparkjet-compaction", daemon=True).start()
     return True
+
+
+def _child(request: bytes) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    child = subprocess.Popen(
+        [sys.executable, "-m", "sparkjet.core.compaction"],
+        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, close_fds=True,
+    )
+    assert child.stdin is not None
+    try:
+        with child.stdin:
+            child.stdin.write(request)
+    except OSError:
+        pass  # the child died before reading; its exit status says so
+    return child
+
+
+def compact_now(
+    paths: StatePaths, ranges: list[tuple[str, int, int]], committed: int,
+    workers: int | None = None,
+) -> int:
+    """Compact each ``(stage, lo, hi)`` as of ``committed``; wait for all; how many failed.
+
+    ``workers`` children at a time (default: the machine's cores). A child
+    that fails says why on standard error; its range keeps its chain.
+    """
+    workers = max(1, workers or os.cpu_count() or 1)
+    pending = list(ranges)
+    running_now: list[subprocess.Popen[bytes]] = []
+    failed = 0
+    try:
+        while pending or running_now:
+            while pending and len(running_now) < workers:
+                stage, lo, hi = pending.pop(0)
+                try:
+                    running_now.append(_child(cloudpickle.dumps((paths, stage, lo, hi,
+                                                                 committed))))
+                except OSError as exc:
+                    failed += 1
+                    print(f"sparkjet: cannot start compaction of stage {stage!r} key groups "
+                          f"[{lo}, {hi}): {exc}", file=sys.stderr)
+            child = running_now.pop(0)
+            failed += child.wait() != 0
+    finally:
+        for child in running_now:  # interrupted: no child outlives the wait
+            child.kill()
+            child.wait()
+    return failed
 
 
 def main(stream: Any = None) -> int:
