@@ -154,6 +154,11 @@ def test_state_files_no_key_group_needs_go(store: Store) -> None:
     report = collect_garbage(store, grace_seconds=3600)
     assert "superseded state files" not in report.removed  # younger than the grace
     age(stage, 7200)
+    pin = checkpoint.pin(0)  # a snapshot export is reading batch 0's state
+    report = collect_garbage(store, grace_seconds=3600)
+    assert "superseded state files" not in report.removed
+    assert sorted(p.name for p in stage.iterdir()) == before
+    checkpoint.unpin(pin)
     report = collect_garbage(store, grace_seconds=3600)
     assert sorted(Path(p).name for p in report.removed["superseded state files"]) == before[:2]
     assert sorted(p.name for p in stage.iterdir()) == before[2:]
