@@ -15,7 +15,9 @@ harm: the chain just stays longer until a later compaction, or the task's own
 full copy at :data:`COMPACT_LIMIT`, shortens it. Stores that other processes
 cannot see (``memory://``) compact inline.
 
-The child is ``python -m sparkjet.core.compaction``; it reads its request,
+The child runs :func:`main` (``python -c`` importing it: ``-m`` would run a
+second copy of this module where the package's imports loaded it already);
+it reads its request,
 pickled, on standard input, and says on standard error (the worker's log)
 what it did not do and why.
 
@@ -42,6 +44,8 @@ __all__ = ["COMPACT_EVERY", "COMPACT_LIMIT", "compact_now", "running", "shared",
 #: Ranges with a compaction under way from this process: (state root, stage, lo, hi).
 _RUNNING: set[tuple[str, str, int, int]] = set()
 _LOCK = threading.Lock()
+#: What a child process runs.
+_CHILD = "import sys; from sparkjet.core.compaction import main; sys.exit(main())"
 
 
 def shared(paths: StatePaths) -> bool:
@@ -97,7 +101,7 @@ def start(paths: StatePaths, stage: str, lo: int, hi: int, committed: int) -> bo
 def _child(request: bytes) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     child = subprocess.Popen(
-        [sys.executable, "-m", "sparkjet.core.compaction"],
+        [sys.executable, "-c", _CHILD],
         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, close_fds=True,
     )
     assert child.stdin is not None
