@@ -44,6 +44,8 @@ __all__ = ["COMPACT_EVERY", "COMPACT_LIMIT", "compact_now", "running", "shared",
 #: Ranges with a compaction under way from this process: (state root, stage, lo, hi).
 _RUNNING: set[tuple[str, str, int, int]] = set()
 _LOCK = threading.Lock()
+#: How much lower a child's scheduling priority is than its parent's.
+NICENESS = 10
 #: What a child process runs.
 _CHILD = "import sys; from sparkjet.core.compaction import main; sys.exit(main())"
 
@@ -147,7 +149,13 @@ def compact_now(
 
 
 def main(stream: Any = None) -> int:
-    """The child: compact the range named on standard input; exit 0 or 1."""
+    """The child: compact the range named on standard input; exit 0 or 1.
+
+    At a lower scheduling priority (nice 10): the job's batches share the
+    machine's cores with it, and they come first.
+    """
+    if stream is None and hasattr(os, "nice"):
+        os.nice(NICENESS)
     paths, stage, lo, hi, committed = cloudpickle.loads((stream or sys.stdin.buffer).read())
     try:
         paths.compact(stage, lo, hi, committed)
