@@ -457,8 +457,7 @@ class JobRunner:
 
     def _export_cut(self, checkpoint: Checkpoint, cut: ExportCut, name: str) -> Manifest:
         """Export ``cut`` as snapshot ``name`` (its pin told to every batch meanwhile)."""
-        with self._exports_lock:
-            self._pins[cut.pin] = cut.batch
+        self._hold(cut)
         try:
             return export_state(
                 checkpoint, cut, self.plan, self.services.snapshots(), name,
@@ -472,7 +471,7 @@ class JobRunner:
                 log.exception("job %s: removing the pin of snapshot %r's export failed",
                               self.job.label, name)
             with self._exports_lock:
-                del self._pins[cut.pin]
+                self._pins.pop(cut.pin, None)
 
     def _cut(self, checkpoint: Checkpoint, name: str) -> ExportCut:
         return cut_export(checkpoint, self.plan, name, self.job.label,
@@ -486,6 +485,12 @@ class JobRunner:
         make = self.context_factory()
         return {self.plan.name(n): n.params["source"].initial_offsets(make(n))
                 for n in self.plan.nodes if n.op == "source"}
+
+    def _hold(self, cut: ExportCut) -> None:
+        """Tell every batch from now on of ``cut``'s pin (a cut before the first batch has none)."""
+        if cut.pin:
+            with self._exports_lock:
+                self._pins[cut.pin] = cut.batch
 
     def _pinned(self) -> int:
         """The newest batch an export of this runner is reading, or -1."""
@@ -516,8 +521,7 @@ class JobRunner:
                 if request.error is None:
                     self.cancel_requested.set()
                 continue
-            with self._exports_lock:
-                self._pins[cut.pin] = cut.batch  # before the next batch is planned
+            self._hold(cut)  # before the next batch is planned
             thread = threading.Thread(
                 target=self._export_request, args=(request, checkpoint, cut), daemon=True,
                 name=f"sparkjet-export-{self.job.id}")
