@@ -20,11 +20,10 @@ from typing import Any
 import pytest
 
 import sparkjet
-from sparkjet.aggregate import counting
 from sparkjet.cli import main
 from sparkjet.job import JobConfig, JobStatus, ProcessingGuarantee
-from sparkjet.pipeline import Pipeline, StreamSource
 from tests.test_cli import wait_for, wait_for_job, write_config, write_file
+from tests.test_snapshots import v1
 
 #: v1 of the clicks pipeline: per-user counts and the distinct clicks.
 V1 = """
@@ -71,15 +70,6 @@ TIME_PATTERN = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}"
 @pytest.fixture
 def config_file(client: sparkjet.Client) -> Path:
     return write_config(client)
-
-
-def v1() -> Pipeline:
-    p = Pipeline.create()
-    events = p.read_from(StreamSource("clicks")).set_name("clicks")
-    (events.group_by(lambda x: x % 10).aggregate(counting()).set_name("clicks-per-user")
-     .write_to(Pipeline.to_map("counts")))
-    events.distinct().set_name("uniq").write_to(Pipeline.to_list("firsts"))
-    return p
 
 
 def oracle(values: range, mod: int) -> dict[int, int]:
