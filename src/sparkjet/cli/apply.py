@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import tomllib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,13 +108,7 @@ def parse(path: Path) -> tuple[list[JobSpec], list[SnapshotSpec]]:
         if key not in ("job", "snapshot"):
             raise CliError(f"{shown}: unknown table '{key}' (expected [[job]] or [[snapshot]])")
     jobs: list[JobSpec] = []
-    for index, raw in enumerate(_tables(data, "job", shown), 1):
-        where = f"{shown}: [[job]] #{index}"
-        table = _check_keys(raw, where, _JOB_KEYS)
-        name = _get(table, where, "name", str, required=True)
-        where = f"{shown}: [[job]] '{name}'"
-        if any(job.name == name for job in jobs):
-            raise CliError(f"{where}: name: duplicate job name '{name}'")
+    for where, table, name in _named_tables(data, "job", _JOB_KEYS, shown):
         spec = JobSpec(where, name, _get(table, where, "pipeline", str, required=True))
         state = _get(table, where, "state", str)
         if state is not None:
@@ -147,13 +142,7 @@ def parse(path: Path) -> tuple[list[JobSpec], list[SnapshotSpec]]:
             spec.pipeline = str(file)
         jobs.append(spec)
     snapshots: list[SnapshotSpec] = []
-    for index, raw in enumerate(_tables(data, "snapshot", shown), 1):
-        where = f"{shown}: [[snapshot]] #{index}"
-        table = _check_keys(raw, where, _SNAPSHOT_KEYS)
-        name = _get(table, where, "name", str, required=True)
-        where = f"{shown}: [[snapshot]] '{name}'"
-        if any(s.name == name for s in snapshots):
-            raise CliError(f"{where}: name: duplicate snapshot name '{name}'")
+    for where, table, name in _named_tables(data, "snapshot", _SNAPSHOT_KEYS, shown):
         snapshots.append(SnapshotSpec(
             where, name, _get(table, where, "job", str, required=True),
             bool(_get(table, where, "cancel_job", bool)),
@@ -161,11 +150,26 @@ def parse(path: Path) -> tuple[list[JobSpec], list[SnapshotSpec]]:
     return jobs, snapshots
 
 
-def _tables(data: dict[str, Any], key: str, shown: str) -> list[Any]:
+def _named_tables(
+    data: dict[str, Any], key: str, known: tuple[str, ...], shown: str
+) -> Iterator[tuple[str, dict[str, Any], str]]:
+    """Each ``[[key]]`` table: where it is (for messages), its keys checked, and its name.
+
+    A table without a name, or with a name an earlier one has, is an error.
+    """
     tables = data.get(key, [])
     if not isinstance(tables, list):
         raise CliError(f"{shown}: '{key}' must be an array of tables, written [[{key}]]")
-    return tables
+    seen: set[str] = set()
+    for index, raw in enumerate(tables, 1):
+        where = f"{shown}: [[{key}]] #{index}"
+        table = _check_keys(raw, where, known)
+        name = _get(table, where, "name", str, required=True)
+        where = f"{shown}: [[{key}]] '{name}'"
+        if name in seen:
+            raise CliError(f"{where}: name: duplicate {key} name '{name}'")
+        seen.add(name)
+        yield where, table, name
 
 
 def _load(spec: JobSpec, client: Client) -> Pipeline:
