@@ -632,9 +632,9 @@ def control_requests(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     seen: list[tuple[str, str]] = []
     original = JobRecords.request
 
-    def request(self: JobRecords, job_id: str, action: str) -> None:
+    def request(self: JobRecords, job_id: str, action: str, payload: Any = None) -> None:
         seen.append((job_id, action))
-        original(self, job_id, action)
+        original(self, job_id, action, payload)
 
     monkeypatch.setattr(JobRecords, "request", request)
     return seen

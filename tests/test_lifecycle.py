@@ -352,6 +352,91 @@ def test_other_processes_act_through_the_control_folder(
     assert job.is_user_cancelled()
 
 
+def test_a_request_the_driver_refuses_raises_in_the_asking_process(
+    store_url: str, fake_client: Client
+) -> None:
+    """The driver answers every request; a refusal is the caller's JobStateError.
+
+    The asking handle's check passed on what it read; the driver's status
+    decides (two processes resuming at once: the second one is refused).
+    """
+    fake_client.get_stream("events", partitions=1)
+    job = submit_stream(fake_client, "answered")
+    job.wait_for_status(S.RUNNING, timeout=10)
+    other = make_client(store_url, FakeEngine()).get_jet().get_job(job.id)
+    assert other is not None and not other.is_driven_here()
+    # What a handle that read SUSPENDED a moment ago sends: the driver refuses it.
+    with pytest.raises(JobStateError, match=re.escape(
+        f"cannot resume job 'answered' ({job.id}): it is RUNNING, not SUSPENDED"
+    )):
+        other._ask(Action.RESUME)
+    assert job.status is S.RUNNING
+    answers = (fake_client.get_jet().records.read(job.id) or {})["answers"]
+    assert [a.get("error", "") for a in answers.values()] == [
+        f"cannot resume job 'answered' ({job.id}): it is RUNNING, not SUSPENDED"
+    ]
+    other.suspend()  # accepted: answered without an error
+    assert other.wait_for_status(S.SUSPENDED, timeout=10) is S.SUSPENDED
+    with pytest.raises(JobStateError, match="it is SUSPENDED, not RUNNING"):
+        other._ask(Action.RESTART)
+    job.cancel()
+    with pytest.raises(JobCancelledError):
+        job.join(timeout=10)
+    with pytest.raises(JobStateError, match=re.escape(
+        f"job 'answered' ({job.id}) ended (FAILED) before its driver answered the "
+        "suspend request"
+    )):
+        other._ask(Action.SUSPEND)
+
+
+def test_a_driver_that_never_answers_times_out_naming_it(
+    store_url: str, fake_client: Client
+) -> None:
+    fake_client.get_stream("events", partitions=1)
+    job = submit_stream(fake_client, "mute")
+    job.wait_for_status(S.RUNNING, timeout=10)
+    runner = fake_client.get_jet()._runners[job.id]
+    runner.done.set()  # the watcher stops: nothing takes the control folder any more
+    runner.watcher.join(timeout=10)
+    other = make_client(store_url, FakeEngine()).get_jet().get_job(job.id)
+    assert other is not None and other.is_driver_alive()  # its pid and heartbeat are fresh
+    with pytest.raises(TimeoutException, match=re.escape(
+        f"job 'mute' ({job.id}): its driver (pid {os.getpid()}) did not answer the suspend "
+        "request within 0.5 s"
+    )):
+        other._ask(Action.SUSPEND, timeout=0.5)
+    runner.done.clear()
+    job.cancel()
+    with pytest.raises(JobCancelledError):
+        job.join(timeout=10)
+
+
+def test_a_driver_that_dies_before_it_answers_a_resume_is_taken_over(
+    store_url: str, fake_client: Client, engine: FakeEngine
+) -> None:
+    fake_client.get_stream("events", partitions=1)
+    job = submit_stream(fake_client, "dies-asked")
+    job.suspend()
+    job.wait_for_status(S.SUSPENDED, timeout=10)
+    other = make_client(store_url, FakeEngine()).get_jet().get_job(job.id)
+    assert other is not None and other.is_driver_alive()
+    runner = fake_client.get_jet()._runners[job.id]
+    runner.done.set()  # this driver takes no more requests ...
+    runner.watcher.join(timeout=10)
+    asked = threading.Thread(target=other.resume)
+    asked.start()
+    wait_until(lambda: any(Path(fake_client.store.root, "jobs", job.id, "control").glob(
+        "*-resume.req")), timeout=10, what="the resume request")
+    kill_driver(fake_client, job)  # ... and dies before it answered
+    asked.join(timeout=30)
+    assert not asked.is_alive()
+    assert other.is_driven_here() and other.wait_for_status(S.RUNNING, timeout=10) is S.RUNNING
+    assert (fake_client.get_jet().records.read(job.id) or {})["epoch"] == 1
+    other.cancel()
+    with pytest.raises(JobCancelledError):
+        other.join(timeout=10)
+
+
 # --- take-over after the driver died ---------------------------------------------------
 
 
@@ -433,10 +518,10 @@ def test_a_driver_that_died_while_running_reads_suspended_and_only_one_process_t
         thread.start()
     for thread in threads:
         thread.join(timeout=10)
-    # One process wins the claim and drives the job; the other loses the claim,
-    # finds the job already STARTING or RUNNING and is refused, or, finding a
-    # live driver of a job still SUSPENDED, asks it through the control folder.
-    assert len(outcomes) == 2 and "took over" in outcomes
+    # One process wins the claim, drives the job and resumes it; the other loses
+    # the claim, or finds the job already STARTING or RUNNING, or asks the new
+    # driver through the control folder, which refuses: it resumed the job already.
+    assert len(outcomes) == 2 and outcomes.count("took over") == 1, outcomes
     assert [v.is_driven_here() for v in views if v is not None].count(True) == 1
     claims = sorted(p.name for p in (Path(fake_client.store.root) / "jobs" / job.id).iterdir()
                     if p.name.startswith("owner-"))

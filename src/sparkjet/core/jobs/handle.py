@@ -34,6 +34,10 @@ if TYPE_CHECKING:
 
 #: How long an export asked of a driver in another process may take, by default.
 EXPORT_TIMEOUT_SECONDS = 600.0
+#: How long a driver in another process may take to answer a control request.
+REQUEST_TIMEOUT_SECONDS = 60.0
+#: How long a handle still waits for an answer once the job's record shows it ended.
+ANSWER_AFTER_END_SECONDS = 3.0
 
 log = logging.getLogger("sparkjet.jobs")
 
@@ -257,24 +261,78 @@ class Job:
         if runner is not None:
             runner.cancel()
         elif not driver_alive(self._refresh()):
-            self._service._take_over(self).cancel()
-        else:
-            self._service.records.request(self.id, Action.CANCEL)
+            self._service._take_over(self, lambda runner: runner.cancel())
+        elif self._ask(Action.CANCEL) is None:
+            self.cancel()  # its driver died before it answered: once more, from here
 
-    def _act(self, action: Action) -> None:
+    def _act(self, action: Action, again: bool = True) -> None:
         check_action(action, self.status, streaming=self.is_streaming(), label=self.label)
         runner = self._runner
         if runner is not None:
             runner.act(action)
         elif action is Action.RESUME and not driver_alive(self._record):
-            self._service._take_over(self).resume()
-        else:
-            self._service.records.request(self.id, action)
+            self._service._take_over(self, lambda runner: runner.resume())
+        elif self._ask(action) is None and again:
+            self._act(action, again=False)  # its driver died before it answered
+
+    def _ask(self, action: Action, payload: dict[str, Any] | None = None,
+             timeout: float | None = None, what: str | None = None) -> dict[str, Any] | None:
+        """Ask the job's live driver in another process to act; returns its answer.
+
+        The request goes into the job's control folder with an id, and the
+        driver answers under ``answers`` in the job record. Returns None if
+        the driver died before it answered (the caller may act itself now).
+
+        :raises JobStateError: the driver refused (the job's status did not
+            allow it), or another process took the job over meanwhile.
+        :raises TimeoutException: no answer within ``timeout`` seconds
+            (default :data:`REQUEST_TIMEOUT_SECONDS`).
+        """
+        what = what or f"the {action.value} request"
+        request = uuid.uuid4().hex
+        epoch = int(self._record.get("epoch", 0))
+        self._service.records.request(self.id, action, {**(payload or {}), "request": request})
+        wait = REQUEST_TIMEOUT_SECONDS if timeout is None else timeout
+        deadline = time.monotonic() + wait
+        ended_at: float | None = None
+        while True:
+            record = self._refresh()
+            answer = (record.get("answers") or {}).get(request)
+            if answer is not None:
+                if "error" in answer and action is not Action.EXPORT_SNAPSHOT:
+                    raise JobStateError(str(answer["error"]))
+                return dict(answer)
+            if int(record.get("epoch", 0)) != epoch:
+                raise JobStateError(
+                    f"job {self.label}: another process took the job over before its driver "
+                    f"answered {what}; ask again")
+            status = JobStatus(record["status"])
+            if status.is_terminal():
+                # A driver answers after acting; an ended job's driver takes no more requests.
+                ended_at = ended_at or time.monotonic()
+                if time.monotonic() - ended_at > ANSWER_AFTER_END_SECONDS:
+                    if action is Action.CANCEL:
+                        return {}
+                    raise JobStateError(
+                        f"job {self.label} ended ({status.value}) before its driver answered "
+                        f"{what}")
+            elif not driver_alive(record):
+                return None
+            if time.monotonic() > deadline:
+                raise TimeoutException(
+                    f"job {self.label}: its driver (pid {(record.get('driver') or {}).get('pid')}"
+                    f") did not answer {what} within {wait:g} s")
+            time.sleep(REMOTE_POLL_SECONDS)
 
     def suspend(self) -> None:
         """Stop a streaming job after its current micro-batch commits; status SUSPENDED.
 
-        Returns at once; the status changes when the batch has committed.
+        Returns once the job's driver took the request (a driver in another
+        process answers through the job record); the status changes when the
+        batch has committed.
+
+        :raises JobStateError: the job's status does not allow it, here or
+            when the driver took the request.
         """
         self._act(Action.SUSPEND)
 
@@ -282,6 +340,11 @@ class Job:
         """Continue a SUSPENDED job from its last committed micro-batch.
 
         If the process that ran the job died, the job continues in this process.
+        Of two processes resuming the same job at once, one does and the other
+        gets :class:`JobStateError`.
+
+        :raises JobStateError: the job is not SUSPENDED (here, or when its
+            driver in another process took the request).
         """
         self._act(Action.RESUME)
 
@@ -324,19 +387,13 @@ class Job:
         if runner is not None:
             runner.export_snapshot(name, cancel_job)
             return self._service.get_snapshot(name)
-        request = uuid.uuid4().hex
-        self._service.records.request(
-            self.id, Action.EXPORT_SNAPSHOT,
-            {"name": name, "cancel_job": cancel_job, "request": request},
-        )
-        wait = EXPORT_TIMEOUT_SECONDS if timeout is None else timeout
-        deadline = time.monotonic() + wait
-        while (result := (self._refresh().get("exports") or {}).get(request)) is None:
-            if time.monotonic() > deadline:
-                raise TimeoutException(
-                    f"job {self.label}: its driver did not export snapshot {name!r} within "
-                    f"{wait:g} s")
-            time.sleep(REMOTE_POLL_SECONDS)
+        result = self._ask(
+            Action.EXPORT_SNAPSHOT, {"name": name, "cancel_job": cancel_job},
+            EXPORT_TIMEOUT_SECONDS if timeout is None else timeout, f"the export of {name!r}")
+        if result is None:
+            raise SnapshotError(
+                f"job {self.label}: its driver died before it exported snapshot {name!r}; "
+                f"export it again (the job is SUSPENDED now)")
         if "error" in result:
             raise SnapshotError(
                 f"job {self.label}: exporting snapshot {name!r} failed in the driving "
@@ -374,7 +431,8 @@ class Job:
             self._service._take_over(self).write_record(config=config.to_dict())
         else:
             # The live driver owns the record: ask it, or its next heartbeat undoes this.
-            self._service.records.request(self.id, Action.UPDATE_CONFIG, config.to_dict())
+            if self._ask(Action.UPDATE_CONFIG, {"config": config.to_dict()}) is None:
+                return self.update_config(**changes)  # its driver died: once more, from here
         return config
 
     # --- metrics -------------------------------------------------------------

@@ -85,8 +85,8 @@ def _sparkjet_version() -> str:
         return "0.0.0"
 
 
-#: Results of exports asked by other processes that a job record keeps.
-KEPT_EXPORT_RESULTS = 20
+#: Answers to requests from other processes that a job record keeps (newest).
+KEPT_ANSWERS = 20
 
 
 @dataclass
@@ -131,6 +131,7 @@ class JobRunner:
         #: ``_park_lock`` so a cancel racing a suspend ends the job exactly once.
         self._parked = True
         self._park_lock = threading.Lock()
+        self._answers_lock = threading.Lock()
         self.thread: threading.Thread | None = None
         self._exports: list[ExportRequest] = []
         self._exports_lock = threading.Lock()
@@ -242,23 +243,53 @@ class JobRunner:
         self.done.set()
 
     def _handle_request(self, action: str, payload: Any) -> None:
-        """Carry out a control request from another process; what cannot be done is logged."""
+        """Carry out a control request from another process and answer it in the record.
+
+        A request carries an id (``payload["request"]``); the asking handle
+        waits for the answer under ``answers`` in the job record: ``{}`` when
+        done, ``{"error": ...}`` when the job's status refused it. An export
+        is answered by its own thread when it ends.
+        """
         try:
             chosen = Action(action)
         except ValueError:
             log.warning("job %s: ignoring unknown request %r", self.job.label, action)
             return
+        request = payload.get("request") if isinstance(payload, dict) else None
         try:
             self.act(chosen, payload)
         except JobStateError as exc:
             log.warning("job %s: %s", self.job.label, exc)
+            self._answer(request, error=str(exc))
+            return
+        if chosen is not Action.EXPORT_SNAPSHOT:
+            self._answer(request)
+
+    def _answer(self, request: Any, error: str | None = None, **result: Any) -> None:
+        """Record the answer to request ``request`` (no id: nobody waits for one)."""
+        if not isinstance(request, str):
+            return
+        entry: dict[str, Any] = {"time": now_ms(), **result}
+        if error is not None:
+            entry["error"] = self.services.redact(error)
+        with self._answers_lock:
+            answers = dict(self.job._record.get("answers") or {})
+            answers[request] = entry
+            kept = sorted(answers, key=lambda r: answers[r].get("time", 0))[-KEPT_ANSWERS:]
+            try:
+                self.write_record(answers={r: answers[r] for r in kept})
+            except Exception:
+                log.exception("job %s: recording the answer to request %s failed",
+                              self.job.label, request)
 
     def act(self, action: Action, payload: Any = None) -> None:
         """Carry out ``action`` here; JobStateError if the job's status does not allow it."""
         if action is Action.UPDATE_CONFIG:
-            if payload:
-                self.write_record(config=JobConfig.from_dict(payload).to_dict())
+            if isinstance(payload, dict) and payload.get("config"):
+                self._check(action)
+                self.write_record(config=JobConfig.from_dict(payload["config"]).to_dict())
         elif action is Action.CANCEL:
+            self._check(action)
             self.cancel()
         elif action is Action.SUSPEND:
             self.suspend()
@@ -562,20 +593,15 @@ class JobRunner:
             log.warning("job %s: ignoring a malformed export request %r", self.job.label,
                         payload)
             return
-        result: dict[str, Any] = {"time": now_ms()}
         try:
-            result["batch"] = self.export_snapshot(str(name), cancel_job).batch_id
+            batch = self.export_snapshot(str(name), cancel_job).batch_id
         except Exception as exc:
-            result["error"] = self.services.redact(f"{type(exc).__name__}: {exc}")
+            error = f"{type(exc).__name__}: {exc}"
             log.warning("job %s: export of snapshot %r asked by another process failed: %s",
-                        self.job.label, name, result["error"])
-        results = dict(self.job._record.get("exports") or {})
-        results[str(request)] = result
-        kept = sorted(results, key=lambda r: results[r].get("time", 0))[-KEPT_EXPORT_RESULTS:]
-        try:
-            self.write_record(exports={r: results[r] for r in kept})
-        except Exception:
-            log.exception("job %s: recording an export's result failed", self.job.label)
+                        self.job.label, name, self.services.redact(error))
+            self._answer(request, error=error)
+        else:
+            self._answer(request, batch=batch)
 
     def _should_stop(self) -> StopReason | None:
         if self._exports:

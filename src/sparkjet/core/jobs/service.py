@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
@@ -139,11 +140,18 @@ class JetService:
         ]
         return stored
 
-    def _take_over(self, job: Job) -> JobRunner:
-        """Adopt a job whose driver died, so it can be resumed or cancelled here."""
+    def _take_over(self, job: Job, then: Callable[[JobRunner], object] | None = None) -> JobRunner:
+        """Adopt a job whose driver died, so it can be resumed or cancelled here.
+
+        ``then`` acts on the adopted runner before it takes control requests,
+        so a request another process sends to the new driver meanwhile (seeing
+        it alive) cannot get ahead of the action this process took it over for.
+        """
         with self._lock:
             runner = self._runners.get(job.id)
             if runner is not None:
+                if then is not None:
+                    then(runner)
                 return runner
             try:
                 pipeline = cloudpickle.loads(
@@ -169,9 +177,14 @@ class JetService:
             runner.execution_start = int(record.get("execution_start_time", -1))
             self._runners[job.id] = runner
             runner.write_record()
-            runner.watcher.start()
             job._record = adopted._record
-            return runner
+        try:
+            if then is not None:
+                then(runner)
+        finally:
+            if runner.watcher.ident is None:  # resume() started it already
+                runner.watcher.start()
+        return runner
 
     def _claim_name(self, name: str, job_id: str) -> Job | None:
         """Take ``name`` for a new job, or return the active job that holds it.
