@@ -276,15 +276,18 @@ class Job:
             self._act(action, again=False)  # its driver died before it answered
 
     def _ask(self, action: Action, payload: dict[str, Any] | None = None,
-             timeout: float | None = None, what: str | None = None) -> dict[str, Any] | None:
+             timeout: float | None = None, what: str | None = None,
+             refused: Callable[[str], Exception] = JobStateError) -> dict[str, Any] | None:
         """Ask the job's live driver in another process to act; returns its answer.
 
         The request goes into the job's control folder with an id, and the
         driver answers under ``answers`` in the job record. Returns None if
         the driver died before it answered (the caller may act itself now).
 
-        :raises JobStateError: the driver refused (the job's status did not
-            allow it), or another process took the job over meanwhile.
+        :raises JobStateError: another process took the job over meanwhile.
+        :raises Exception: ``refused(reason)`` (default :class:`JobStateError`)
+            when the driver answered with an error (the job's status did not
+            allow it, or the action failed there).
         :raises TimeoutException: no answer within ``timeout`` seconds
             (default :data:`REQUEST_TIMEOUT_SECONDS`).
         """
@@ -299,8 +302,8 @@ class Job:
             record = self._refresh()
             answer = (record.get("answers") or {}).get(request)
             if answer is not None:
-                if "error" in answer and action is not Action.EXPORT_SNAPSHOT:
-                    raise JobStateError(str(answer["error"]))
+                if "error" in answer:
+                    raise refused(str(answer["error"]))
                 return dict(answer)
             if int(record.get("epoch", 0)) != epoch:
                 raise JobStateError(
@@ -387,17 +390,16 @@ class Job:
         if runner is not None:
             runner.export_snapshot(name, cancel_job)
             return self._service.get_snapshot(name)
-        result = self._ask(
+        answer = self._ask(
             Action.EXPORT_SNAPSHOT, {"name": name, "cancel_job": cancel_job},
-            EXPORT_TIMEOUT_SECONDS if timeout is None else timeout, f"the export of {name!r}")
-        if result is None:
+            EXPORT_TIMEOUT_SECONDS if timeout is None else timeout, f"the export of {name!r}",
+            refused=lambda error: SnapshotError(
+                f"job {self.label}: exporting snapshot {name!r} failed in the driving "
+                f"process: {error}"))
+        if answer is None:
             raise SnapshotError(
                 f"job {self.label}: its driver died before it exported snapshot {name!r}; "
                 f"export it again (the job is SUSPENDED now)")
-        if "error" in result:
-            raise SnapshotError(
-                f"job {self.label}: exporting snapshot {name!r} failed in the driving "
-                f"process: {result['error']}")
         return self._service.get_snapshot(name)
 
     def cancel_and_export_snapshot(self, name: str, timeout: float | None = None) -> Snapshot:

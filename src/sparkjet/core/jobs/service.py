@@ -149,41 +149,44 @@ class JetService:
         """
         with self._lock:
             runner = self._runners.get(job.id)
-            if runner is not None:
-                if then is not None:
-                    then(runner)
-                return runner
-            try:
-                pipeline = cloudpickle.loads(
-                    self.services.store.read_bytes(self.records.path(job.id, "pipeline.pkl"))
-                )
-            except FileNotFoundError:
-                raise JobStateError(
-                    f"job {job.label} cannot continue here: its pipeline was not stored"
-                ) from None
-            validated = plan(pipeline, self.services.plugins, job.config.processing_guarantee)
-            record = dict(job._record)
-            epoch = int(record.get("epoch", 0)) + 1
-            adopted = Job(self, record)
-            runner = JobRunner(self.services, adopted, validated)
-            if not runner.lease.claim(epoch):
-                raise JobStateError(f"job {job.label}: another process is taking it over already")
-            record["epoch"] = epoch
-            for stale in self.records.take_requests(job.id):
-                log.info("job %s: dropping request %r left for its dead driver", job.label, stale)
-            if record["status"] != JobStatus.SUSPENDED.value:
-                record["suspension_cause"] = "the driver process running the job died"
-            record["status"] = JobStatus.SUSPENDED.value
-            runner.execution_start = int(record.get("execution_start_time", -1))
-            self._runners[job.id] = runner
-            runner.write_record()
-            job._record = adopted._record
+            adopted = runner is None
+            if runner is None:
+                runner = self._adopt(job)
         try:
             if then is not None:
                 then(runner)
         finally:
-            if runner.watcher.ident is None:  # resume() started it already
+            if adopted and runner.watcher.ident is None:  # resume() started it already
                 runner.watcher.start()
+        return runner
+
+    def _adopt(self, job: Job) -> JobRunner:
+        """Claim the next epoch of ``job`` and make its runner here, SUSPENDED (under the lock)."""
+        try:
+            pipeline = cloudpickle.loads(
+                self.services.store.read_bytes(self.records.path(job.id, "pipeline.pkl"))
+            )
+        except FileNotFoundError:
+            raise JobStateError(
+                f"job {job.label} cannot continue here: its pipeline was not stored"
+            ) from None
+        validated = plan(pipeline, self.services.plugins, job.config.processing_guarantee)
+        record = dict(job._record)
+        epoch = int(record.get("epoch", 0)) + 1
+        adopted = Job(self, record)
+        runner = JobRunner(self.services, adopted, validated)
+        if not runner.lease.claim(epoch):
+            raise JobStateError(f"job {job.label}: another process is taking it over already")
+        record["epoch"] = epoch
+        for stale in self.records.take_requests(job.id):
+            log.info("job %s: dropping request %r left for its dead driver", job.label, stale)
+        if record["status"] != JobStatus.SUSPENDED.value:
+            record["suspension_cause"] = "the driver process running the job died"
+        record["status"] = JobStatus.SUSPENDED.value
+        runner.execution_start = int(record.get("execution_start_time", -1))
+        self._runners[job.id] = runner
+        runner.write_record()
+        job._record = adopted._record
         return runner
 
     def _claim_name(self, name: str, job_id: str) -> Job | None:
