@@ -379,6 +379,12 @@ def test_a_request_the_driver_refuses_raises_in_the_asking_process(
     assert other.wait_for_status(S.SUSPENDED, timeout=10) is S.SUSPENDED
     with pytest.raises(JobStateError, match="it is SUSPENDED, not RUNNING"):
         other._ask(Action.RESTART)
+    # What the driver cannot carry out is answered too, not left to time out.
+    with pytest.raises(JobStateError, match=r"^ConfigError: .*snapshot_interval_millis"):
+        other._ask(Action.UPDATE_CONFIG, {"config": {"snapshot_interval_millis": -5}},
+                   timeout=10)
+    with pytest.raises(JobStateError, match=r"^malformed export request \{'cancel_job'"):
+        other._ask(Action.EXPORT_SNAPSHOT, {"cancel_job": False}, timeout=10)
     job.cancel()
     with pytest.raises(JobCancelledError):
         job.join(timeout=10)

@@ -33,6 +33,12 @@ log = logging.getLogger("sparkjet.streaming")
 IDLE_POLL_SECONDS = 0.05
 
 
+def initial_offsets(plan: Plan, job_context: Callable[[Transform], JobContext]) -> dict[str, Any]:
+    """Each source's offsets, by stage name, where a job with no committed batch starts."""
+    return {plan.name(n): n.params["source"].initial_offsets(job_context(n))
+            for n in plan.nodes if n.op == "source"}
+
+
 @dataclass
 class StreamProgress:
     """What the loop reports for metrics."""
@@ -124,10 +130,7 @@ class StreamLoop:
         if committed >= 0:
             ends = self.checkpoint.commit_record(committed)["ends"]
         else:
-            ends = {
-                self.plan.name(n): n.params["source"].initial_offsets(self.job_context(n))
-                for n in self.sources
-            }
+            ends = initial_offsets(self.plan, self.job_context)
         self.ends = ends
         self.progress.last_committed = committed
         self.progress.snapshots = committed + 1  # batches are numbered from 0

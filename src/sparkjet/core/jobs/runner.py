@@ -49,7 +49,7 @@ from sparkjet.core.planner import Plan
 from sparkjet.core.plugins import PluginHost
 from sparkjet.core.snapshots import Manifest, SnapshotStore
 from sparkjet.core.store import JobRecords, Store
-from sparkjet.core.streaming import StopReason, StreamLoop, StreamProgress
+from sparkjet.core.streaming import StopReason, StreamLoop, StreamProgress, initial_offsets
 
 if TYPE_CHECKING:
     from sparkjet.core.jobs.handle import Job
@@ -87,6 +87,12 @@ def _sparkjet_version() -> str:
 
 #: Answers to requests from other processes that a job record keeps (newest).
 KEPT_ANSWERS = 20
+
+
+def _request_id(payload: Any) -> str | None:
+    """The id a control request's asker waits for an answer under (None: nobody waits)."""
+    request = payload.get("request") if isinstance(payload, dict) else None
+    return request if isinstance(request, str) else None
 
 
 @dataclass
@@ -255,19 +261,23 @@ class JobRunner:
         except ValueError:
             log.warning("job %s: ignoring unknown request %r", self.job.label, action)
             return
-        request = payload.get("request") if isinstance(payload, dict) else None
+        request = _request_id(payload)
         try:
             self.act(chosen, payload)
         except JobStateError as exc:
             log.warning("job %s: %s", self.job.label, exc)
             self._answer(request, error=str(exc))
             return
+        except Exception as exc:  # e.g. a configuration the driver cannot read
+            log.exception("job %s: the %s request failed", self.job.label, chosen.value)
+            self._answer(request, error=f"{type(exc).__name__}: {exc}")
+            return
         if chosen is not Action.EXPORT_SNAPSHOT:
             self._answer(request)
 
-    def _answer(self, request: Any, error: str | None = None, **result: Any) -> None:
-        """Record the answer to request ``request`` (no id: nobody waits for one)."""
-        if not isinstance(request, str):
+    def _answer(self, request: str | None, error: str | None = None, **result: Any) -> None:
+        """Record the answer to request ``request`` (None: nobody waits for one)."""
+        if request is None:
             return
         entry: dict[str, Any] = {"time": now_ms(), **result}
         if error is not None:
@@ -513,9 +523,7 @@ class JobRunner:
         loop = self._loop
         if loop is not None and loop.ends:
             return dict(loop.ends)
-        make = self.context_factory()
-        return {self.plan.name(n): n.params["source"].initial_offsets(make(n))
-                for n in self.plan.nodes if n.op == "source"}
+        return initial_offsets(self.plan, self.context_factory())
 
     def _hold(self, cut: ExportCut) -> None:
         """Tell every batch from now on of ``cut``'s pin (a cut before the first batch has none)."""
@@ -586,12 +594,13 @@ class JobRunner:
 
     def _export_for_request(self, payload: Any) -> None:
         """An export asked by another process; its result goes into the job record."""
+        request = _request_id(payload)
         try:
-            name, cancel_job, request = payload["name"], bool(payload["cancel_job"]), payload[
-                "request"]
+            name, cancel_job = payload["name"], bool(payload["cancel_job"])
         except (TypeError, KeyError):
             log.warning("job %s: ignoring a malformed export request %r", self.job.label,
                         payload)
+            self._answer(request, error=f"malformed export request {payload!r}")
             return
         try:
             batch = self.export_snapshot(str(name), cancel_job).batch_id
