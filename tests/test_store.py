@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any
 
@@ -207,3 +208,41 @@ def test_a_batch_committed_twice_by_racing_drivers_is_seen_once(
                            producer="p", batch=4) is None
     expected = ["b0", "b1", "b2", "b3", "client", "b4", "b5", "b6", "b7"]
     assert reader.get_all() == IList(store, "sink").get_all() == expected
+
+
+def test_a_listing_races_deletes_in_the_memory_store(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """fsspec's memory filesystem tears a listing when a file goes mid-way; it is taken again.
+
+    A fold deletes the records it folded while readers list the folder, as
+    the committers in the storage conformance race do.
+    """
+    store = Store(f"memory://sparkjet-test-{tmp_path.name}")
+    folder = store.path("race")
+    names = [f"{i:04d}.pkl" for i in range(200)]
+    done = threading.Event()
+    failures: list[BaseException] = []
+
+    def churn() -> None:
+        try:
+            while not done.is_set():
+                for name in names:
+                    store.write_bytes(f"{folder}/{name}", b"x")
+                for name in names:
+                    store.remove(f"{folder}/{name}")
+        except BaseException as exc:  # reported below
+            failures.append(exc)
+
+    thread = threading.Thread(target=churn)
+    thread.start()
+    try:
+        listed = 0
+        for _ in range(3000):
+            seen = store.listdir(folder)
+            assert set(seen) <= set(names)
+            listed += len(seen)
+            with contextlib.suppress(FileNotFoundError):
+                assert {p.rsplit("/", 1)[-1] for p in store.find(folder)} <= set(names)
+    finally:
+        done.set()
+        thread.join(30)
+    assert failures == [] and listed > 0

@@ -97,7 +97,7 @@ class _Collector:
             self.store._fresh(path)
             info = self.store.fs.info(path)
             if info.get("type") == "directory":
-                found = self.store.fs.find(path, detail=True)
+                found = self.store.find(path)
                 times = [_mtime(i) for i in found.values()]
                 if None in times:
                     return False

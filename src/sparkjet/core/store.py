@@ -25,7 +25,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import fsspec
 
@@ -36,6 +36,9 @@ from sparkjet.core.streams import StreamLog
 log = logging.getLogger("sparkjet.store")
 
 _SEQ_WIDTH = 20
+#: How often a listing torn by a concurrent delete is taken (see Store._listing).
+_LIST_ATTEMPTS = 5
+_T = TypeVar("_T")
 #: The checkpoint folders a job record may name (see JobRecords.checkpoint_path).
 _CHECKPOINT_FOLDER = re.compile(r"checkpoint|scratch-[0-9a-f]{8}")
 #: Batches up to this many items travel inline in a commit record.
@@ -282,16 +285,50 @@ class Store:
         except Exception as exc:
             raise self._error(f"cannot stat {path!r} in store {self.shown_url!r}: {exc}") from exc
 
+    def _listing(self, path: str, call: Callable[[], _T]) -> _T:
+        """Run the listing ``call`` of ``path``; FileNotFoundError if the folder is absent.
+
+        fsspec's memory filesystem lists by taking its keys and then reading
+        each one, so a file deleted by another thread in between (a log's fold
+        dropping what it folded) raises ``KeyError`` for that file. Such a
+        listing is taken again; on a real store a listing is one request.
+        """
+        for attempt in range(_LIST_ATTEMPTS):
+            try:
+                return call()
+            except FileNotFoundError:
+                raise
+            except KeyError as exc:
+                if attempt + 1 < _LIST_ATTEMPTS:
+                    continue
+                raise self._error(
+                    f"cannot list {path!r} in store {self.shown_url!r}: {exc}"
+                ) from exc
+            except Exception as exc:
+                raise self._error(
+                    f"cannot list {path!r} in store {self.shown_url!r}: {exc}"
+                ) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
     def listdir(self, path: str) -> list[str]:
         """Base names of the entries in ``path`` (empty if it does not exist), listed afresh."""
         self._fresh(path)
         try:
-            entries = self.fs.ls(path, detail=False)
+            entries = self._listing(path, lambda: self.fs.ls(path, detail=False))
         except FileNotFoundError:
             return []
-        except Exception as exc:
-            raise self._error(f"cannot list {path!r} in store {self.shown_url!r}: {exc}") from exc
         return sorted(e.rstrip("/").rsplit("/", 1)[-1] for e in entries)
+
+    def find(self, path: str) -> dict[str, dict[str, Any]]:
+        """Every file under the folder ``path`` with its details, listed afresh.
+
+        FileNotFoundError if ``path`` does not exist.
+        """
+        self._fresh(path)
+        found: dict[str, dict[str, Any]] = self._listing(
+            path, lambda: self.fs.find(path, detail=True)
+        )
+        return found
 
     def remove(self, path: str, recursive: bool = False) -> None:
         """Delete ``path`` (a whole folder with ``recursive``); never anything outside the root."""

@@ -256,10 +256,9 @@ class FsspecSnapshotBackend(SnapshotBackend):
     def list(self, prefix: str) -> builtins.list[str]:
         """Every file under the folder ``prefix``, relative to the root, listed afresh."""
         target = self._path(prefix)
-        self._fresh(target)
         with self._errors("list", prefix):
             try:
-                found = self._store.fs.find(target)
+                found = list(self._store.find(target))
             except FileNotFoundError:
                 return []
         inside = target.rstrip("/") + "/"
