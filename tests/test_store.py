@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -210,8 +212,35 @@ def test_a_batch_committed_twice_by_racing_drivers_is_seen_once(
     assert reader.get_all() == IList(store, "sink").get_all() == expected
 
 
-def test_a_listing_races_deletes_in_the_memory_store(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """fsspec's memory filesystem tears a listing when a file goes mid-way; it is taken again.
+
+@pytest.fixture
+def eager_thread_switches() -> Any:
+    """Switch threads every microsecond, so that a race has many chances to show."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(before)
+
+
+def _threads(work: Any, count: int) -> None:
+    failures: list[BaseException] = []
+
+    def run(n: int) -> None:
+        try:
+            work(n)
+        except BaseException as exc:  # reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert failures == []
+
+
+def test_a_listing_races_deletes_in_the_memory_store(tmp_path: Path) -> None:
+    """fsspec's memory filesystem tears a listing when a file goes mid-way; ours lists at once.
 
     A fold deletes the records it folded while readers list the folder, as
     the committers in the storage conformance race do.
@@ -220,29 +249,68 @@ def test_a_listing_races_deletes_in_the_memory_store(tmp_path) -> None:  # type:
     folder = store.path("race")
     names = [f"{i:04d}.pkl" for i in range(200)]
     done = threading.Event()
-    failures: list[BaseException] = []
+    listed: list[int] = []
 
-    def churn() -> None:
-        try:
+    def work(n: int) -> None:
+        if n == 0:
             while not done.is_set():
                 for name in names:
                     store.write_bytes(f"{folder}/{name}", b"x")
                 for name in names:
                     store.remove(f"{folder}/{name}")
-        except BaseException as exc:  # reported below
-            failures.append(exc)
+            return
+        try:
+            for _ in range(3000):
+                seen = store.listdir(folder)
+                assert set(seen) <= set(names)
+                listed.append(len(seen))
+                with contextlib.suppress(FileNotFoundError):
+                    assert {p.rsplit("/", 1)[-1] for p in store.find(folder)} <= set(names)
+        finally:
+            done.set()
 
-    thread = threading.Thread(target=churn)
-    thread.start()
-    try:
-        listed = 0
-        for _ in range(3000):
-            seen = store.listdir(folder)
-            assert set(seen) <= set(names)
-            listed += len(seen)
-            with contextlib.suppress(FileNotFoundError):
-                assert {p.rsplit("/", 1)[-1] for p in store.find(folder)} <= set(names)
-    finally:
-        done.set()
-        thread.join(30)
-    assert failures == [] and listed > 0
+    _threads(work, 2)
+    assert sum(listed) > 0
+
+
+def test_a_create_only_write_to_the_memory_store_has_one_winner(
+    tmp_path: Path, eager_thread_switches: None
+) -> None:
+    """Threads creating the same files: each file is created once, by one of them."""
+    store = Store(f"memory://sparkjet-test-{tmp_path.name}")
+    assert store.conditional_writes
+    paths = [store.path("race", f"{i:04d}") for i in range(500)]
+    won: list[tuple[str, int]] = []
+
+    def create(writer: int) -> None:
+        for path in paths:
+            if store.create_exclusive(path, f"writer {writer}".encode()):
+                won.append((path, writer))
+
+    _threads(create, 4)
+    assert sorted(p for p, _ in won) == paths
+    assert all(store.read_bytes(p) == f"writer {w}".encode() for p, w in won)
+
+
+def test_a_folder_deleted_by_two_threads_at_once_is_gone(
+    tmp_path: Path, eager_thread_switches: None
+) -> None:
+    """Two exporters retiring one attempt, or gc beside a job: no error, nothing left.
+
+    Each delete, when it returns, has left nothing of the tree, whichever
+    thread removed which file.
+    """
+    store = Store(f"memory://sparkjet-test-{tmp_path.name}")
+
+    def remove(tree: str) -> None:
+        store.remove(tree, recursive=True)
+        assert store.listdir(tree) == [], f"{tree} still holds files after its delete"
+
+    for round_ in range(30):
+        tree = store.path("trees", f"t{round_}")
+        for i in range(40):
+            store.write_bytes(f"{tree}/a/{i}", b"x")
+            store.write_bytes(f"{tree}/b/c/{i}", b"y")
+        store.fs.makedirs(f"{tree}/empty", exist_ok=True)
+        _threads(lambda _, tree=tree: remove(tree), 2)
+        assert not store.exists(tree)

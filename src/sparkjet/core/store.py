@@ -28,16 +28,16 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import fsspec
+from fsspec.implementations.memory import MemoryFileSystem
 
 from sparkjet.core.errors import StoreError
+from sparkjet.core.memoryfs import ThreadSafeMemoryFileSystem
 from sparkjet.core.naming import PICKLE_PROTOCOL, decode_name, encode_name, unpickle
 from sparkjet.core.streams import StreamLog
 
 log = logging.getLogger("sparkjet.store")
 
 _SEQ_WIDTH = 20
-#: How often a listing torn by a concurrent delete is taken (see Store._listing).
-_LIST_ATTEMPTS = 5
 _T = TypeVar("_T")
 #: The checkpoint folders a job record may name (see JobRecords.checkpoint_path).
 _CHECKPOINT_FOLDER = re.compile(r"checkpoint|scratch-[0-9a-f]{8}")
@@ -98,6 +98,8 @@ class Store:
                 raise self._error(f"cannot open store {self.shown_url!r}: {exc}") from exc
             if _is_local(fs):
                 root = os.path.abspath(root)
+            elif type(fs) is MemoryFileSystem:
+                fs = ThreadSafeMemoryFileSystem(**self.options)
             self._fs, self._root = fs, root.rstrip("/")
         return self._fs
 
@@ -286,29 +288,13 @@ class Store:
             raise self._error(f"cannot stat {path!r} in store {self.shown_url!r}: {exc}") from exc
 
     def _listing(self, path: str, call: Callable[[], _T]) -> _T:
-        """Run the listing ``call`` of ``path``; FileNotFoundError if the folder is absent.
-
-        fsspec's memory filesystem lists by taking its keys and then reading
-        each one, so a file deleted by another thread in between (a log's fold
-        dropping what it folded) raises ``KeyError`` for that file. Such a
-        listing is taken again; on a real store a listing is one request.
-        """
-        for attempt in range(_LIST_ATTEMPTS):
-            try:
-                return call()
-            except FileNotFoundError:
-                raise
-            except KeyError as exc:
-                if attempt + 1 < _LIST_ATTEMPTS:
-                    continue
-                raise self._error(
-                    f"cannot list {path!r} in store {self.shown_url!r}: {exc}"
-                ) from exc
-            except Exception as exc:
-                raise self._error(
-                    f"cannot list {path!r} in store {self.shown_url!r}: {exc}"
-                ) from exc
-        raise AssertionError("unreachable")  # pragma: no cover
+        """Run the listing ``call`` of ``path``; FileNotFoundError if the folder is absent."""
+        try:
+            return call()
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            raise self._error(f"cannot list {path!r} in store {self.shown_url!r}: {exc}") from exc
 
     def listdir(self, path: str) -> list[str]:
         """Base names of the entries in ``path`` (empty if it does not exist), listed afresh."""
