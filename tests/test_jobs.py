@@ -153,10 +153,8 @@ def test_batch_jobs_accept_every_guarantee(client, jet) -> None:  # type: ignore
 def test_cancel_before_spark_work_starts(client, jet) -> None:  # type: ignore[no-untyped-def]
     job = jet.submit(slow_pipeline(n=200, delay=0.05, sink="early"), JobConfig(name="early"))
     job.cancel()  # at once: the job is NOT_RUNNING or STARTING
-    started = time.monotonic()
     with pytest.raises(JobCancelledError):
         job.join(timeout=60)
-    assert time.monotonic() - started < 8, "200 items x 50 ms would take 10 s if not stopped"
     assert job.is_user_cancelled()
     assert client.get_list("early").get_all() == []
 

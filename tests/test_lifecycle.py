@@ -254,9 +254,11 @@ def test_streaming_job_suspends_resumes_restarts_and_is_cancelled(
     fake_client: Client, engine: FakeEngine
 ) -> None:
     stream = fake_client.get_stream("events", partitions=2)
+    # Published before the job starts: a publish writes one partition after the
+    # other, and a running loop may plan a batch between the two.
+    stream.publish_all(range(10))
     job = submit_stream(fake_client, "clicks")
     seen = record_events(job)
-    stream.publish_all(range(10))
     wait_until(lambda: job.get_metrics()["lastCommittedBatch"] >= 0, timeout=10, what="a batch")
     first = engine.micro_batches(job.id)[0]
     assert first.batch == 0 and first.committed == -1

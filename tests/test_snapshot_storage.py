@@ -489,7 +489,7 @@ def test_an_unknown_option_is_refused_before_any_request(
     assert message.startswith(f"snapshot backend {cls.kind!r} at {url}: unknown option {option!r}")
     assert f"did you mean {suggestion!r}?" in message
     assert SECRET not in message
-    assert time.monotonic() - started < 5  # no request was tried (gcsfs would stall a minute)
+    assert time.monotonic() - started < 20  # no request was tried (gcsfs would stall a minute)
 
 
 @pytest.mark.parametrize(("cls", "module", "extra"), [

@@ -778,7 +778,9 @@ def _stream_job(client: sparkjet.Client, name: str, suspend_on_failure: bool) ->
             raise ValueError("thirteen is unlucky")
         return x
 
-    client.get_stream("events", partitions=2)
+    # One partition: a publish is then one chunk, so 13 and the items published
+    # with it fall in one micro-batch (two partitions are written one by one).
+    client.get_stream("events", partitions=1)
     p = Pipeline.create()
     (
         p.read_from(StreamSource("events")).map(explode_on_13).set_name("explode")

@@ -11,6 +11,7 @@ from pyspark import cloudpickle as pyspark_cloudpickle
 
 import sparkjet
 from sparkjet.aggregate import counting
+from sparkjet.core import streaming as streaming_module
 from sparkjet.errors import (
     ConfigError,
     JobCancelledError,
@@ -105,17 +106,36 @@ def test_order_sensitive_fold_without_combiner(client) -> None:  # type: ignore[
         stop(job)
 
 
-def test_distinct_by_value_with_ttl(client) -> None:  # type: ignore[no-untyped-def]
+class _WallClock:
+    """``time`` as the streaming loop sees it, with ``time()`` movable ahead."""
+
+    def __init__(self) -> None:
+        self.ahead = 0.0
+
+    def time(self) -> float:
+        return time.time() + self.ahead
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+def test_distinct_by_value_with_ttl(client, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # A batch's clock is its plan's wall-clock time. The test moves that clock
+    # past the TTL instead of sleeping, so a slow batch cannot outlive the TTL.
+    clock = _WallClock()
+    monkeypatch.setattr(streaming_module, "time", clock)
     stream = client.get_stream("d", partitions=2)
     p = Pipeline.create()
-    p.read_from(StreamSource("d")).distinct(ttl_millis=1500).write_to(Pipeline.to_list("firsts"))
+    p.read_from(StreamSource("d")).distinct(ttl_millis=60_000).write_to(
+        Pipeline.to_list("firsts")
+    )
     job = start(client, p, "distinct")
     try:
         stream.publish_all([{"a": 1}, {"a": 1.0}, [1, 2], "x"])
         wait_for(lambda: client.get_list("firsts").size() >= 3, what="first items")
         stream.publish_all([{"a": 1}, "x", "y"])  # within the TTL: only "y" is new
         wait_for(lambda: "y" in client.get_list("firsts").get_all(), what="y")
-        time.sleep(2.5)  # past the TTL: "x" was forgotten, so it passes again
+        clock.ahead = 61.0  # past the TTL: "x" was forgotten, so it passes again
         stream.publish_all(["x"])
         wait_for(lambda: client.get_list("firsts").get_all().count("x") == 2, what="x again")
         items = client.get_list("firsts").get_all()
@@ -265,6 +285,10 @@ def test_restart(client, guarantee, replays) -> None:  # type: ignore[no-untyped
         stream.publish_all([1, 2, 3])
         wait_for(lambda: client.get_list("out").size() == 3, what="first output")
         job.restart()
+        if replays:
+            # Published once the replay is out: a loop that had not yet seen the
+            # restart could otherwise take 4 into one more batch before it.
+            wait_for(lambda: client.get_list("out").size() == 6, what="the replay")
         stream.publish_all([4])
         expected = [10, 20, 30, 10, 20, 30, 40] if replays else [10, 20, 30, 40]
         wait_for(lambda: client.get_list("out").size() >= len(expected), what="after restart")
