@@ -6,10 +6,12 @@ fake-gcs-server, started by the suite's fixtures).
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
 
+from sparkjet import testing
 from sparkjet.testing import StoreConformance, StoreLocation
 
 
@@ -37,3 +39,28 @@ class TestGCS(StoreConformance):
     @pytest.fixture
     def location(self, gcs_location: StoreLocation) -> StoreLocation:
         return gcs_location.fresh()
+
+
+@pytest.mark.storage
+@pytest.mark.parametrize("server", ["moto", "fake-gcs-server"])
+def test_a_server_whose_port_was_taken_starts_on_another(
+    server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The port found free is taken before the server binds it: the next port is tried."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    ports = [taken.getsockname()[1]]
+    real_free_port = testing._free_port
+
+    def free_port() -> int:
+        ports.append(real_free_port())
+        return ports[0] if len(ports) == 2 else ports[-1]
+
+    monkeypatch.setattr(testing, "_free_port", free_port)
+    start = testing.moto_s3_server if server == "moto" else testing.fake_gcs_server
+    with taken, start(tmp_path) as location:
+        assert location.options["endpoint_url"] != f"http://127.0.0.1:{ports[0]}"
+        store = location.store()
+        store.write_bytes(store.path("probe"), b"1")
+        assert store.read_bytes(store.path("probe")) == b"1"

@@ -176,11 +176,15 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+class _ExitedEarly(RuntimeError):
+    """The server exited before it answered (most often: its port was taken meanwhile)."""
+
+
 def _wait_for(url: str, process: subprocess.Popen[bytes], name: str, log: Path) -> None:
     deadline = time.monotonic() + SERVER_START_SECONDS
     while True:
         if process.poll() is not None:
-            raise RuntimeError(
+            raise _ExitedEarly(
                 f"{name} exited with status {process.returncode} before answering; its "
                 f"output:\n{log.read_text(errors='replace')[-2000:]}"
             )
@@ -196,23 +200,40 @@ def _wait_for(url: str, process: subprocess.Popen[bytes], name: str, log: Path) 
             time.sleep(0.05)
 
 
+#: Ports tried for a server: a free port is found, released, then given to the
+#: server, and another process may take it in between.
+_SERVER_PORT_ATTEMPTS = 3
+
+
 @contextlib.contextmanager
 def _serving(
-    command: list[str], probe: str, name: str, workdir: Path
-) -> Iterator[subprocess.Popen[bytes]]:
+    command: Callable[[str, int], list[str]], probe: str, name: str, workdir: Path
+) -> Iterator[str]:
+    """Run ``command(endpoint, port)`` on a free port; yield the endpoint once ``probe`` answers."""
     log = workdir / f"{name}.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=workdir)
-    try:
-        _wait_for(probe, process, name, log)
-        yield process
-    finally:
-        process.terminate()
+    for attempt in range(_SERVER_PORT_ATTEMPTS):
+        port = _free_port()
+        endpoint = f"http://127.0.0.1:{port}"
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                command(endpoint, port), stdout=out, stderr=subprocess.STDOUT, cwd=workdir
+            )
         try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+            try:
+                _wait_for(endpoint + probe, process, name, log)
+            except _ExitedEarly:
+                if attempt + 1 == _SERVER_PORT_ATTEMPTS:
+                    raise
+                continue
+            yield endpoint
+            return
+        finally:
+            process.terminate()
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(10)
 
 
 def _require(module: str, install: str) -> None:
@@ -227,10 +248,10 @@ def moto_s3_server(workdir: Path, bucket: str = "sparkjet") -> Iterator[StoreLoc
     """Moto's S3 server on 127.0.0.1 with ``bucket`` created; yields ``s3://bucket``."""
     _require("moto.server", '"moto[server]"')
     _require("s3fs", "s3fs")
-    port = _free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
-    with _serving(command, f"{endpoint}/moto-api/", "moto-s3", workdir):
+    def command(endpoint: str, port: int) -> list[str]:
+        return [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+
+    with _serving(command, "/moto-api/", "moto-s3", workdir) as endpoint:
         options = {"endpoint_url": endpoint, "key": "testing", "secret": "testing"}
         import s3fs
 
@@ -256,14 +277,16 @@ def _fake_gcs_binary() -> str:
 def fake_gcs_server(workdir: Path, bucket: str = "sparkjet") -> Iterator[StoreLocation]:
     """fake-gcs-server (in memory) on 127.0.0.1 with ``bucket`` created; yields ``gs://bucket``."""
     _require("gcsfs", "gcsfs")
-    port = _free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    command = [
-        _fake_gcs_binary(), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port),
-        "-backend", "memory", "-external-url", endpoint, "-public-host", f"127.0.0.1:{port}",
-        "-log-level", "warn",
-    ]
-    with _serving(command, f"{endpoint}/storage/v1/b", "fake-gcs-server", workdir):
+    binary = _fake_gcs_binary()
+
+    def command(endpoint: str, port: int) -> list[str]:
+        return [
+            binary, "-scheme", "http", "-host", "127.0.0.1", "-port", str(port),
+            "-backend", "memory", "-external-url", endpoint,
+            "-public-host", f"127.0.0.1:{port}", "-log-level", "warn",
+        ]
+
+    with _serving(command, "/storage/v1/b", "fake-gcs-server", workdir) as endpoint:
         options = {"endpoint_url": endpoint, "token": "anon"}
         import gcsfs
 
