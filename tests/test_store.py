@@ -14,6 +14,7 @@ from sparkjet.core import store as store_module
 from sparkjet.core.store import CommitLog, LogCursor, Store
 from sparkjet.core.structures import IList, IMap
 from sparkjet.errors import StoreError
+from sparkjet.testing import _race
 
 
 @pytest.fixture(params=["file", "memory"])
@@ -222,23 +223,6 @@ def eager_thread_switches() -> Any:
     sys.setswitchinterval(before)
 
 
-def _threads(work: Any, count: int) -> None:
-    failures: list[BaseException] = []
-
-    def run(n: int) -> None:
-        try:
-            work(n)
-        except BaseException as exc:  # reported below
-            failures.append(exc)
-
-    threads = [threading.Thread(target=run, args=(n,)) for n in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert failures == []
-
-
 def test_a_listing_races_deletes_in_the_memory_store(tmp_path: Path) -> None:
     """fsspec's memory filesystem tears a listing when a file goes mid-way; ours lists at once.
 
@@ -269,7 +253,7 @@ def test_a_listing_races_deletes_in_the_memory_store(tmp_path: Path) -> None:
         finally:
             done.set()
 
-    _threads(work, 2)
+    _race(work, 2)
     assert sum(listed) > 0
 
 
@@ -287,7 +271,7 @@ def test_a_create_only_write_to_the_memory_store_has_one_winner(
             if store.create_exclusive(path, f"writer {writer}".encode()):
                 won.append((path, writer))
 
-    _threads(create, 4)
+    _race(create, 4)
     assert sorted(p for p, _ in won) == paths
     assert all(store.read_bytes(p) == f"writer {w}".encode() for p, w in won)
 
@@ -312,5 +296,5 @@ def test_a_folder_deleted_by_two_threads_at_once_is_gone(
             store.write_bytes(f"{tree}/a/{i}", b"x")
             store.write_bytes(f"{tree}/b/c/{i}", b"y")
         store.fs.makedirs(f"{tree}/empty", exist_ok=True)
-        _threads(lambda _, tree=tree: remove(tree), 2)
+        _race(lambda _, tree=tree: remove(tree), 2)
         assert not store.exists(tree)
