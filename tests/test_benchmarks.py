@@ -27,6 +27,11 @@ RUNS = {
         ["sparkjet", "native", "S3", "targets:"],
     ),
     "commit_log": (["--commits", "150", "--s3"], ["folded", "never folded", "plain Python"]),
+    "memory_store": (
+        ["--files", "200", "--folders", "10", "--listings", "20", "--creates", "50",
+         "--rounds", "1"],
+        ["fsspec", "thread-safe", "create-only"],
+    ),
     "snapshot": (
         ["--sizes-mb", "1", "--s3", "--live-mb", "1", "-n", "20000", "--repeat", "1"],
         ["fsspec copy", "export:", "restore: both", "longest gap during the export",

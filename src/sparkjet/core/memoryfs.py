@@ -6,7 +6,8 @@ its export thread, its heartbeat, committers in tests. fsspec's
 
 - ``ls`` takes the store's keys, then reads each entry, so a file deleted in
   between raises ``KeyError`` (a log's fold deletes what it folded while a
-  reader lists the folder);
+  reader lists the folder); here such a file is left out, as a listing taken
+  a moment later would;
 - a create-only write checks that the path is absent, then stores the file,
   so two threads can both "create" one path and the second silently replaces
   the first (two committers would both win one record number);
@@ -14,8 +15,8 @@ its export thread, its heartbeat, committers in tests. fsspec's
   failing half-way when another thread deletes the same tree.
 
 :class:`ThreadSafeMemoryFileSystem` does each of these in one step on the
-shared dict (a ``tuple`` of its items, ``setdefault``, ``pop``), which the GIL
-makes atomic. It shares the store with fsspec's own memory filesystem, so a
+shared dict (a ``tuple`` of its keys, ``get``, ``setdefault``, ``pop``), which
+the GIL makes atomic. It shares the store with fsspec's own memory filesystem, so a
 ``memory://`` URL names the same files from either.
 """
 
@@ -40,22 +41,22 @@ class ThreadSafeMemoryFileSystem(MemoryFileSystem):  # type: ignore[misc]
     """``MemoryFileSystem`` whose listings, create-only writes and deletes are atomic."""
 
     def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
-        """The entries directly in ``path``, from one snapshot of the store."""
+        """The entries directly in ``path``, from one snapshot of the store's keys."""
         path = self._strip_protocol(path)
-        files = dict(tuple(self.store.items()))
-        if path in files:
-            entries = [_file_info(path, files[path])]
+        exact = self.store.get(path)
+        if exact is not None:
+            entries = [_file_info(path, exact)]
         else:
             starter = path + "/"
             found: dict[str, dict[str, Any]] = {}
-            for name, file in files.items():
+            for name in tuple(self.store):
                 if not name.startswith(starter) or len(name) == len(starter):
                     continue
                 child, deeper, _ = name[len(starter):].partition("/")
                 full = starter + child
                 if deeper:
                     found.setdefault(full, {"name": full, "size": 0, "type": "directory"})
-                else:
+                elif (file := self.store.get(name)) is not None:  # None: deleted meanwhile
                     found[full] = _file_info(name, file)
             for folder in tuple(self.pseudo_dirs):
                 if folder.startswith(starter) and len(folder) > len(starter):
