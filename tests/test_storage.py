@@ -50,17 +50,19 @@ def test_a_server_whose_port_was_taken_starts_on_another(
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen()
-    ports = [taken.getsockname()[1]]
+    taken_port = taken.getsockname()[1]
     real_free_port = testing._free_port
+    handed: list[int] = []
 
-    def free_port() -> int:
-        ports.append(real_free_port())
-        return ports[0] if len(ports) == 2 else ports[-1]
+    def free_port() -> int:  # the taken port first, then truly free ones
+        handed.append(real_free_port() if handed else taken_port)
+        return handed[-1]
 
     monkeypatch.setattr(testing, "_free_port", free_port)
     start = testing.moto_s3_server if server == "moto" else testing.fake_gcs_server
     with taken, start(tmp_path) as location:
-        assert location.options["endpoint_url"] != f"http://127.0.0.1:{ports[0]}"
+        assert handed[0] == taken_port and len(handed) == 2
+        assert location.options["endpoint_url"] == f"http://127.0.0.1:{handed[1]}"
         store = location.store()
         store.write_bytes(store.path("probe"), b"1")
         assert store.read_bytes(store.path("probe")) == b"1"

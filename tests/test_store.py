@@ -213,7 +213,6 @@ def test_a_batch_committed_twice_by_racing_drivers_is_seen_once(
     assert reader.get_all() == IList(store, "sink").get_all() == expected
 
 
-
 @pytest.fixture
 def eager_thread_switches() -> Any:
     """Switch threads every microsecond, so that a race has many chances to show."""
