@@ -46,7 +46,7 @@ from sparkjet.aggregate import counting
 from sparkjet.core.checkpoint import Checkpoint, RangeState, task_range
 from sparkjet.core.exports import cut_export, export_state, release_cut, seed_checkpoint
 from sparkjet.core.planner import Plan, plan
-from sparkjet.core.plugins import PluginHost
+from sparkjet.core.plugin_manager import PluginHost
 from sparkjet.core.snapshots import SnapshotStore
 from sparkjet.errors import JobCancelledError
 from sparkjet.job import JobConfig, ProcessingGuarantee

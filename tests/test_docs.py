@@ -157,7 +157,7 @@ def test_every_config_key_is_in_configuration_md(section: str) -> None:
 
 
 def test_environment_variables_are_in_configuration_md() -> None:
-    from sparkjet.core import plugins as core_plugins
+    from sparkjet.core import plugin_manager as core_plugins
 
     text = read_doc("configuration.md")
     for var in (
@@ -318,7 +318,7 @@ def test_updatable_config_fields_are_documented() -> None:
 
 
 def test_streaming_metrics_are_in_streaming_md() -> None:
-    from sparkjet.core.streaming import StreamProgress
+    from sparkjet.core.microbatch_loop import StreamProgress
 
     text = read_doc("streaming.md")
     keys = [*StreamProgress().as_metrics(), "snapshotKeys", "snapshotBytes"]

@@ -26,7 +26,7 @@ from sparkjet.core.jobs import handle as handle_module
 from sparkjet.core.jobs import record as record_module
 from sparkjet.core.jobs import runner as runner_module
 from sparkjet.core.store import CommitLog, JobRecords, Store
-from sparkjet.core.streams import StreamLog
+from sparkjet.core.stream_log import StreamLog
 from sparkjet.errors import (
     JobCancelledError,
     JobFencedError,
@@ -477,7 +477,7 @@ def test_a_batch_chunk_never_registered_is_registered_by_its_reader(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The driver died between appending batch 7's chunk and registering it."""
-    monkeypatch.setattr("sparkjet.core.streams.PENDING_WAIT_SECONDS", 0.2)
+    monkeypatch.setattr("sparkjet.core.stream_log.PENDING_WAIT_SECONDS", 0.2)
     stream = StreamLog(store, "out")
     stream.create(1)
     stream.append(0, ["a"], "@job:sink:cp:7")
@@ -527,7 +527,7 @@ import resource, sys
 from sparkjet.aggregate import counting
 from sparkjet.core.checkpoint import RangeState, StatePaths
 from sparkjet.core.keyed import keyed_fold
-from sparkjet.core.runtime.stream import StateTask
+from sparkjet.core.runtime.microbatch import StateTask
 from sparkjet.core.store import Store
 
 store = Store(sys.argv[1])

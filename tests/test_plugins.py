@@ -28,7 +28,7 @@ import pytest
 
 import sparkjet
 from sparkjet.core.planner import plan
-from sparkjet.core.plugins import PluginHost
+from sparkjet.core.plugin_manager import PluginHost
 from sparkjet.errors import (
     JobCancelledError,
     JobFailedError,

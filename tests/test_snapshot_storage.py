@@ -31,7 +31,7 @@ import pytest
 import sparkjet
 from sparkjet.core import snapshots as core_snapshots
 from sparkjet.core.config import load_config
-from sparkjet.core.plugins import PluginHost
+from sparkjet.core.plugin_manager import PluginHost
 from sparkjet.core.snapshots import (
     MANIFEST,
     ManifestFields,
@@ -632,7 +632,7 @@ def test_a_third_party_backend_is_selected_by_name(
 #: Exports ``name`` in a child process; with ``kill``, stops half-way in the middle of a file.
 _EXPORTER = r"""
 import json, sys, time
-from sparkjet.core.plugins import PluginHost
+from sparkjet.core.plugin_manager import PluginHost
 from sparkjet.core.snapshots import ManifestFields, SnapshotStore, StageFields
 
 kind, url, options, name, job, files, mode = sys.argv[1:]

@@ -323,7 +323,7 @@ def test_a_restore_that_carries_no_state_keeps_the_jobs_own_key_groups(tmp_path:
     from sparkjet.core.checkpoint import Checkpoint
     from sparkjet.core.exports import seed_checkpoint
     from sparkjet.core.planner import plan
-    from sparkjet.core.plugins import PluginHost
+    from sparkjet.core.plugin_manager import PluginHost
     from sparkjet.core.snapshots import ManifestFields, SnapshotStore
     from sparkjet.core.store import Store
     from sparkjet.testing import StoreLocation
@@ -437,7 +437,7 @@ def test_a_state_file_gone_mid_export_is_named(tmp_path: Any) -> None:
     from sparkjet.core.errors import StoreError
     from sparkjet.core.exports import cut_export, export_state, release_cut
     from sparkjet.core.planner import plan
-    from sparkjet.core.plugins import PluginHost
+    from sparkjet.core.plugin_manager import PluginHost
     from sparkjet.core.snapshots import SnapshotStore
     from sparkjet.core.store import Store
     from sparkjet.testing import StoreLocation
@@ -496,7 +496,7 @@ def test_an_export_folds_changelogs_in_compaction_children(where: str, tmp_path:
     from sparkjet.core.checkpoint import Checkpoint, RangeState
     from sparkjet.core.exports import cut_export, export_state, release_cut
     from sparkjet.core.planner import plan
-    from sparkjet.core.plugins import PluginHost
+    from sparkjet.core.plugin_manager import PluginHost
     from sparkjet.core.snapshots import SnapshotStore
     from sparkjet.core.store import Store
     from sparkjet.testing import StoreLocation

@@ -11,7 +11,7 @@ from pyspark import cloudpickle as pyspark_cloudpickle
 
 import sparkjet
 from sparkjet.aggregate import counting
-from sparkjet.core import streaming as streaming_module
+from sparkjet.core import microbatch_loop as streaming_module
 from sparkjet.errors import (
     ConfigError,
     JobCancelledError,
@@ -335,7 +335,7 @@ def test_state_carries_over_when_the_cluster_grows_and_shrinks(  # type: ignore[
 ) -> None:
     """Suspended, resumed on a cluster running 3 tasks at once, then 1: counts go on exactly."""
     from sparkjet.core.checkpoint import Checkpoint, task_range
-    from sparkjet.core.runtime.engine import SparkEngine
+    from sparkjet.core.runtime.spark_engine import SparkEngine
     from sparkjet.core.store import JobRecords
 
     stream = client.get_stream("grow", partitions=2)

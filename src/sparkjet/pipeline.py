@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 
-class Pipeline(graph.Pipeline):
+class Pipeline(graph.PipelineGraph):
     """A DAG of stages; build it with :meth:`read_from` and the stage methods."""
 
     @staticmethod

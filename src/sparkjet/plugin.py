@@ -43,9 +43,9 @@ from sparkjet.core.contracts import (
 )
 from sparkjet.core.hookspecs import hookimpl
 from sparkjet.core.model import ProcessingGuarantee
-from sparkjet.core.plugins import PluginInfo, Registered
+from sparkjet.core.plugin_manager import PluginInfo, Registered
 from sparkjet.core.store import CommitLog, Store
-from sparkjet.core.streams import StreamLog
+from sparkjet.core.stream_log import StreamLog
 
 __all__ = [
     "ALL_GUARANTEES",

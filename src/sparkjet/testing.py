@@ -82,7 +82,7 @@ from sparkjet.core.errors import (
     SnapshotNotFoundError,
     SnapshotReplacedError,
 )
-from sparkjet.core.plugins import PluginHost
+from sparkjet.core.plugin_manager import PluginHost
 from sparkjet.core.snapshots import (
     MANIFEST,
     ManifestFields,
@@ -93,7 +93,7 @@ from sparkjet.core.snapshots import (
     kind_for_url,
 )
 from sparkjet.core.store import CommitLog, Store
-from sparkjet.core.streams import StreamLog
+from sparkjet.core.stream_log import StreamLog
 
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 

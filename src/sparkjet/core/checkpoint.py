@@ -1,7 +1,7 @@
 """The checkpoint of a streaming job: its format, and every read and write of it.
 
-The micro-batch loop (:mod:`sparkjet.core.streaming`) and the state reducers
-(:mod:`sparkjet.core.runtime.stream`) go through :class:`Checkpoint` and
+The micro-batch loop (:mod:`sparkjet.core.microbatch_loop`) and the state reducers
+(:mod:`sparkjet.core.runtime.microbatch`) go through :class:`Checkpoint` and
 :class:`StatePaths`; nothing else knows file names. A checkpoint written by
 one version of sparkjet must be resumed by the next, so this format changes
 only with the ``format`` number in ``meta.json``.

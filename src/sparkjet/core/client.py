@@ -22,7 +22,7 @@ from sparkjet.core.maintenance import (
     GarbageReport,
     collect_garbage,
 )
-from sparkjet.core.plugins import PluginHost, PluginInfo
+from sparkjet.core.plugin_manager import PluginHost, PluginInfo
 from sparkjet.core.snapshots import SnapshotStore, kind_for_url, snapshot_store
 from sparkjet.core.store import JobRecords, Store
 from sparkjet.core.structures import IList, IMap, IStream
@@ -72,7 +72,7 @@ class Client:
     def engine(self) -> Engine:
         """The engine jobs run on: Spark unless the client was built with another."""
         if self._engine is None:
-            from sparkjet.core.runtime.engine import SparkEngine
+            from sparkjet.core.runtime.spark_engine import SparkEngine
 
             self._engine = SparkEngine(self.config, self.plugins)
         return self._engine

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Protocol
 
 from sparkjet.core.model import ProcessingGuarantee
 from sparkjet.core.store import CommitLog
-from sparkjet.core.streams import StreamLog
+from sparkjet.core.stream_log import StreamLog
 
 #: Every guarantee: for participants that replay and commit idempotently.
 ALL_GUARANTEES: frozenset[ProcessingGuarantee] = frozenset(ProcessingGuarantee)

@@ -1,6 +1,6 @@
 """The engine boundary: what the job services ask of the engine that runs the work.
 
-The services (:mod:`sparkjet.core.jobs`, :mod:`sparkjet.core.streaming`) talk
+The services (:mod:`sparkjet.core.jobs`, :mod:`sparkjet.core.microbatch_loop`) talk
 to Spark only through :class:`Engine`; the Spark implementation lives in
 :mod:`sparkjet.core.runtime` and is chosen by the client, the composition
 root. Nothing here imports Spark, so the job lifecycle, the control protocol,

@@ -1,15 +1,16 @@
 """The pipeline graph: transforms (nodes) and the stage handles users chain.
 
-Nothing here touches Spark. A :class:`Pipeline` is a DAG of
-:class:`Transform` nodes; the stage objects returned by ``read_from``,
-``map`` and friends are thin handles that add nodes to it.
+Nothing here touches Spark. A :class:`PipelineGraph` (the base of the user's
+:class:`sparkjet.pipeline.Pipeline`) is a DAG of :class:`Transform` nodes;
+the stage objects returned by ``read_from``, ``map`` and friends are thin
+handles that add nodes to it.
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from sparkjet.core.aggregation import AggregateOperation
 from sparkjet.core.errors import PipelineDefinitionError
@@ -71,7 +72,7 @@ class Transform:
 
     def __init__(
         self,
-        pipeline: Pipeline,
+        pipeline: PipelineGraph,
         op: OpKind,
         inputs: list[Transform],
         *,
@@ -101,14 +102,14 @@ class Transform:
         return f"<{self.op} stage {self.name!r}>"
 
 
-class Pipeline:
+class PipelineGraph:
     """A DAG of stages, built with :meth:`read_from` and the stage methods."""
 
     def __init__(self) -> None:
         self.transforms: list[Transform] = []
 
     @classmethod
-    def create(cls) -> Pipeline:
+    def create(cls) -> Self:
         """A new, empty pipeline."""
         return cls()
 

@@ -13,9 +13,9 @@ from typing import Any
 import cloudpickle
 
 from sparkjet.core.errors import PipelineDefinitionError, ProcessingGuaranteeError
-from sparkjet.core.graph import OpKind, Pipeline, Transform
+from sparkjet.core.graph import OpKind, PipelineGraph, Transform
 from sparkjet.core.model import ProcessingGuarantee
-from sparkjet.core.plugins import PluginHost, Registered
+from sparkjet.core.plugin_manager import PluginHost, Registered
 
 #: Operations a streaming job cannot run, with the reason shown to the user.
 _NOT_IN_STREAMS = {
@@ -28,7 +28,7 @@ _NOT_IN_STREAMS = {
 class Plan:
     """A validated pipeline: nodes in topological order, with names and plugins."""
 
-    pipeline: Pipeline
+    pipeline: PipelineGraph
     names: dict[Transform, str]
     nodes: list[Transform]
     streaming: bool
@@ -41,7 +41,7 @@ class Plan:
 
 def plan(pipeline: Any, host: PluginHost, guarantee: ProcessingGuarantee) -> Plan:
     """Validate ``pipeline`` for a job with ``guarantee``; see the module docstring."""
-    if not isinstance(pipeline, Pipeline):
+    if not isinstance(pipeline, PipelineGraph):
         raise PipelineDefinitionError(f"submit() takes a Pipeline, got {pipeline!r}")
     nodes = list(pipeline.transforms)
     if not nodes:

@@ -66,7 +66,7 @@ from sparkjet.core.naming import encode_name as encode_store_name
 
 if TYPE_CHECKING:
     from sparkjet.core.config import Config
-    from sparkjet.core.plugins import PluginHost
+    from sparkjet.core.plugin_manager import PluginHost
 
 log = logging.getLogger("sparkjet.snapshots")
 

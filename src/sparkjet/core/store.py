@@ -33,7 +33,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 from sparkjet.core.errors import StoreError
 from sparkjet.core.memoryfs import ThreadSafeMemoryFileSystem
 from sparkjet.core.naming import PICKLE_PROTOCOL, decode_name, encode_name, unpickle
-from sparkjet.core.streams import StreamLog
+from sparkjet.core.stream_log import StreamLog
 
 log = logging.getLogger("sparkjet.store")
 

@@ -148,7 +148,7 @@ class IStream:
     """
 
     def __init__(self, store: Store, name: str, partitions: int | None = None) -> None:
-        from sparkjet.core.streams import StreamLog
+        from sparkjet.core.stream_log import StreamLog
 
         self.name = name
         self._log = StreamLog(store, name)

@@ -44,12 +44,12 @@ from sparkjet.core.jobs.lifecycle import (
 )
 from sparkjet.core.jobs.policy import ClusterWatch
 from sparkjet.core.jobs.record import HEARTBEAT_SECONDS, Lease, now_ms
+from sparkjet.core.microbatch_loop import StopReason, StreamLoop, StreamProgress, initial_offsets
 from sparkjet.core.model import JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.core.planner import Plan
-from sparkjet.core.plugins import PluginHost
+from sparkjet.core.plugin_manager import PluginHost
 from sparkjet.core.snapshots import Manifest, SnapshotStore
 from sparkjet.core.store import JobRecords, Store
-from sparkjet.core.streaming import StopReason, StreamLoop, StreamProgress, initial_offsets
 
 if TYPE_CHECKING:
     from sparkjet.core.jobs.handle import Job

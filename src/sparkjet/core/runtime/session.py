@@ -9,7 +9,7 @@ import threading
 from typing import Any
 
 from sparkjet.core.config import Config
-from sparkjet.core.plugins import PluginHost
+from sparkjet.core.plugin_manager import PluginHost
 
 log = logging.getLogger("sparkjet.spark")
 

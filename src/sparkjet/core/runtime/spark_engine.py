@@ -15,10 +15,10 @@ from sparkjet.core.config import Config
 from sparkjet.core.contracts import JobContext
 from sparkjet.core.graph import Transform
 from sparkjet.core.planner import Plan
-from sparkjet.core.plugins import PluginHost
+from sparkjet.core.plugin_manager import PluginHost
 from sparkjet.core.runtime import session
 from sparkjet.core.runtime.batch import BatchRun
-from sparkjet.core.runtime.stream import MicroBatch
+from sparkjet.core.runtime.microbatch import MicroBatch
 
 
 class SparkEngine:
