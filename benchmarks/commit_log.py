@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from sparkjet.core import store as store_module
-from sparkjet.core.store import Store
-from sparkjet.core.structures import IList
+from sparkjet.core.store import commit_log as commit_log_module
+from sparkjet.core.store.fs import Store
+from sparkjet.core.store.structures import IList
 
 
 def parse_args() -> argparse.Namespace:
@@ -39,7 +39,7 @@ def parse_args() -> argparse.Namespace:
 
 def run(store: Store, args: argparse.Namespace, fold: bool) -> dict[str, float]:
     """Commit ``args.commits`` batches, then open the list afresh; the timings."""
-    store_module.FOLD_EVERY = 100 if fold else 10**12
+    commit_log_module.FOLD_EVERY = 100 if fold else 10**12
     log = store.list_log("sink")
     latencies = []
     for batch in range(args.commits):

@@ -1,6 +1,6 @@
 """The memory store's thread-safe filesystem against fsspec's own memory filesystem.
 
-A ``memory://`` store runs on ``sparkjet.core.memoryfs.ThreadSafeMemoryFileSystem``
+A ``memory://`` store runs on ``sparkjet.core.store.memoryfs.ThreadSafeMemoryFileSystem``
 (atomic listings, create-only writes and tree deletes). The baseline is
 fsspec's ``MemoryFileSystem`` doing the same calls in the same process on the
 same shared dict: listing one folder of ``--files / --folders`` files among
@@ -20,7 +20,7 @@ from typing import Any
 
 from fsspec.implementations.memory import MemoryFileSystem
 
-from sparkjet.core.memoryfs import ThreadSafeMemoryFileSystem
+from sparkjet.core.store.memoryfs import ThreadSafeMemoryFileSystem
 
 
 def parse_args() -> argparse.Namespace:

@@ -61,7 +61,6 @@ def wait(condition: Any, what: str, poll: float = 0.005) -> None:
 
 def sparkjet_run(client: Any, size: int, args: argparse.Namespace) -> list[float]:
     from sparkjet.core.checkpoint import Checkpoint
-    from sparkjet.core.store import JobRecords
 
     tag = f"scale-{size}"
     stream = client.get_stream(tag, partitions=2)
@@ -73,7 +72,7 @@ def sparkjet_run(client: Any, size: int, args: argparse.Namespace) -> list[float
         snapshot_interval_millis=args.interval_ms,
     ))
     wait(lambda: job.status is JobStatus.RUNNING, "the job to run")
-    checkpoint = Checkpoint(client.store, JobRecords(client.store).path(job.id, "checkpoint"))
+    checkpoint = Checkpoint(client.store, client.store.layout.checkpoint(job.id, "checkpoint"))
     log = client.store.stream_log(tag)
 
     def committed_through(ends: list[int]) -> bool:

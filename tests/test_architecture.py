@@ -44,7 +44,7 @@ def test_the_tree_keeps_its_import_contracts() -> None:
          "The services reach the engine only through its boundary"),
         ("cli/commands.py", "from sparkjet.core import store",
          "The CLI and the plugins use only the public modules"),
-        ("core/store.py", "from sparkjet.core import jobs",
+        ("core/store/fs.py", "from sparkjet.core import jobs",
          "Layers: CLI > public facades"),
     ],
 )

@@ -27,7 +27,8 @@ from sparkjet.core.checkpoint import (
     task_range,
 )
 from sparkjet.core.errors import StoreError
-from sparkjet.core.store import Store, encode_name
+from sparkjet.core.naming import encode_name
+from sparkjet.core.store.fs import Store
 
 
 @pytest.fixture

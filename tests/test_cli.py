@@ -627,7 +627,7 @@ def stream_pipeline() -> Pipeline:
 @pytest.fixture
 def control_requests(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     """Every (job id, action) written to a job's control folder in this process."""
-    from sparkjet.core.store import JobRecords
+    from sparkjet.core.store.job_records import JobRecords
 
     seen: list[tuple[str, str]] = []
     original = JobRecords.request

@@ -11,7 +11,7 @@ import pytest
 
 from sparkjet.core import compaction
 from sparkjet.core.checkpoint import COMPACT_EVERY, COMPACT_LIMIT, StatePaths, StateVersion
-from sparkjet.core.store import Store
+from sparkjet.core.store.fs import Store
 
 
 @pytest.fixture

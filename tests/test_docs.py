@@ -337,7 +337,7 @@ def test_streaming_plugin_api_is_in_plugins_md() -> None:
 
 
 def test_stream_handle_is_documented() -> None:
-    from sparkjet.core.structures import IStream
+    from sparkjet.core.store.structures import IStream
 
     members = [n for n in vars(IStream) if not n.startswith("_")]
     for page in ("streaming.md", "store.md"):

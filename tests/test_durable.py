@@ -25,8 +25,10 @@ from sparkjet.core.config import load_config
 from sparkjet.core.jobs import handle as handle_module
 from sparkjet.core.jobs import record as record_module
 from sparkjet.core.jobs import runner as runner_module
-from sparkjet.core.store import CommitLog, JobRecords, Store
-from sparkjet.core.stream_log import StreamLog
+from sparkjet.core.store.commit_log import CommitLog
+from sparkjet.core.store.fs import Store
+from sparkjet.core.store.job_records import JobRecords
+from sparkjet.core.store.stream_log import StreamLog
 from sparkjet.errors import (
     JobCancelledError,
     JobFencedError,
@@ -142,7 +144,7 @@ def test_a_corrupt_job_record_is_named_and_skipped_in_listings(
 ) -> None:
     records = JobRecords(store)
     records.write({"id": "good", "status": "RUNNING"})
-    store.write_bytes(records.path("bad", "job.json"), b'{"id": "bad", "sta')
+    store.write_bytes(store.layout.job_record("bad"), b'{"id": "bad", "sta')
     with pytest.raises(StoreError, match=r"job record '.*/jobs/bad/job.json' is corrupt"):
         records.read("bad")
     with caplog.at_level(logging.WARNING, logger="sparkjet.store"):
@@ -162,7 +164,7 @@ def test_stream_reads_check_what_the_offsets_promise(store: Store) -> None:
     stream.append(0, [3, 4])
     stream.append(0, [5])
     assert stream.read(0, 1, 6) == [1, 2, 3, 4, 5]
-    folder = f"{stream.folder}/p0000"
+    folder = stream.paths.partition(0)
 
     # A missing middle chunk: offsets 3 and 4 are gone, never silently skipped.
     middle = store.read_bytes(f"{folder}/{3:020d}.chunk")
@@ -455,7 +457,7 @@ def test_a_replayed_stream_sink_batch_lands_with_its_first_split(
     assert stream.read(1, 0, stream.end_offset(1)) == [1, 3]
     stream.append_batch("job:sink", "job:sink:cp:7", [[9], [9]])  # a third, complete: no-op
     assert stream.end_offsets() == [2, 2]
-    assert not any(n.endswith(".pending") for n in store.listdir(f"{stream.folder}/writers"))
+    assert not any(n.endswith(".pending") for n in store.listdir(stream.paths.writers))
 
 
 def test_a_batch_appended_twice_by_racing_drivers_is_read_once(store: Store) -> None:
@@ -477,7 +479,7 @@ def test_a_batch_chunk_never_registered_is_registered_by_its_reader(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The driver died between appending batch 7's chunk and registering it."""
-    monkeypatch.setattr("sparkjet.core.stream_log.PENDING_WAIT_SECONDS", 0.2)
+    monkeypatch.setattr("sparkjet.core.store.stream_log.PENDING_WAIT_SECONDS", 0.2)
     stream = StreamLog(store, "out")
     stream.create(1)
     stream.append(0, ["a"], "@job:sink:cp:7")
@@ -509,14 +511,14 @@ def test_commit_once_costs_the_same_however_long_the_log(
 
     monkeypatch.setattr(Store, "listdir", counting)
     assert log.commit_once("append", [("items", ["b0"])], token="t0", writer="w") == 31
-    assert listed.count(log.log_dir) == 1  # the writer's first commit reads the log once
+    assert listed.count(log.paths.log) == 1  # the writer's first commit reads the log once
     listed.clear()
     log.commit("append", [("items", ["other"])], after=31)  # another writer, in between
     for batch in range(1, 4):
         seq = log.commit_once("append", [("items", [f"b{batch}"])], token=f"t{batch}", writer="w")
         assert seq == 32 + batch
     assert log.commit_once("append", [("items", ["b3"])], token="t3", writer="w") is None  # replay
-    assert log.log_dir not in listed  # no listing of the log on the micro-batch path
+    assert log.paths.log not in listed  # no listing of the log on the micro-batch path
     monkeypatch.setattr(Store, "listdir", original)
     items = [item for r in log.live_records() for item in log.payload(r)]
     assert items == [*range(30), "b0", "other", "b1", "b2", "b3"]
@@ -528,7 +530,7 @@ from sparkjet.aggregate import counting
 from sparkjet.core.checkpoint import RangeState, StatePaths
 from sparkjet.core.keyed import keyed_fold
 from sparkjet.core.runtime.microbatch import StateTask
-from sparkjet.core.store import Store
+from sparkjet.core.store.fs import Store
 
 store = Store(sys.argv[1])
 paths = StatePaths(store, store.path("state"), key_groups=1)

@@ -14,7 +14,8 @@ from sparkjet.cli import main
 from sparkjet.core.client import Client
 from sparkjet.core.config import load_config
 from sparkjet.core.maintenance import collect_garbage
-from sparkjet.core.store import JobRecords, Store
+from sparkjet.core.store.fs import Store
+from sparkjet.core.store.job_records import JobRecords
 from tests.fake_engine import FakeEngine
 
 DAY = 24 * 3600.0
@@ -41,8 +42,9 @@ def layout(store: Store) -> dict[str, Path]:
     log.commit("append", [("segment", named)])
     orphan = log.new_segment_path("w2")  # staged by a task whose job died before its commit
     log.write_segment(orphan, [9])
-    store.write_bytes(f"{log.folder}/data/aborted-w2", b"")
+    store.write_bytes(log.paths.abort_marker("w2"), b"")
     records = JobRecords(store)
+    at = store.layout
     now_ms = int(time.time() * 1000)
     eight_days_ago = now_ms - int(8 * DAY * 1000)
     records.write({"id": "old-done", "status": "COMPLETED", "completion_time": eight_days_ago})
@@ -50,22 +52,22 @@ def layout(store: Store) -> dict[str, Path]:
     records.write({"id": "running", "status": "RUNNING", "completion_time": -1,
                    "checkpoint": "scratch-0000000b"})
     for epoch in (1, 2, 3):
-        store.write_bytes(records.path("running", f"owner-{epoch:06d}"), b"{}")
-    store.write_bytes(records.path("running", "scratch-0000000a", "meta.json"), b"{}")
-    store.write_bytes(records.path("running", "scratch-0000000b", "meta.json"), b"{}")
-    store.write_bytes(records.path("running", "control", "quarantine", "x.req"), b"garbage")
-    store.write_bytes(store.path("_probe", "create-only-1"), b"1")
+        store.write_bytes(at.owner_claim("running", epoch), b"{}")
+    store.write_bytes(f'{at.checkpoint("running", "scratch-0000000a")}/meta.json', b"{}")
+    store.write_bytes(f'{at.checkpoint("running", "scratch-0000000b")}/meta.json', b"{}")
+    store.write_bytes(at.quarantined("running", "x.req"), b"garbage")
+    store.write_bytes(at.probe("create-only-1"), b"1")
     paths = {
         "named": Path(named), "orphan": Path(orphan),
-        "marker": Path(f"{log.folder}/data/aborted-w2"),
-        "old-done": Path(records.path("old-done")), "new-done": Path(records.path("new-done")),
-        "claim1": Path(records.path("running", "owner-000001")),
-        "claim2": Path(records.path("running", "owner-000002")),
-        "claim3": Path(records.path("running", "owner-000003")),
-        "unused": Path(records.path("running", "scratch-0000000a")),
-        "current": Path(records.path("running", "scratch-0000000b")),
-        "quarantined": Path(records.path("running", "control", "quarantine", "x.req")),
-        "probe": Path(store.path("_probe", "create-only-1")),
+        "marker": Path(log.paths.abort_marker("w2")),
+        "old-done": Path(at.job("old-done")), "new-done": Path(at.job("new-done")),
+        "claim1": Path(at.owner_claim("running", 1)),
+        "claim2": Path(at.owner_claim("running", 2)),
+        "claim3": Path(at.owner_claim("running", 3)),
+        "unused": Path(at.checkpoint("running", "scratch-0000000a")),
+        "current": Path(at.checkpoint("running", "scratch-0000000b")),
+        "quarantined": Path(at.quarantined("running", "x.req")),
+        "probe": Path(at.probe("create-only-1")),
     }
     age(root, 2 * 3600)
     return paths
@@ -100,11 +102,10 @@ def test_gc_leaves_young_files_and_dry_runs_remove_nothing(store: Store) -> None
 
 
 def test_a_corrupt_record_is_left_alone(store: Store, caplog: pytest.LogCaptureFixture) -> None:
-    records = JobRecords(store)
-    store.write_bytes(records.path("broken", "job.json"), b"{not json")
+    store.write_bytes(store.layout.job_record("broken"), b"{not json")
     age(Path(store.root), 30 * DAY)
     collect_garbage(store)
-    assert Path(records.path("broken", "job.json")).exists()
+    assert Path(store.layout.job_record("broken")).exists()
     assert "leaving job folder" in caplog.text and "broken/job.json" in caplog.text
 
 
@@ -140,7 +141,7 @@ def test_state_files_no_key_group_needs_go(store: Store) -> None:
     records = JobRecords(store)
     records.write({"id": "j", "status": "RUNNING", "completion_time": -1,
                    "checkpoint": "checkpoint"})
-    checkpoint = Checkpoint(store, records.path("j", "checkpoint"))
+    checkpoint = Checkpoint(store, store.layout.checkpoint("j", "checkpoint"))
     paths = checkpoint.state(checkpoint.key_groups(4, ["s"]))
     for batch, ranges in ((0, [(0, 2), (2, 4)]), (1, [(0, 4)])):
         for lo, hi in ranges:

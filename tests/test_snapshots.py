@@ -325,7 +325,7 @@ def test_a_restore_that_carries_no_state_keeps_the_jobs_own_key_groups(tmp_path:
     from sparkjet.core.planner import plan
     from sparkjet.core.plugin_manager import PluginHost
     from sparkjet.core.snapshots import ManifestFields, SnapshotStore
-    from sparkjet.core.store import Store
+    from sparkjet.core.store.fs import Store
     from sparkjet.testing import StoreLocation
 
     snapshots = SnapshotStore(StoreLocation(str(tmp_path / "snapshots")).snapshot_backend())
@@ -439,7 +439,7 @@ def test_a_state_file_gone_mid_export_is_named(tmp_path: Any) -> None:
     from sparkjet.core.planner import plan
     from sparkjet.core.plugin_manager import PluginHost
     from sparkjet.core.snapshots import SnapshotStore
-    from sparkjet.core.store import Store
+    from sparkjet.core.store.fs import Store
     from sparkjet.testing import StoreLocation
 
     store = Store(str(tmp_path / "store"))
@@ -498,7 +498,7 @@ def test_an_export_folds_changelogs_in_compaction_children(where: str, tmp_path:
     from sparkjet.core.planner import plan
     from sparkjet.core.plugin_manager import PluginHost
     from sparkjet.core.snapshots import SnapshotStore
-    from sparkjet.core.store import Store
+    from sparkjet.core.store.fs import Store
     from sparkjet.testing import StoreLocation
 
     url = str(tmp_path / "store") if where == "folder" else f"memory://fold-{tmp_path.name}"

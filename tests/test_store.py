@@ -1,4 +1,4 @@
-"""Lists and maps in the store, without Spark."""
+"""Lists and maps in the store, and where its files lie, without Spark."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 
-from sparkjet.core import store as store_module
-from sparkjet.core.store import CommitLog, LogCursor, Store
-from sparkjet.core.structures import IList, IMap
+from sparkjet.core.store import commit_log as commit_log_module
+from sparkjet.core.store.commit_log import CommitLog, LogCursor
+from sparkjet.core.store.fs import Store
+from sparkjet.core.store.layout import StoreLayout
+from sparkjet.core.store.structures import IList, IMap
 from sparkjet.errors import StoreError
 from sparkjet.testing import _race
 
@@ -22,6 +24,39 @@ def store(request, tmp_path) -> Store:  # type: ignore[no-untyped-def]
     if request.param == "file":
         return Store(str(tmp_path / "store"))
     return Store(f"memory://sparkjet-test-{tmp_path.name}")
+
+
+def test_the_layout_spells_the_stores_on_disk_format() -> None:
+    """Every path as existing stores have it (docs/store.md): a change here breaks old stores."""
+    at = StoreLayout("/s")
+    log = at.list_paths("a/b")
+    assert log.record(7) == "/s/lists/a%2Fb/log/00000000000000000007.rec"
+    assert log.base(100) == "/s/lists/a%2Fb/base/00000000000000000100.pkl"
+    assert log.abort_marker("w") == "/s/lists/a%2Fb/data/aborted-w"
+    assert log.new_segment("w").startswith("/s/lists/a%2Fb/data/w-")
+    assert log.writer_index("j:s") == "/s/lists/a%2Fb/writers/j%3As.json"
+    assert at.map_paths("m").folder == "/s/maps/m"
+    stream = at.stream_paths("e")
+    assert (stream.meta, stream.chunk(1, 42)) == (
+        "/s/streams/e/meta.json", "/s/streams/e/p0001/00000000000000000042.chunk")
+    assert stream.registration(0, "t") == "/s/streams/e/registry/p0000/t"
+    assert stream.pending("w", "t") == "/s/streams/e/writers/w.t.pending"
+    assert [at.job_record("j"), at.pipeline("j"), at.owner_claim("j", 3)] == [
+        "/s/jobs/j/job.json", "/s/jobs/j/pipeline.pkl", "/s/jobs/j/owner-000003"]
+    assert at.checkpoint("j", at.DURABLE_CHECKPOINT) == "/s/jobs/j/checkpoint"
+    assert at.control_request("j", "cancel", 5) == (
+        "/s/jobs/j/control/00000000000000000005-cancel.req")
+    assert at.quarantined("j", "x.req") == "/s/jobs/j/control/quarantine/x.req"
+    assert at.name_lock("n") == "/s/job-names/n" and at.new_probe().startswith("/s/_probe/")
+    # ... and reads back what listings find.
+    assert at.is_checkpoint_folder(at.new_scratch_checkpoint())
+    assert not at.is_checkpoint_folder("../other-job")
+    assert [at.owner_epoch("owner-000012"), at.owner_epoch("job.json")] == [12, None]
+    assert at.control_action("00000000000000000005-cancel.req") == "cancel"
+    with pytest.raises(ValueError, match="not named"):
+        at.control_action("cancel.req")
+    assert [log.record_number("00000000000000000007.rec"), log.record_number("x.rec")] == [7, None]
+    assert stream.chunk_start("00000000000000000042.chunk") == 42
 
 
 def test_list_appends_clear_and_other_handles(store: Store) -> None:
@@ -79,7 +114,7 @@ def test_bad_names_are_refused(store: Store, bad: str) -> None:
 def test_names_with_slashes_are_encoded(store: Store) -> None:
     IList(store, "a/b").add_all([1])
     assert IList(store, "a/b").get_all() == [1]
-    assert store.names("lists") == ["a/b"]
+    assert store.list_names() == ["a/b"]
 
 
 def test_missing_segment_is_a_clear_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -105,7 +140,7 @@ def test_store_errors_and_repr_mask_secrets(tmp_path, monkeypatch) -> None:  # t
     assert "hunter2" not in repr(client.store)
     assert "hunter2" not in repr(pickle.loads(pickle.dumps(client.store)))
     log = client.store.list_log("l")
-    client.store.write_bytes(f"{log.log_dir}/00000000000000000001.rec", b"not a pickle")
+    client.store.write_bytes(log.paths.record(1), b"not a pickle")
     with pytest.raises(StoreError) as info:
         client.get_list("l").get_all()
     assert "hunter2" not in str(info.value)
@@ -122,7 +157,7 @@ def _items(log: CommitLog) -> list[Any]:
 def test_a_long_lived_list_is_folded_and_read_from_its_base(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(store_module, "FOLD_EVERY", 20)
+    monkeypatch.setattr(commit_log_module, "FOLD_EVERY", 20)
     early = IList(store, "l")
     log = store.list_log("l")
     for i in range(55):
@@ -142,7 +177,7 @@ def test_a_long_lived_list_is_folded_and_read_from_its_base(
 
 
 def test_a_folded_map_keeps_puts_and_removes(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(store_module, "FOLD_EVERY", 7)
+    monkeypatch.setattr(commit_log_module, "FOLD_EVERY", 7)
     m, oracle = IMap(store, "m"), {}
     for i in range(40):
         key = i % 9
@@ -187,7 +222,7 @@ def test_a_commit_never_takes_a_number_a_fold_freed(store: Store) -> None:
 def test_a_batch_committed_twice_by_racing_drivers_is_seen_once(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(store_module, "FOLD_EVERY", 6)
+    monkeypatch.setattr(commit_log_module, "FOLD_EVERY", 6)
     log = store.list_log("sink")
     reader = IList(store, "sink")
     for batch in range(4):
@@ -206,7 +241,7 @@ def test_a_batch_committed_twice_by_racing_drivers_is_seen_once(
     assert log.bases()
     log.commit("append", [("items", ["b5 again"])], writer="p.b5", producer="p", batch=5)
     # A replay whose writer index is gone finds its batch in the base.
-    store.remove(f"{log.folder}/writers", recursive=True)
+    store.remove(log.paths.writers, recursive=True)
     assert log.commit_once("append", [("items", ["b4"])], token="p.b4", writer="w",
                            producer="p", batch=4) is None
     expected = ["b0", "b1", "b2", "b3", "client", "b4", "b5", "b6", "b7"]

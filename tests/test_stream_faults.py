@@ -227,9 +227,8 @@ def caught_up(client: sparkjet.Client, job_id: str) -> bool:
     then complete.
     """
     from sparkjet.core.checkpoint import Checkpoint
-    from sparkjet.core.store import JobRecords
 
-    checkpoint = Checkpoint(client.store, JobRecords(client.store).path(job_id, "checkpoint"))
+    checkpoint = Checkpoint(client.store, client.store.layout.checkpoint(job_id, "checkpoint"))
     last = checkpoint.last_commit()
     record = checkpoint.commit_record(last) if last >= 0 else None
     if not record:

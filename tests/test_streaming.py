@@ -336,14 +336,13 @@ def test_state_carries_over_when_the_cluster_grows_and_shrinks(  # type: ignore[
     """Suspended, resumed on a cluster running 3 tasks at once, then 1: counts go on exactly."""
     from sparkjet.core.checkpoint import Checkpoint, task_range
     from sparkjet.core.runtime.spark_engine import SparkEngine
-    from sparkjet.core.store import JobRecords
 
     stream = client.get_stream("grow", partitions=2)
     p = Pipeline.create()
     (p.read_from(StreamSource("grow")).group_by(lambda x: x % 50).aggregate(counting())
      .set_name("per-key").write_to(Pipeline.to_map("grown")))
     job = start(client, p, "grow", key_groups=12)
-    checkpoint = Checkpoint(client.store, JobRecords(client.store).path(job.id, "checkpoint"))
+    checkpoint = Checkpoint(client.store, client.store.layout.checkpoint(job.id, "checkpoint"))
     oracle: dict[int, int] = {}
     try:
         for tasks, values in ((2, range(0, 300)), (3, range(300, 700)), (1, range(700, 800))):
@@ -378,14 +377,13 @@ def test_commit_records_name_the_state_files_that_count(client) -> None:  # type
     import cloudpickle
 
     from sparkjet.core.checkpoint import Checkpoint
-    from sparkjet.core.store import JobRecords
 
     stream = client.get_stream("attempts", partitions=2)
     p = Pipeline.create()
     (p.read_from(StreamSource("attempts")).group_by(lambda x: x % 20).aggregate(counting())
      .set_name("per-key").write_to(Pipeline.to_map("attempted")))
     job = start(client, p, "attempts", key_groups=8)
-    checkpoint = Checkpoint(client.store, JobRecords(client.store).path(job.id, "checkpoint"))
+    checkpoint = Checkpoint(client.store, client.store.layout.checkpoint(job.id, "checkpoint"))
     try:
         stream.publish_all(range(200))
         oracle = {k: 10 for k in range(20)}

@@ -44,8 +44,9 @@ from sparkjet.core.contracts import (
 from sparkjet.core.hookspecs import hookimpl
 from sparkjet.core.model import ProcessingGuarantee
 from sparkjet.core.plugin_manager import PluginInfo, Registered
-from sparkjet.core.store import CommitLog, Store
-from sparkjet.core.stream_log import StreamLog
+from sparkjet.core.store.commit_log import CommitLog
+from sparkjet.core.store.fs import Store
+from sparkjet.core.store.stream_log import StreamLog
 
 __all__ = [
     "ALL_GUARANTEES",

@@ -75,7 +75,6 @@ from typing import Any
 
 import pytest
 
-from sparkjet.core import store as store_module
 from sparkjet.core.contracts import SnapshotBackend
 from sparkjet.core.errors import (
     SnapshotCorruptedError,
@@ -92,8 +91,10 @@ from sparkjet.core.snapshots import (
     encode_name,
     kind_for_url,
 )
-from sparkjet.core.store import CommitLog, Store
-from sparkjet.core.stream_log import StreamLog
+from sparkjet.core.store import commit_log as commit_log_module
+from sparkjet.core.store.commit_log import CommitLog
+from sparkjet.core.store.fs import Store
+from sparkjet.core.store.stream_log import StreamLog
 
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
@@ -124,7 +125,7 @@ class StoreLocation:
         return StoreLocation(f"{self.url.rstrip('/')}/{uuid.uuid4().hex[:12]}", self.options)
 
     def store(self, *, separate_client: bool = False) -> Store:
-        """A :class:`~sparkjet.core.store.Store` here.
+        """A :class:`~sparkjet.core.store.fs.Store` here.
 
         ``separate_client`` gives it a filesystem instance of its own (fsspec
         shares one per set of options in a process), as another process has:
@@ -381,7 +382,7 @@ class StoreConformance:
         self, location: StoreLocation
     ) -> None:
         """Writers with clients of their own race for record numbers; each commit lands once."""
-        folder = location.store().path("lists", "raced")
+        folder = location.store().layout.list_paths("raced").folder
 
         def commit(writer: int) -> None:
             log = CommitLog(location.store(separate_client=True), folder, "list 'raced'")
@@ -403,8 +404,8 @@ class StoreConformance:
         Each writer also commits its micro-batches twice, as a driver fenced
         off but not yet aware would: every reader sees each batch once.
         """
-        monkeypatch.setattr(store_module, "FOLD_EVERY", 3)
-        folder = location.store().path("lists", "folded")
+        monkeypatch.setattr(commit_log_module, "FOLD_EVERY", 3)
+        folder = location.store().layout.list_paths("folded").folder
         seen: list[list[Any]] = []
 
         def commit(writer: int) -> None:

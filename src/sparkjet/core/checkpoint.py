@@ -66,7 +66,7 @@ import cloudpickle
 from sparkjet.core.errors import StoreError
 from sparkjet.core.model import DEFAULT_KEY_GROUPS
 from sparkjet.core.naming import decode_name, encode_name, unpickle
-from sparkjet.core.store import Store
+from sparkjet.core.store.fs import Store
 
 #: The ``format`` number written to meta.json (4: file names carry their
 #: attempt; 3: key groups; format-1 and format-2 checkpoints, with shards, are

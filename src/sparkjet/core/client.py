@@ -24,8 +24,9 @@ from sparkjet.core.maintenance import (
 )
 from sparkjet.core.plugin_manager import PluginHost, PluginInfo
 from sparkjet.core.snapshots import SnapshotStore, kind_for_url, snapshot_store
-from sparkjet.core.store import JobRecords, Store
-from sparkjet.core.structures import IList, IMap, IStream
+from sparkjet.core.store.fs import Store
+from sparkjet.core.store.job_records import JobRecords
+from sparkjet.core.store.structures import IList, IMap, IStream
 
 
 class Client:

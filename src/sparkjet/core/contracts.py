@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from sparkjet.core.model import ProcessingGuarantee
-from sparkjet.core.store import CommitLog
-from sparkjet.core.stream_log import StreamLog
+from sparkjet.core.store.commit_log import CommitLog
+from sparkjet.core.store.stream_log import StreamLog
 
 #: Every guarantee: for participants that replay and commit idempotently.
 ALL_GUARANTEES: frozenset[ProcessingGuarantee] = frozenset(ProcessingGuarantee)

@@ -35,7 +35,9 @@ from typing import Any
 from sparkjet.core.checkpoint import Checkpoint
 from sparkjet.core.errors import StoreError
 from sparkjet.core.model import JobStatus
-from sparkjet.core.store import CommitLog, JobRecords, Store
+from sparkjet.core.store.commit_log import CommitLog
+from sparkjet.core.store.fs import Store
+from sparkjet.core.store.job_records import JobRecords
 
 log = logging.getLogger("sparkjet.store")
 
@@ -54,6 +56,7 @@ class GarbageReport:
     removed: dict[str, list[str]] = field(default_factory=dict)
 
     def add(self, kind: str, path: str) -> None:
+        """Note ``path`` as removed, under ``kind``."""
         self.removed.setdefault(kind, []).append(path)
 
     @property
@@ -85,6 +88,7 @@ class _Collector:
         self, store: Store, grace: float, retention: float, dry_run: bool, now: float
     ) -> None:
         self.store = store
+        self.layout = store.layout
         self.records = JobRecords(store)
         self.grace = grace
         self.retention = retention
@@ -94,8 +98,7 @@ class _Collector:
     def old(self, path: str) -> bool:
         """Whether ``path`` (a file; a folder by its newest file) is older than the grace."""
         try:
-            self.store._fresh(path)
-            info = self.store.fs.info(path)
+            info = self.store.info(path)
             if info.get("type") == "directory":
                 found = self.store.find(path)
                 times = [_mtime(i) for i in found.values()]
@@ -114,24 +117,23 @@ class _Collector:
             self.store.remove(path, recursive=recursive)
 
     def logs(self) -> Iterator[CommitLog]:
-        for kind, make in (("lists", self.store.list_log), ("maps", self.store.map_log)):
-            for name in self.store.names(kind):
-                yield make(name)
+        yield from map(self.store.list_log, self.store.list_names())
+        yield from map(self.store.map_log, self.store.map_names())
 
     def segments(self) -> None:
         for commit_log in self.logs():
-            data = f"{commit_log.folder}/data"
-            entries = self.store.listdir(data)
+            paths = commit_log.paths
+            entries = self.store.listdir(paths.data)
             if not entries:
                 continue
             named = {
-                value.rsplit("/", 1)[-1]
+                paths.file_name(value)
                 for record in commit_log.records()
                 for kind, value in record.parts if kind == "segment"
             }
             for entry in entries:
-                path = f"{data}/{entry}"
-                if entry.startswith("aborted-"):
+                path = paths.data_file(entry)
+                if paths.is_abort_marker(entry):
                     if self.old(path):
                         self.remove("abort markers", path)
                 elif entry not in named and self.old(path):
@@ -139,7 +141,7 @@ class _Collector:
 
     def jobs(self) -> None:
         for job_id in self.records.ids():
-            folder = self.records.path(job_id)
+            folder = self.layout.job(job_id)
             try:
                 record = self.records.read(job_id)
             except StoreError as exc:
@@ -155,22 +157,21 @@ class _Collector:
             self._job_leftovers(job_id, record)
 
     def _job_leftovers(self, job_id: str, record: dict[str, Any]) -> None:
-        entries = self.store.listdir(self.records.path(job_id))
-        claims = sorted(e for e in entries if e.startswith("owner-"))
-        for claim in claims[:-1]:  # the newest claim names the current epoch
-            path = self.records.path(job_id, claim)
+        entries = self.store.listdir(self.layout.job(job_id))
+        epochs = sorted(e for e in map(self.layout.owner_epoch, entries) if e is not None)
+        for epoch in epochs[:-1]:  # the newest claim names the current epoch
+            path = self.layout.owner_claim(job_id, epoch)
             if self.old(path):
                 self.remove("old take-over claims", path)
         current = record.get("checkpoint")
         for entry in entries:
-            if entry.startswith("scratch-") and entry != current:
-                path = self.records.path(job_id, entry)
+            if self.layout.is_scratch_checkpoint(entry) and entry != current:
+                path = self.layout.checkpoint(job_id, entry)
                 if self.old(path):
                     self.remove("unused checkpoints", path, recursive=True)
         self._superseded_state(record)
-        quarantine = self.records.path(job_id, "control", "quarantine")
-        for entry in self.store.listdir(quarantine):
-            path = f"{quarantine}/{entry}"
+        for entry in self.store.listdir(self.layout.quarantine(job_id)):
+            path = self.layout.quarantined(job_id, entry)
             if self.old(path):
                 self.remove("quarantined control requests", path)
 
@@ -196,9 +197,8 @@ class _Collector:
                     self.remove("superseded state files", path)
 
     def probes(self) -> None:
-        folder = self.store.path("_probe")
-        for entry in self.store.listdir(folder):
-            path = f"{folder}/{entry}"
+        for entry in self.store.listdir(self.layout.probes):
+            path = self.layout.probe(entry)
             if self.old(path):
                 self.remove("probe files", path)
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from sparkjet.core.errors import JobFencedError
 from sparkjet.core.model import JobStatus
-from sparkjet.core.store import JobRecords
+from sparkjet.core.store.job_records import JobRecords
 
 #: How often a driver refreshes its lease while nothing else is written.
 HEARTBEAT_SECONDS = 2.0
@@ -95,7 +95,7 @@ class Lease:
         return int(self.data.get("epoch", 0))
 
     def _owner_path(self, epoch: int) -> str:
-        return self.records.path(self.data["id"], f"owner-{epoch:06d}")
+        return self.records.layout.owner_claim(self.data["id"], epoch)
 
     def check_fence(self) -> None:
         """Raise :class:`JobFencedError` if another driver took the job over from this one."""

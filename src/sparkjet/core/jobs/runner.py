@@ -11,7 +11,6 @@ transition table (:mod:`.lifecycle`).
 from __future__ import annotations
 
 import logging
-import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -49,7 +48,8 @@ from sparkjet.core.model import JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.core.planner import Plan
 from sparkjet.core.plugin_manager import PluginHost
 from sparkjet.core.snapshots import Manifest, SnapshotStore
-from sparkjet.core.store import JobRecords, Store
+from sparkjet.core.store.fs import Store
+from sparkjet.core.store.job_records import JobRecords
 
 if TYPE_CHECKING:
     from sparkjet.core.jobs.handle import Job
@@ -414,12 +414,13 @@ class JobRunner:
     def _checkpoint(self) -> Checkpoint:
         path = self.services.records.checkpoint_path(self.job._record)
         if path is None:
+            layout = self.services.records.layout
             if self.job.config.processing_guarantee is ProcessingGuarantee.NONE:
-                folder = f"scratch-{secrets.token_hex(4)}"  # thrown away on restart
+                folder = layout.new_scratch_checkpoint()  # thrown away on restart
             else:
-                folder = "checkpoint"
+                folder = layout.DURABLE_CHECKPOINT
             self.write_record(checkpoint=folder)
-            path = self.services.records.path(self.job.id, folder)
+            path = layout.checkpoint(self.job.id, folder)
         return Checkpoint(self.services.store, path)
 
     def _discard_checkpoint(self) -> None:

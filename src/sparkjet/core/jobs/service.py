@@ -121,7 +121,7 @@ class JetService:
             self._runners[job.id] = runner
             if frozen is not None:
                 # A streaming job outlives its driver: resume() elsewhere needs the pipeline.
-                self.services.store.write_bytes(self.records.path(job.id, "pipeline.pkl"), frozen)
+                self.services.store.write_bytes(self.records.layout.pipeline(job.id), frozen)
             runner.write_record()
         runner.start()
         return job
@@ -164,7 +164,7 @@ class JetService:
         """Claim the next epoch of ``job`` and make its runner here, SUSPENDED (under the lock)."""
         try:
             pipeline = cloudpickle.loads(
-                self.services.store.read_bytes(self.records.path(job.id, "pipeline.pkl"))
+                self.services.store.read_bytes(self.records.layout.pipeline(job.id))
             )
         except FileNotFoundError:
             raise JobStateError(

@@ -1,4 +1,4 @@
-"""Client-side handles for the store's lists and maps (Jet's IList and IMap)."""
+"""Client-side handles for the store's lists, maps and streams (Jet's IList, IMap, IStream)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,11 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from sparkjet.core.errors import StoreError
-from sparkjet.core.store import CommitLog, LogCursor, Store
+from sparkjet.core.store.commit_log import CommitLog, LogCursor
+from sparkjet.core.store.fs import Store
+from sparkjet.core.store.stream_log import StreamLog
 
-__all__ = ["IList", "IMap"]
+__all__ = ["IList", "IMap", "IStream"]
 
 
 class IList:
@@ -148,10 +150,8 @@ class IStream:
     """
 
     def __init__(self, store: Store, name: str, partitions: int | None = None) -> None:
-        from sparkjet.core.stream_log import StreamLog
-
         self.name = name
-        self._log = StreamLog(store, name)
+        self._log: StreamLog = store.stream_log(name)
         if partitions is not None:
             self._log.create(partitions)
             if self._log.partitions != partitions:

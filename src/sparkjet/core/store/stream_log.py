@@ -15,7 +15,7 @@ The token lets an exactly-once writer (a sink replaying a micro-batch) find
 out whether its chunk already landed; a plain publisher's token is a random
 ``~<hex>``, so no two publishers' chunks are ever byte-equal (a create that
 the filesystem client retried is recognised by its content, see
-:meth:`sparkjet.core.store.Store.create_exclusive`). A micro-batch sink's
+:meth:`sparkjet.core.store.fs.Store.create_exclusive`). A micro-batch sink's
 chunk carries ``@<batch token>`` and counts only where
 ``registry/p<partition>/<token>`` (created only if absent, holding an
 offset) says: a second chunk of a batch, appended by a driver that was fenced
@@ -25,7 +25,8 @@ Offsets still count its items, so ``size()`` may exceed what readers return.
 Reading checks what the offsets promise: chunk ``n`` of a partition must
 start where chunk ``n-1`` ends, and hold as many items as its header says.
 A gap (a missing or overstated chunk) or a truncated chunk is an error naming
-the file, never a silent loss.
+the file, never a silent loss. Where the files lie is
+:class:`~sparkjet.core.store.layout.StreamPaths`.
 """
 
 from __future__ import annotations
@@ -37,13 +38,11 @@ import secrets
 import struct
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sparkjet.core.errors import StoreError
-from sparkjet.core.naming import PICKLE_PROTOCOL, encode_name
-
-if TYPE_CHECKING:
-    from sparkjet.core.store import Store
+from sparkjet.core.naming import PICKLE_PROTOCOL
+from sparkjet.core.store.files import StoreFiles
 
 _HEADER = struct.Struct(">QH")
 #: A micro-batch sink's chunk carries its batch token after this prefix; it
@@ -51,27 +50,23 @@ _HEADER = struct.Struct(">QH")
 _BATCH = "@"
 #: How long a reader waits for a batch chunk's registration before making it.
 PENDING_WAIT_SECONDS = 30.0
-_WIDTH = 20
 _MAX_PARTITIONS = 4096
-
-
-def chunk_name(start: int) -> str:
-    return f"{start:0{_WIDTH}d}.chunk"
 
 
 class StreamLog:
     """One stream's files; picklable (executors read chunks directly)."""
 
-    def __init__(self, store: Store, name: str) -> None:
+    def __init__(self, store: StoreFiles, name: str) -> None:
         self.store = store
         self.name = name
-        self.folder = store.path("streams", encode_name("stream", name))
+        #: Where the stream's files lie.
+        self.paths = store.layout.stream_paths(name)
         self._partitions: int | None = None
         #: Registrations read or made here: (partition, token) -> offset.
         self._registry: dict[tuple[int, str], int] = {}
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"store": self.store, "name": self.name, "folder": self.folder,
+        return {"store": self.store, "name": self.name, "paths": self.paths,
                 "_partitions": self._partitions}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -81,7 +76,8 @@ class StreamLog:
     # --- metadata -------------------------------------------------------------
 
     def exists(self) -> bool:
-        return self.store.exists(f"{self.folder}/meta.json")
+        """Whether the stream has been created."""
+        return self.store.exists(self.paths.meta)
 
     def create(self, partitions: int) -> bool:
         """Create the stream with ``partitions`` partitions; False if it already exists."""
@@ -93,14 +89,14 @@ class StreamLog:
                 f"got {partitions!r}"
             )
         meta = json.dumps({"format": 1, "partitions": partitions}).encode()
-        return self.store.create_exclusive(f"{self.folder}/meta.json", meta)
+        return self.store.create_exclusive(self.paths.meta, meta)
 
     @property
     def partitions(self) -> int:
         """Number of partitions; StoreError naming the stream if it does not exist."""
         if self._partitions is None:
             try:
-                meta = json.loads(self.store.read_bytes(f"{self.folder}/meta.json"))
+                meta = json.loads(self.store.read_bytes(self.paths.meta))
             except FileNotFoundError:
                 raise StoreError(
                     f"stream {self.name!r} does not exist in store {self.store.shown_url!r}: "
@@ -109,24 +105,17 @@ class StreamLog:
             self._partitions = int(meta["partitions"])
         return self._partitions
 
-    def _pdir(self, partition: int) -> str:
-        return f"{self.folder}/p{partition:04d}"
-
     def chunk_starts(self, partition: int) -> list[int]:
-        return sorted(
-            int(entry[: -len(".chunk")])
-            for entry in self.store.listdir(self._pdir(partition))
-            if entry.endswith(".chunk") and entry[: -len(".chunk")].isdigit()
-        )
-
-    def _chunk_path(self, partition: int, start: int) -> str:
-        return f"{self._pdir(partition)}/{chunk_name(start)}"
+        """The first offsets of ``partition``'s chunks, in order (listed afresh)."""
+        found = (self.paths.chunk_start(e)
+                 for e in self.store.listdir(self.paths.partition(partition)))
+        return sorted(start for start in found if start is not None)
 
     def _corrupt(self, path: str, why: str) -> StoreError:
         return StoreError(self.store.redact(f"stream {self.name!r}: chunk {path!r} {why}"))
 
     def _header(self, partition: int, start: int) -> tuple[int, str]:
-        path = self._chunk_path(partition, start)
+        path = self.paths.chunk(partition, start)
         head = self.store.read_range(path, 0, _HEADER.size + 512)
         if len(head) < _HEADER.size:
             raise self._corrupt(path, f"is truncated ({len(head)} bytes, no header)")
@@ -147,9 +136,11 @@ class StreamLog:
         return starts[-1] + count
 
     def end_offsets(self) -> list[int]:
+        """The end offset of every partition."""
         return [self.end_offset(p) for p in range(self.partitions)]
 
     def size(self) -> int:
+        """How many items were appended, over every partition."""
         return sum(self.end_offsets())
 
     # --- writing --------------------------------------------------------------
@@ -167,7 +158,7 @@ class StreamLog:
         data = _HEADER.pack(len(items), len(encoded)) + encoded + payload
         while True:
             start = self.end_offset(partition)
-            path = f"{self._pdir(partition)}/{chunk_name(start)}"
+            path = self.paths.chunk(partition, start)
             if self.store.create_exclusive(path, data):
                 return start
             # Another publisher took this offset: look again.
@@ -191,9 +182,6 @@ class StreamLog:
             if bucket:
                 self.append(partition, bucket)
 
-    def _writer_index(self, writer: str) -> str:
-        return f"{self.folder}/writers/{encode_name('writer', writer)}.json"
-
     def writer_starts(self, writer: str) -> list[int]:
         """The end offsets ``writer`` recorded before its last batch (zeros if none).
 
@@ -201,7 +189,7 @@ class StreamLog:
         looks for its chunks from there (see :meth:`find_token`).
         """
         try:
-            raw = self.store.read_bytes(self._writer_index(writer))
+            raw = self.store.read_bytes(self.paths.writer_index(writer))
         except FileNotFoundError:
             return [0] * self.partitions
         starts: list[int] = json.loads(raw)["ends"]
@@ -210,7 +198,7 @@ class StreamLog:
     def record_writer_starts(self, writer: str) -> None:
         """Record the current end offsets as where ``writer``'s next batch starts."""
         self.store.write_bytes(
-            self._writer_index(writer), json.dumps({"ends": self.end_offsets()}).encode()
+            self.paths.writer_index(writer), json.dumps({"ends": self.end_offsets()}).encode()
         )
 
     def find_token(self, partition: int, token: str, from_offset: int) -> int | None:
@@ -237,16 +225,13 @@ class StreamLog:
     # reader itself after PENDING_WAIT_SECONDS: whoever registers first decides,
     # and every reader sees the same one.
 
-    def _registry_path(self, partition: int, token: str) -> str:
-        return f"{self.folder}/registry/p{partition:04d}/{encode_name('token', token)}"
-
     def registered(self, partition: int, token: str) -> int | None:
         """The offset of ``token``'s registered chunk in ``partition``, or None."""
         known = self._registry.get((partition, token))
         if known is not None:
             return known
         try:
-            raw = self.store.read_bytes(self._registry_path(partition, token))
+            raw = self.store.read_bytes(self.paths.registration(partition, token))
         except FileNotFoundError:
             return None
         try:
@@ -254,7 +239,7 @@ class StreamLog:
         except ValueError as exc:
             raise StoreError(self.store.redact(
                 f"stream {self.name!r}: registration "
-                f"{self._registry_path(partition, token)!r} is corrupt: {raw[:40]!r}"
+                f"{self.paths.registration(partition, token)!r} is corrupt: {raw[:40]!r}"
             )) from exc
         self._registry[(partition, token)] = offset  # registrations never change
         return offset
@@ -262,14 +247,14 @@ class StreamLog:
     def register(self, partition: int, token: str, offset: int) -> int:
         """Register ``offset`` as ``token``'s chunk unless another is; the one that stands."""
         data = str(offset).encode()
-        if self.store.create_exclusive(self._registry_path(partition, token), data):
+        if self.store.create_exclusive(self.paths.registration(partition, token), data):
             self._registry[(partition, token)] = offset
             return offset
         standing = self.registered(partition, token)
         if standing is None:
             raise StoreError(self.store.redact(
                 f"stream {self.name!r}: registration "
-                f"{self._registry_path(partition, token)!r} exists but cannot be read"))
+                f"{self.paths.registration(partition, token)!r} exists but cannot be read"))
         return standing
 
     def _counts(self, partition: int, token: str, start: int) -> bool:
@@ -300,10 +285,7 @@ class StreamLog:
             raise StoreError(
                 f"stream {self.name!r}: {len(buckets)} buckets for {self.partitions} partitions"
             )
-        pending = (
-            f"{self.folder}/writers/{encode_name('writer', writer)}."
-            f"{encode_name('token', token)}.pending"
-        )
+        pending = self.paths.pending(writer, token)
         starts = self.writer_starts(writer)
         landed = [
             standing if (standing := self.registered(p, token)) is not None
@@ -363,7 +345,7 @@ class StreamLog:
                 continue
             if chunk_start >= end:
                 break
-            path = self._chunk_path(partition, chunk_start)
+            path = self.paths.chunk(partition, chunk_start)
             if expected is not None and chunk_start != expected:
                 raise self._corrupt(
                     path, f"starts at offset {chunk_start}, but the chunk before it ends at "
@@ -379,7 +361,8 @@ class StreamLog:
                 out.extend(items[lo:hi])
             expected = chunk_start + len(items)
         if len(out) + skipped != end - start:
-            first = self._chunk_path(partition, starts[0]) if starts else self._pdir(partition)
+            first = (self.paths.chunk(partition, starts[0]) if starts
+                     else self.paths.partition(partition))
             raise StoreError(self.store.redact(
                 f"stream {self.name!r} partition {partition}: offsets {start} to {end - 1} were "
                 f"promised but {len(out)} items were found (first chunk {first!r}); "

@@ -1,0 +1,49 @@
+"""What the store's logs need of a store: the ``StoreFiles`` protocol.
+
+The commit log and the stream log are built by the fsspec
+:class:`~sparkjet.core.store.fs.Store` (``store.list_log(name)``); typing
+them against this protocol instead of the class keeps the modules free of a
+cycle, and lets a log run on anything that reads and writes files this way.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from sparkjet.core.store.layout import StoreLayout
+
+
+class StoreFiles(Protocol):
+    """The file operations of a store, every error naming the path with secrets masked."""
+
+    @property
+    def shown_url(self) -> str:
+        """The store's URL as it may be printed (secrets masked)."""
+
+    @property
+    def layout(self) -> StoreLayout:
+        """Where everything lies in the store."""
+
+    def redact(self, text: str) -> str:
+        """``text`` with configured secrets masked."""
+
+    def read_bytes(self, path: str) -> bytes:
+        """A whole file; FileNotFoundError if absent."""
+
+    def read_range(self, path: str, start: int, end: int) -> bytes:
+        """Bytes ``start`` to ``end`` of ``path`` (fewer if the file is shorter)."""
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        """Write a whole file: readers see the old or the new content, never a mix."""
+
+    def create_exclusive(self, path: str, data: bytes) -> bool:
+        """Create ``path`` only if it does not exist; False if it already does."""
+
+    def exists(self, path: str) -> bool:
+        """Whether ``path`` exists, asked afresh."""
+
+    def listdir(self, path: str) -> list[str]:
+        """Base names of the entries in ``path`` (empty if it does not exist), listed afresh."""
+
+    def remove(self, path: str, recursive: bool = False) -> None:
+        """Delete ``path`` (a whole folder with ``recursive``)."""

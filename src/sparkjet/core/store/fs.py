@@ -1,0 +1,386 @@
+"""The fsspec store: one URL's files read, written create-only and listed afresh.
+
+Hazelcast keeps IList and IMap in the cluster; sparkjet keeps them in a folder
+that every process (driver and executors) can reach: a local path on a laptop,
+an S3 or GCS prefix on a cluster. :class:`Store` is that folder's file
+operations (whole-file reads and writes, create-only writes, listings that
+trust no cache, deletes that never leave the root) and the door to what it
+holds: lists and maps (:mod:`~sparkjet.core.store.commit_log`), streams
+(:mod:`~sparkjet.core.store.stream_log`); every path comes from its
+:class:`~sparkjet.core.store.layout.StoreLayout`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import posixpath
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import fsspec
+from fsspec.implementations.memory import MemoryFileSystem
+
+from sparkjet.core.errors import StoreError
+from sparkjet.core.store.commit_log import CommitLog
+from sparkjet.core.store.layout import StoreLayout
+from sparkjet.core.store.memoryfs import ThreadSafeMemoryFileSystem
+from sparkjet.core.store.stream_log import StreamLog
+
+log = logging.getLogger("sparkjet.store")
+
+_T = TypeVar("_T")
+
+
+def _no_secrets(text: str) -> str:
+    return text
+
+
+class Store:
+    """One fsspec location holding lists, maps, streams and job records.
+
+    Picklable: executors rebuild the filesystem from the URL and options.
+    Options may hold credentials; they are never included in ``repr``.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        options: dict[str, Any] | None = None,
+        redact: Callable[[str], str] | None = None,
+    ) -> None:
+        self.url = url
+        self.options = dict(options or {})
+        #: Masks secrets (``${env:...}`` values) in anything shown to users.
+        self.redact = redact or _no_secrets
+        self._fs: Any = None
+        self._layout: StoreLayout | None = None
+        self._conditional: bool | None = None
+
+    def _error(self, message: str) -> StoreError:
+        return StoreError(self.redact(message))
+
+    @property
+    def shown_url(self) -> str:
+        """The URL as it may be printed: resolved secrets masked."""
+        return self.redact(self.url)
+
+    def __repr__(self) -> str:
+        return f"Store({self.shown_url!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The redactor travels too, so errors raised on executors mask secrets.
+        return {"url": self.url, "options": self.options, "redact": self.redact}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["url"], state["options"], state.get("redact"))  # type: ignore[misc]
+
+    @property
+    def fs(self) -> Any:
+        """The fsspec filesystem (created on first use)."""
+        if self._fs is None:
+            try:
+                fs, root = fsspec.core.url_to_fs(self.url, **self.options)
+            except (ImportError, ValueError) as exc:
+                raise self._error(f"cannot open store {self.shown_url!r}: {exc}") from exc
+            if _is_local(fs):
+                root = os.path.abspath(root)
+            elif type(fs) is MemoryFileSystem:
+                fs = ThreadSafeMemoryFileSystem(**self.options)
+            self._fs, self._layout = fs, StoreLayout(root.rstrip("/"))
+        return self._fs
+
+    @property
+    def layout(self) -> StoreLayout:
+        """Where everything lies in the store (opens the filesystem, which finds the root)."""
+        self.fs  # noqa: B018 - opens the filesystem, which sets the layout
+        assert self._layout is not None
+        return self._layout
+
+    @property
+    def root(self) -> str:
+        """The store's root path inside its filesystem."""
+        return self.layout.root
+
+    def path(self, *parts: str) -> str:
+        """Join ``parts`` under the root (for a plugin's own files)."""
+        return self.layout.under_root(*parts)
+
+    # --- primitive file operations, all errors naming the path ------------
+    #
+    # Object stores as they are: s3fs and gcsfs cache listings per process, and
+    # another process (a publisher, a second driver, an executor) may have
+    # written since. Every listing and existence check here asks the store
+    # afresh; nothing is trusted from a cache.
+
+    def _inside(self, path: str) -> str:
+        """``path`` if it lies under the root; StoreError otherwise (never touch outside)."""
+        root = self.root
+        normal = posixpath.normpath(path)
+        if not root:
+            return normal
+        if normal != root and not normal.startswith(root.rstrip("/") + "/"):
+            raise self._error(
+                f"refusing to touch {path!r}: it is outside store {self.shown_url!r}"
+            )
+        return normal
+
+    def _fresh(self, path: str) -> None:
+        with contextlib.suppress(Exception):
+            self.fs.invalidate_cache(path)
+
+    def read_bytes(self, path: str) -> bytes:
+        """The whole file ``path``; FileNotFoundError if it does not exist."""
+        self._fresh(path)  # s3fs sizes a read from its (maybe stale) listing cache
+        try:
+            data: bytes = self.fs.cat_file(path)
+            return data
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            raise self._error(f"cannot read {path!r} in store {self.shown_url!r}: {exc}") from exc
+
+    def read_range(self, path: str, start: int, end: int) -> bytes:
+        """Bytes ``start`` to ``end`` of ``path`` (fewer if the file is shorter)."""
+        self._fresh(path)
+        try:
+            data: bytes = self.fs.cat_file(path, start=start, end=end)
+            return data
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            raise self._error(f"cannot read {path!r} in store {self.shown_url!r}: {exc}") from exc
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        """Write a whole file; readers see the old or the new content, never a mix."""
+        try:
+            self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+            if _is_local(self.fs):
+                os.replace(_complete_temp_file(path, data), path)
+            else:
+                # A single-object PUT is atomic on S3, GCS and in memory.
+                self.fs.pipe_file(path, data)
+        except Exception as exc:
+            raise self._error(f"cannot write {path!r} in store {self.shown_url!r}: {exc}") from exc
+
+    @property
+    def conditional_writes(self) -> bool:
+        """Whether the store enforces create-only writes (probed once per process).
+
+        Local folders always do (a hard link fails on an existing name). On
+        other filesystems a probe file is created twice through the
+        filesystem's create-only call (``pipe_file(mode="create")`` where the
+        filesystem implements it, as s3fs and gcsfs do with ``If-None-Match``
+        and ``ifGenerationMatch=0``; else ``open(mode="xb")``): the second
+        create must be refused. Where it is not, :meth:`create_exclusive`
+        falls back to check-then-write, which two writers can race, and
+        EXACTLY_ONCE is refused at submit.
+        """
+        if self._conditional is None:
+            self._conditional = _is_local(self.fs) or self._probe_conditional()
+        return self._conditional
+
+    def _create_only(self, path: str, data: bytes) -> None:
+        """The filesystem's own create-only write; FileExistsError if ``path`` exists."""
+        if _implements_pipe_file(self.fs):
+            self.fs.pipe_file(path, data, mode="create")
+        else:
+            with self.fs.open(path, "xb") as fh:
+                fh.write(data)
+
+    def _probe_conditional(self) -> bool:
+        path = self.layout.new_probe()
+        try:
+            self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+            try:
+                self._create_only(path, b"1")
+            except (ValueError, NotImplementedError, TypeError):
+                return False  # the filesystem has no create-only mode at all
+            try:
+                self._create_only(path, b"2")
+            except FileExistsError:
+                return True
+            except (ValueError, NotImplementedError, TypeError):
+                return False
+            log.warning(
+                "store %s does not enforce create-only writes (a probe file was created "
+                "twice); EXACTLY_ONCE is refused on it", self.shown_url,
+            )
+            return False  # the second create went through: the server ignores the condition
+        except Exception as exc:
+            raise self._error(
+                f"cannot probe store {self.shown_url!r} for create-only writes: {exc}"
+            ) from exc
+        finally:
+            with contextlib.suppress(Exception):
+                self.fs.rm(path)
+
+    def create_exclusive(self, path: str, data: bytes) -> bool:
+        """Create ``path`` only if it does not exist; False if it already does.
+
+        A create that the filesystem client retried after it had landed
+        reports "already exists"; the file is then read back, and a file
+        holding exactly ``data`` counts as written by this call. So callers
+        whose payloads could collide with another writer's make them unique
+        (a writer token or a nonce in the payload).
+        """
+        try:
+            self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+            if _is_local(self.fs):
+                tmp = _complete_temp_file(path, data)
+                try:
+                    os.link(tmp, path)  # atomic, fails if path exists; content complete
+                except FileExistsError:
+                    return self._landed(path, data)  # the same rule on every filesystem
+                finally:
+                    os.unlink(tmp)
+                return True
+            if not self.conditional_writes:
+                # Check, then write: documented as racy; EXACTLY_ONCE is refused here.
+                if self.exists(path):
+                    return False
+                self.fs.pipe_file(path, data)
+                return True
+            try:
+                self._create_only(path, data)
+                return True
+            except FileExistsError:
+                return self._landed(path, data)
+            finally:
+                self._fresh(path)
+        except StoreError:
+            raise
+        except Exception as exc:
+            raise self._error(
+                f"cannot create {path!r} in store {self.shown_url!r}: {exc}"
+            ) from exc
+
+    def _landed(self, path: str, data: bytes) -> bool:
+        """After "already exists": True if the file holds ``data`` (our own retried write)."""
+        try:
+            return self.read_bytes(path) == data
+        except FileNotFoundError:
+            return False
+
+    def info(self, path: str) -> dict[str, Any]:
+        """The filesystem's details of ``path`` (a file or a folder), asked afresh.
+
+        FileNotFoundError if ``path`` does not exist.
+        """
+        self._fresh(path)
+        try:
+            info: dict[str, Any] = self.fs.info(path)
+            return info
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            raise self._error(f"cannot stat {path!r} in store {self.shown_url!r}: {exc}") from exc
+
+    def exists(self, path: str) -> bool:
+        """Whether ``path`` exists, asked afresh."""
+        self._fresh(path)
+        try:
+            return bool(self.fs.exists(path))
+        except Exception as exc:
+            raise self._error(f"cannot stat {path!r} in store {self.shown_url!r}: {exc}") from exc
+
+    def size(self, path: str) -> int:
+        """The size of ``path`` in bytes, asked afresh."""
+        self._fresh(path)
+        try:
+            return int(self.fs.size(path))
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            raise self._error(f"cannot stat {path!r} in store {self.shown_url!r}: {exc}") from exc
+
+    def _listing(self, path: str, call: Callable[[], _T]) -> _T:
+        """Run the listing ``call`` of ``path``; FileNotFoundError if the folder is absent."""
+        try:
+            return call()
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            raise self._error(f"cannot list {path!r} in store {self.shown_url!r}: {exc}") from exc
+
+    def listdir(self, path: str) -> list[str]:
+        """Base names of the entries in ``path`` (empty if it does not exist), listed afresh."""
+        self._fresh(path)
+        try:
+            entries = self._listing(path, lambda: self.fs.ls(path, detail=False))
+        except FileNotFoundError:
+            return []
+        return sorted(e.rstrip("/").rsplit("/", 1)[-1] for e in entries)
+
+    def find(self, path: str) -> dict[str, dict[str, Any]]:
+        """Every file under the folder ``path`` with its details, listed afresh.
+
+        FileNotFoundError if ``path`` does not exist.
+        """
+        self._fresh(path)
+        found: dict[str, dict[str, Any]] = self._listing(
+            path, lambda: self.fs.find(path, detail=True)
+        )
+        return found
+
+    def remove(self, path: str, recursive: bool = False) -> None:
+        """Delete ``path`` (a whole folder with ``recursive``); never anything outside the root."""
+        target = self._inside(path)
+        if recursive and target == self.root:
+            raise self._error(f"refusing to delete the whole store {self.shown_url!r}")
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(target, recursive=recursive)
+        self._fresh(target)
+
+    def move(self, src: str, dst: str) -> None:
+        """Rename ``src`` to ``dst`` inside the store."""
+        target = self._inside(dst)
+        self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+        self.fs.mv(self._inside(src), target)
+
+    # --- data structures ---------------------------------------------------
+
+    def list_log(self, name: str) -> CommitLog:
+        """The commit log of the list ``name``."""
+        return CommitLog(self, self.layout.list_paths(name).folder, f"list {name!r}")
+
+    def map_log(self, name: str) -> CommitLog:
+        """The commit log of the map ``name``."""
+        return CommitLog(self, self.layout.map_paths(name).folder, f"map {name!r}", "map")
+
+    def stream_log(self, name: str) -> StreamLog:
+        """The stream ``name``."""
+        return StreamLog(self, name)
+
+    def list_names(self) -> list[str]:
+        """Names of the lists in the store."""
+        return [self.layout.name_of(n) for n in self.listdir(self.layout.lists)]
+
+    def map_names(self) -> list[str]:
+        """Names of the maps in the store."""
+        return [self.layout.name_of(n) for n in self.listdir(self.layout.maps)]
+
+
+def _complete_temp_file(path: str, data: bytes) -> str:
+    """A uniquely named file beside ``path`` holding ``data``, to rename or link into place."""
+    tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+    return tmp
+
+
+def _implements_pipe_file(fs: Any) -> bool:
+    """Whether ``fs`` has a ``pipe_file`` of its own (fsspec's default checks, then writes)."""
+    from fsspec.asyn import AsyncFileSystem
+    from fsspec.spec import AbstractFileSystem
+
+    if isinstance(fs, AsyncFileSystem) and type(fs)._pipe_file is not AsyncFileSystem._pipe_file:
+        return True
+    return type(fs).pipe_file is not AbstractFileSystem.pipe_file
+
+
+def _is_local(fs: Any) -> bool:
+    protocol = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    return "file" in protocol
