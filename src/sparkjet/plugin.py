@@ -41,9 +41,9 @@ from sparkjet.core.contracts import (
     StoreAccess,
     TaskContext,
 )
-from sparkjet.core.hookspecs import hookimpl
+from sparkjet.core.hookspecs import JobView, ManifestView, StageView, hookimpl
 from sparkjet.core.model import ProcessingGuarantee
-from sparkjet.core.plugin_manager import PluginInfo, Registered
+from sparkjet.core.plugin_manager import Category, PluginInfo, Registered
 from sparkjet.core.store import CommitLog, Store
 from sparkjet.core.stream_log import StreamLog
 
@@ -51,15 +51,19 @@ __all__ = [
     "ALL_GUARANTEES",
     "AT_LEAST_ONCE_AT_MOST",
     "BatchedItems",
+    "Category",
     "CommitLog",
     "CommitLogSink",
     "JobContext",
+    "JobView",
+    "ManifestView",
     "PluginInfo",
     "ProcessingGuarantee",
     "Registered",
     "Sink",
     "SnapshotBackend",
     "Source",
+    "StageView",
     "StatefulTransform",
     "Store",
     "StoreAccess",
