@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 import sparkjet
+from sparkjet.aggregate import counting
 from sparkjet.core.planner import plan
 from sparkjet.core.plugin_manager import PluginHost
 from sparkjet.errors import (
@@ -35,19 +36,21 @@ from sparkjet.errors import (
     PipelineDefinitionError,
     PluginError,
     ProcessingGuaranteeError,
+    SnapshotBackendError,
 )
 from sparkjet.job import JobConfig, JobStatus, ProcessingGuarantee
-from sparkjet.pipeline import Pipeline
+from sparkjet.pipeline import Pipeline, StreamSource
 from sparkjet.plugin import (
     ALL_GUARANTEES,
     JobContext,
     Sink,
     Source,
-    Store,
     TaskContext,
     hookimpl,
 )
-from tests.conftest import TEST_SPARK, run_pipeline
+from sparkjet.plugins.snapshots import LocalSnapshotBackend
+from sparkjet.testing import StoreLocation
+from tests.conftest import TEST_SPARK, run_pipeline, wait_until
 
 DIST = Path(__file__).parent / "plugin_dist" / "sparkjet-example-plugin"
 DIST_NAME = "sparkjet-example-plugin"
@@ -144,6 +147,13 @@ class Registers:
     def register_sinks(self, register: Callable[[Any], None]) -> None:
         for cls in self.sinks:
             register(cls)
+
+
+class FakeJob:
+    """Stands in for a job where a test calls a lifecycle hook without one (a JobView)."""
+
+    id = "fake-job"
+    name = None
 
 
 class StatusRecorder:
@@ -304,7 +314,7 @@ def test_installed_distribution_is_discovered_and_runs_a_job(tmp_path: Path) -> 
 def test_range_source_partitions_cover_the_range_in_order(
     example: ModuleType, tmp_path: Path
 ) -> None:
-    store = Store(str(tmp_path / "store"))
+    store = StoreLocation(str(tmp_path / "store")).store()
     job = JobContext("job-1", None, store, parallelism=2)
     task = TaskContext("job-1", 0, store)
 
@@ -320,7 +330,7 @@ def test_range_source_partitions_cover_the_range_in_order(
 
 
 def test_jsonl_sink_commits_parts_in_order_atomically(example: ModuleType, tmp_path: Path) -> None:
-    store = Store(str(tmp_path / "store"))
+    store = StoreLocation(str(tmp_path / "store")).store()
     out = tmp_path / "out"
     sink = example.JsonLinesSink("result", out)
     job = JobContext("job-1", None, store, parallelism=2)
@@ -344,7 +354,7 @@ def test_jsonl_sink_commits_parts_in_order_atomically(example: ModuleType, tmp_p
 
 
 def test_jsonl_sink_abort_removes_every_temp_file(example: ModuleType, tmp_path: Path) -> None:
-    store = Store(str(tmp_path / "store"))
+    store = StoreLocation(str(tmp_path / "store")).store()
     out = tmp_path / "out"
     sink = example.JsonLinesSink("result", out)
     job = JobContext("job-1", None, store, parallelism=2)
@@ -801,7 +811,7 @@ def test_trace_hooks_logs_hook_calls(
 
     host = PluginHost()
     host.register(StatusRecorder([]), "recorder")
-    host.notify("on_job_error", job=None, error=RuntimeError("x"))
+    host.job_error(job=FakeJob(), error=RuntimeError("x"))
 
     traced = "\n".join(r.getMessage() for r in caplog.records if r.name == "sparkjet.hooks")
     assert "register_sources" in traced
@@ -815,7 +825,7 @@ def test_no_hook_trace_by_default(
     monkeypatch.delenv("SPARKJET_TRACE_HOOKS", raising=False)
     caplog.set_level(logging.DEBUG, logger="sparkjet.hooks")
 
-    PluginHost().notify("on_job_error", job=None, error=RuntimeError("x"))
+    PluginHost().job_error(job=FakeJob(), error=RuntimeError("x"))
 
     assert [r for r in caplog.records if r.name == "sparkjet.hooks"] == []
 
@@ -834,7 +844,7 @@ def _times_ten_pipeline(fn: Callable[[Any], Any] | None = None) -> Pipeline:
 def test_lifecycle_hooks_see_a_real_job(client: sparkjet.Client) -> None:
     events: list[Any] = []
     client.register_plugin(StatusRecorder(events), "recorder")
-    impls = client.plugins.hook.before_spark_session_created.get_hookimpls()
+    impls = client.plugins.pm.hook.before_spark_session_created.get_hookimpls()
     assert "recorder" in [impl.plugin_name for impl in impls]  # accepted as a valid hook
 
     job = run_pipeline(client, _times_ten_pipeline(), name="lifecycle")
@@ -903,3 +913,127 @@ def test_a_failing_hook_does_not_break_the_job(
                for r in failures)
     assert failures[-1].exc_info is not None
     assert "grumpy about COMPLETED" in str(failures[-1].exc_info[1])
+
+
+# --- on_snapshot_exported --------------------------------------------------------------------
+
+
+class ExportRecorder:
+    """Records every ``on_snapshot_exported`` call with what the hook saw."""
+
+    def __init__(self, events: list[Any]) -> None:
+        self.events = events
+
+    @hookimpl
+    def on_snapshot_exported(self, job: Any, name: str, manifest: Any, cancel_job: bool) -> None:
+        self.events.append({
+            "job": job.id,
+            "name": name,
+            "manifest": manifest.name,
+            "batch": manifest.batch_id,
+            "keys": {stage.name: stage.key_count for stage in manifest.stages},
+            "cancel_job": cancel_job,
+        })
+
+
+class BreakableSnapshotBackend(LocalSnapshotBackend):
+    """The local backend, whose writes fail while ``broken`` is set."""
+
+    kind = "breakable"
+    broken = False
+
+    def _check(self) -> None:
+        if type(self).broken:
+            raise OSError("the disk is on fire")
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        self._check()
+        super().write_bytes(path, data)
+
+    def write_chunks(self, path: str, chunks: Any) -> None:
+        self._check()
+        super().write_chunks(path, chunks)
+
+    def create_exclusive(self, path: str, data: bytes) -> bool:
+        self._check()
+        return super().create_exclusive(path, data)
+
+
+class RegistersBreakable:
+    @hookimpl
+    def register_snapshot_backends(self, register: Any) -> None:
+        register(BreakableSnapshotBackend)
+
+
+def test_on_snapshot_exported_is_called_once_per_completed_export(
+    store_url: str, tmp_path: Path
+) -> None:
+    client = connect(store_url, snapshots={"backend": "breakable", "url": str(tmp_path / "snaps")})
+    events: list[Any] = []
+    client.register_plugin(RegistersBreakable(), "breakable")
+    client.register_plugin(ExportRecorder(events), "recorder")
+    BreakableSnapshotBackend.broken = False
+    stream = client.get_stream("clicks", partitions=1)
+    p = Pipeline.create()
+    (p.read_from(StreamSource("clicks")).set_name("clicks")
+     .group_by(lambda x: x % 10).aggregate(counting()).set_name("per-key")
+     .write_to(Pipeline.to_map("counts")))
+    config = JobConfig(name="exported", processing_guarantee=EXACTLY_ONCE,
+                       snapshot_interval_millis=100)
+    job = client.get_jet().submit(p, config)
+    try:
+        wait_until(lambda: job.status is JobStatus.RUNNING, what="the job to run")
+        stream.publish_all(range(30))
+        wait_until(lambda: len(client.get_map("counts").entry_set()) == 10, what="the counts")
+
+        snapshot = job.export_snapshot("first")
+
+        assert job.status is JobStatus.RUNNING
+        assert events == [{
+            "job": job.id, "name": "first", "manifest": "first",
+            "batch": snapshot.manifest.batch_id, "keys": {"per-key": 10}, "cancel_job": False,
+        }]
+
+        BreakableSnapshotBackend.broken = True
+        with pytest.raises(SnapshotBackendError, match="the disk is on fire"):
+            job.export_snapshot("failed")
+        BreakableSnapshotBackend.broken = False
+
+        assert [e["name"] for e in events] == ["first"]  # a failed export is not announced
+        assert job.status is JobStatus.RUNNING
+
+        job.cancel_and_export_snapshot("last")
+        with pytest.raises(JobCancelledError):
+            job.join(timeout=60)
+
+        assert [(e["name"], e["cancel_job"]) for e in events] == [
+            ("first", False), ("last", True),
+        ]
+    finally:
+        BreakableSnapshotBackend.broken = False
+        if not job.is_terminal():
+            job.cancel()
+
+
+def test_a_failing_export_hook_is_logged_and_the_others_are_told(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Manifest:  # a ManifestView
+        name, batch_id, stages = "s", 3, ()
+
+    class Broken:
+        @hookimpl
+        def on_snapshot_exported(self, name: str) -> None:  # fewer arguments than the spec
+            raise RuntimeError(f"cannot announce {name}")
+
+    events: list[Any] = []
+    host = PluginHost(autoload=False)
+    host.register(ExportRecorder(events), "recorder")
+    host.register(Broken(), "broken")  # called first (last in, first)
+    caplog.set_level(logging.ERROR, logger="sparkjet.plugins")
+
+    host.snapshot_exported(job=FakeJob(), name="s", manifest=Manifest(), cancel_job=False)
+
+    assert [(e["job"], e["name"], e["batch"]) for e in events] == [("fake-job", "s", 3)]
+    [failure] = [r for r in caplog.records if r.name == "sparkjet.plugins"]
+    assert '"broken"' in failure.getMessage() and "on_snapshot_exported" in failure.getMessage()

@@ -1,4 +1,4 @@
-"""The plugin author's API: the hook marker, the base classes and the contexts.
+"""The plugin author's API: the hook marker, the base classes, the contexts and store views.
 
 A plugin is a module (or object) with functions marked ``@hookimpl`` whose
 names are hooks from :mod:`sparkjet.core.hookspecs` (documented in
@@ -23,6 +23,11 @@ A registration hook hands classes to sparkjet; it does not do I/O::
 Every class says where each method runs: on the **driver** (the process that
 submitted the job) or on **executors** (Spark's Python workers). Whatever an
 executor method uses must be picklable; instances are shipped with cloudpickle.
+
+Plugins reach sparkjet's store through protocols (:class:`StoreAccess`,
+:class:`CommitLogAccess`, :class:`StreamLogAccess`, :class:`FileStore`),
+never through its classes, which are internal and may change; lifecycle
+hooks see a job as a :class:`JobView` and a snapshot as a :class:`ManifestView`.
 """
 
 
@@ -32,39 +37,47 @@ from sparkjet.core.contracts import (
     ALL_GUARANTEES,
     AT_LEAST_ONCE_AT_MOST,
     BatchedItems,
+    CommitLogAccess,
     CommitLogSink,
+    FileStore,
     JobContext,
+    LogRecord,
     Sink,
     SnapshotBackend,
     Source,
     StatefulTransform,
     StoreAccess,
+    StreamLogAccess,
     TaskContext,
+    open_file_store,
 )
-from sparkjet.core.hookspecs import hookimpl
+from sparkjet.core.hookspecs import JobView, ManifestView, StageView, hookimpl
 from sparkjet.core.model import ProcessingGuarantee
-from sparkjet.core.plugin_manager import PluginInfo, Registered
-from sparkjet.core.store.commit_log import CommitLog
-from sparkjet.core.store.fs import Store
-from sparkjet.core.store.stream_log import StreamLog
+from sparkjet.core.plugin_manager import Category, PluginInfo, Registered
 
 __all__ = [
     "ALL_GUARANTEES",
     "AT_LEAST_ONCE_AT_MOST",
     "BatchedItems",
-    "CommitLog",
+    "Category",
+    "CommitLogAccess",
     "CommitLogSink",
+    "FileStore",
     "JobContext",
+    "JobView",
+    "LogRecord",
+    "ManifestView",
     "PluginInfo",
     "ProcessingGuarantee",
     "Registered",
     "Sink",
     "SnapshotBackend",
     "Source",
+    "StageView",
     "StatefulTransform",
-    "Store",
     "StoreAccess",
-    "StreamLog",
+    "StreamLogAccess",
     "TaskContext",
     "hookimpl",
+    "open_file_store",
 ]

@@ -81,7 +81,7 @@ from sparkjet.core.errors import (
     SnapshotNotFoundError,
     SnapshotReplacedError,
 )
-from sparkjet.core.plugin_manager import PluginHost
+from sparkjet.core.plugin_manager import Category, PluginHost
 from sparkjet.core.snapshots import (
     MANIFEST,
     ManifestFields,
@@ -150,7 +150,7 @@ class StoreLocation:
         if separate_client:
             options["skip_instance_cache"] = True
         cls: Callable[..., SnapshotBackend] = _builtin_plugins().lookup_kind(
-            "snapshot backend", kind
+            Category.SNAPSHOT_BACKEND, kind
         ).cls
         return cls(self.url, options)
 

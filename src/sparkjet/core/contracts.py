@@ -1,4 +1,4 @@
-"""The contracts between sparkjet and its plugins: base classes and contexts.
+"""The contracts between sparkjet and its plugins: base classes, contexts, the store's views.
 
 Defined here so the core can use them without importing a public module;
 plugin authors import them from :mod:`sparkjet.plugin`, whose docstring is
@@ -11,13 +11,12 @@ import builtins
 import logging
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from sparkjet.core.model import ProcessingGuarantee
-from sparkjet.core.store.commit_log import CommitLog
-from sparkjet.core.store.stream_log import StreamLog
+from sparkjet.core.store.fs import Store
 
 #: Every guarantee: for participants that replay and commit idempotently.
 ALL_GUARANTEES: frozenset[ProcessingGuarantee] = frozenset(ProcessingGuarantee)
@@ -63,41 +62,189 @@ def _unbatch(batches: list[bytes]) -> BatchedItems:
     return BatchedItems(items)
 
 
-class StoreAccess(Protocol):
-    """The store as plugins see it: the job's lists, maps and streams, and files under its root.
+class FileStore(Protocol):
+    """Files under one fsspec URL: fresh reads and listings, atomic and create-only writes.
 
-    Picklable, so executor code may capture it. Paths are absolute paths in the
-    store's filesystem (build them with :meth:`path`); every error names the
-    path and masks configured secrets.
+    What :attr:`JobContext.store` offers for a plugin's own files, and what
+    :func:`open_file_store` opens on any URL (the built-in snapshot backends
+    keep snapshots in one). Picklable, so executor code may capture it.
+    Paths are absolute paths in the filesystem (build them with :meth:`path`);
+    nothing outside the root is touched. Listings and existence checks ask the
+    storage afresh, never a cache another process's writes could have
+    outdated. Errors are :class:`~sparkjet.errors.StoreError` naming the path,
+    secrets masked; a missing file is :class:`FileNotFoundError`.
     """
 
     @property
     def shown_url(self) -> str:
-        """The store's URL as it may be printed (secrets masked)."""
+        """The URL as it may be printed (secrets masked)."""
 
-    def list_log(self, name: str) -> CommitLog:
-        """The commit log of the list ``name`` (stage on executors, commit on the driver)."""
+    @property
+    def root(self) -> str:
+        """The root path inside the filesystem (opens the filesystem)."""
 
-    def map_log(self, name: str) -> CommitLog:
-        """The commit log of the map ``name``."""
+    @property
+    def fs(self) -> Any:
+        """The fsspec filesystem, for what this facade leaves out (streamed reads and writes)."""
 
-    def stream_log(self, name: str) -> StreamLog:
-        """The stream ``name``: offsets, appends with tokens, reads by range."""
+    @property
+    def conditional_writes(self) -> bool:
+        """Whether :meth:`create_exclusive` is atomic here (two racing creators: one wins)."""
 
     def path(self, *parts: str) -> str:
-        """``parts`` joined under the store's root."""
+        """``parts`` joined under the root."""
 
     def read_bytes(self, path: str) -> bytes:
-        """A whole file; FileNotFoundError if absent."""
+        """A whole file, read afresh; FileNotFoundError if absent."""
 
     def write_bytes(self, path: str, data: bytes) -> None:
         """Write a whole file: readers see the old or the new content, never a mix."""
 
     def create_exclusive(self, path: str, data: bytes) -> bool:
-        """Create ``path`` only if it does not exist; False if it already does."""
+        """Create ``path`` only if it does not exist; False if it already does.
+
+        A create that the filesystem client retried after it had landed is
+        recognised by reading the file back: one holding exactly ``data``
+        counts as this call's (True), so make payloads unique.
+        """
+
+    def exists(self, path: str) -> bool:
+        """Whether ``path`` exists, asked afresh."""
+
+    def size(self, path: str) -> int:
+        """The size of the file ``path`` in bytes, asked afresh; FileNotFoundError if absent."""
 
     def listdir(self, path: str) -> list[str]:
-        """Base names of the entries in ``path`` (empty if it does not exist)."""
+        """Base names of the entries in ``path`` (empty if it does not exist), listed afresh."""
+
+    def find(self, path: str) -> Mapping[str, Mapping[str, Any]]:
+        """Every file under ``path``, recursively: its absolute path to fsspec's details of it."""
+
+    def remove(self, path: str, recursive: bool = False) -> None:
+        """Delete ``path`` (a whole folder with ``recursive``)."""
+
+
+def open_file_store(
+    url: str,
+    options: Mapping[str, Any] | None = None,
+    redact: Callable[[str], str] | None = None,
+) -> FileStore:
+    """A :class:`FileStore` on the fsspec ``url`` (a local path, ``s3://...``, ``memory://...``).
+
+    ``options`` go to the fsspec filesystem (credentials, endpoints); ``redact``
+    masks secrets in error messages. Nothing is opened before the first use.
+    """
+    return Store(url, dict(options or {}), redact)
+
+
+class LogRecord(Protocol):
+    """One committed change of a list's or map's commit log, as a plugin reads it."""
+
+    @property
+    def op(self) -> str:
+        """Lists: ``"append"``, ``"clear"``; maps: ``"put"``, ``"remove"``, ``"clear"``."""
+
+    @property
+    def parts(self) -> Sequence[tuple[str, Any]]:
+        """The record's items in order: ``("items", [...])`` inline, ``("segment", path)`` a file.
+
+        Read a segment with :meth:`CommitLogAccess.read_segment`.
+        """
+
+
+class CommitLogAccess(Protocol):
+    """The commit log of a list or a map, as the list and map plugins use it.
+
+    Executors :meth:`stage` their partition's items; the driver commits one
+    record naming every partition's parts, so a commit is visible at once or
+    never. A *part* is ``("items", [...])`` (small batches, inline) or
+    ``("segment", path)`` (a file nobody reads until a record names it).
+    Picklable, like the store it comes from.
+    """
+
+    def live_records(self) -> Sequence[LogRecord]:
+        """The records after the newest ``clear``, oldest first (runs on the driver)."""
+
+    def read_segment(self, path: str) -> Sequence[Any]:
+        """The items of a ``("segment", path)`` part, in order."""
+
+    def stage(self, items: Iterable[Any], writer: str) -> list[tuple[str, Any]]:
+        """Runs on executors: the parts for ``items`` (segments written under token ``writer``)."""
+
+    def commit(self, op: str, parts: list[tuple[str, Any]], *, writer: str) -> int:
+        """Runs on the driver: append one record atomically; returns its sequence number."""
+
+    def commit_once(
+        self,
+        op: str,
+        parts: list[tuple[str, Any]],
+        *,
+        token: str,
+        writer: str,
+        producer: str | None = None,
+        batch: int | None = None,
+    ) -> int | None:
+        """Runs on the driver: commit unless a record with ``token`` exists (then None).
+
+        ``producer`` and ``batch`` (:attr:`JobContext.producer_id` and
+        ``batch_id``) let readers skip a batch committed twice by racing drivers.
+        """
+
+    def discard(self, parts: Iterable[tuple[str, Any]]) -> None:
+        """Delete the segment files of parts that will never be committed."""
+
+    def discard_writer(self, writer: str) -> None:
+        """Delete every segment staged under the ``writer`` token, also by tasks still running."""
+
+
+class StreamLogAccess(Protocol):
+    """A stream in the store: partitions of items with offsets, as the stream plugins use it.
+
+    Picklable, like the store it comes from.
+    """
+
+    @property
+    def partitions(self) -> int:
+        """The number of partitions (the stream must exist)."""
+
+    def exists(self) -> bool:
+        """Whether the stream has been created."""
+
+    def create(self, partitions: int) -> bool:
+        """Create the stream with ``partitions`` partitions; False if it already existed."""
+
+    def end_offsets(self) -> list[int]:
+        """The offset after the last item of every partition."""
+
+    def read(self, partition: int, start: int, end: int) -> list[Any]:
+        """The items of ``partition`` at offsets ``[start, end)``, in order."""
+
+    def append(self, partition: int, items: list[Any]) -> int:
+        """Append ``items`` to ``partition`` at once; returns the new end offset."""
+
+    def append_batch(self, writer: str, token: str, buckets: list[list[Any]]) -> None:
+        """Append ``buckets[p]`` to each partition ``p``, once per ``token`` even when replayed.
+
+        ``writer`` (:attr:`JobContext.writer_id`) names the writer whose
+        batches these are; the split into partitions is written ahead, so a
+        replayed call appends the recorded split where the token is missing.
+        """
+
+
+class StoreAccess(FileStore, Protocol):
+    """The store as plugins see it: its files, and the job's lists, maps and streams.
+
+    Picklable, so executor code may capture it.
+    """
+
+    def list_log(self, name: str) -> CommitLogAccess:
+        """The commit log of the list ``name`` (stage on executors, commit on the driver)."""
+
+    def map_log(self, name: str) -> CommitLogAccess:
+        """The commit log of the map ``name``."""
+
+    def stream_log(self, name: str) -> StreamLogAccess:
+        """The stream ``name``: offsets, appends with tokens, reads by range."""
 
 
 @dataclass(frozen=True)
@@ -265,7 +412,7 @@ class Sink(_Participant):
 
 
 class CommitLogSink(Sink):
-    """A sink that stages partitions in a store :class:`CommitLog` and commits one record.
+    """A sink that stages partitions in a store's commit log and commits one record.
 
     The list and map sinks are built on it; a subclass says which log it
     writes (:meth:`log`) and which record it commits (:attr:`record_op`).
@@ -283,7 +430,7 @@ class CommitLogSink(Sink):
     guarantees: ClassVar[frozenset[ProcessingGuarantee]] = ALL_GUARANTEES
 
     @abstractmethod
-    def log(self, store: StoreAccess) -> CommitLog:
+    def log(self, store: StoreAccess) -> CommitLogAccess:
         """Runs on the driver and on executors: the commit log this sink writes."""
 
     def prepare(self, context: JobContext) -> Any:

@@ -7,21 +7,28 @@ skips third-party entry points (built-ins still load);
 ``SPARKJET_BLOCK_PLUGINS=a,b`` (and ``[plugins] disable``) blocks plugins by
 name, built-ins included; ``SPARKJET_TRACE_HOOKS=1`` logs every hook call to
 the ``sparkjet.hooks`` logger at DEBUG level.
+
+The core calls hooks through :class:`PluginHost`'s typed methods, one per
+hook (as tox 4's plugin manager does), never by a hook's name.
 """
 
 from __future__ import annotations
 
+import enum
 import importlib.metadata
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import pluggy
 
 from sparkjet.core import hookspecs
+from sparkjet.core.contracts import Sink, SnapshotBackend, Source, StatefulTransform
 from sparkjet.core.errors import PluginError
+from sparkjet.core.hookspecs import JobView, ManifestView
+from sparkjet.core.model import JobStatus, ProcessingGuarantee
 
 log = logging.getLogger("sparkjet.plugins")
 
@@ -33,13 +40,35 @@ ENV_TRACE = "SPARKJET_TRACE_HOOKS"
 #: The distribution whose entry points are the built-in plugins.
 BUILTIN_DISTRIBUTION = "sparkjet"
 
-#: Registration hook -> (base class path, label).
-_REGISTRATIONS = {
-    "register_sources": ("Source", "source"),
-    "register_sinks": ("Sink", "sink"),
-    "register_stateful_transforms": ("StatefulTransform", "stateful transform"),
-    "register_snapshot_backends": ("SnapshotBackend", "snapshot backend"),
-}
+
+class Category(enum.StrEnum):
+    """What a registered class is; the value is how messages and ``sparkjet plugins`` name it."""
+
+    SOURCE = "source"
+    SINK = "sink"
+    STATEFUL_TRANSFORM = "stateful transform"
+    SNAPSHOT_BACKEND = "snapshot backend"
+
+
+@dataclass(frozen=True)
+class _Registration:
+    """A registration hook, the base class its classes must extend, and their category."""
+
+    spec: Callable[..., None]
+    base: type
+    category: Category
+
+
+_REGISTRATIONS = (
+    _Registration(hookspecs.register_sources, Source, Category.SOURCE),
+    _Registration(hookspecs.register_sinks, Sink, Category.SINK),
+    _Registration(
+        hookspecs.register_stateful_transforms, StatefulTransform, Category.STATEFUL_TRANSFORM
+    ),
+    _Registration(
+        hookspecs.register_snapshot_backends, SnapshotBackend, Category.SNAPSHOT_BACKEND
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -50,8 +79,8 @@ class Registered:
     cls: type[Any]
     #: The name of the plugin that registered it.
     plugin: str
-    #: "source", "sink", "stateful transform" or "snapshot backend".
-    category: str
+    #: What it is: a source, a sink, a stateful transform or a snapshot backend.
+    category: Category
 
     @property
     def kind(self) -> str:
@@ -91,7 +120,7 @@ class PluginHost:
         env_block = [n.strip() for n in os.environ.get(ENV_BLOCK, "").split(",") if n.strip()]
         self.blocked: set[str] = set(disable) | set(env_block)
         self.plugins: dict[str, PluginInfo] = {}
-        self._by_kind: dict[tuple[str, str], Registered] = {}
+        self._by_kind: dict[tuple[Category, str], Registered] = {}
         self._by_class: dict[type[Any], Registered] = {}
         if autoload is None:
             autoload = not _is_truthy(os.environ.get(ENV_DISABLE_AUTOLOAD))
@@ -187,15 +216,13 @@ class PluginHost:
 
     def _collect(self, name: str) -> None:
         """Call the registration hooks of one plugin and record what it registers."""
-        from sparkjet.core import contracts as api
-
         others = [p for p in self.pm.get_plugins() if self.pm.get_name(p) != name]
-        for hook_name, (base_name, category) in _REGISTRATIONS.items():
-            base = getattr(api, base_name)
+        for registration in _REGISTRATIONS:
+            hook_name = registration.spec.__name__
             caller = self.pm.subset_hook_caller(hook_name, remove_plugins=others)
 
-            def register(cls: Any, *, _base: type = base, _category: str = category) -> None:
-                self._add(name, cls, _base, _category)
+            def register(cls: Any, *, _registration: _Registration = registration) -> None:
+                self._add(name, cls, _registration)
 
             try:
                 caller(register=register)
@@ -204,8 +231,9 @@ class PluginHost:
             except Exception as exc:
                 raise PluginError(f'plugin "{name}" failed in {hook_name}: {exc!r}') from exc
 
-    def _add(self, plugin: str, cls: Any, base: type, category: str) -> None:
+    def _add(self, plugin: str, cls: Any, registration: _Registration) -> None:
         where = f'plugin "{plugin}"'
+        base, category = registration.base, registration.category
         if not isinstance(cls, type) or not issubclass(cls, base):
             raise PluginError(
                 f"{where} registered {cls!r} as a {category}, but it is not a subclass of "
@@ -215,9 +243,7 @@ class PluginHost:
         if not isinstance(kind, str) or not kind:
             raise PluginError(f"{where}: {category} {cls.__qualname__} has no 'kind' string")
         guarantees: Any = getattr(cls, "guarantees", frozenset())
-        from sparkjet.core.model import ProcessingGuarantee
-
-        if category != "snapshot backend" and (
+        if category is not Category.SNAPSHOT_BACKEND and (
             not isinstance(guarantees, frozenset | set)
             or not guarantees
             or not all(isinstance(g, ProcessingGuarantee) for g in guarantees)
@@ -248,7 +274,8 @@ class PluginHost:
                 return entry
         return None
 
-    def lookup_kind(self, category: str, kind: str) -> Registered:
+    def lookup_kind(self, category: Category, kind: str) -> Registered:
+        """The class of ``category`` registered as ``kind``; PluginError naming the known ones."""
         entry = self._by_kind.get((category, kind))
         if entry is None:
             known = sorted(k for (c, k) in self._by_kind if c == category)
@@ -258,16 +285,44 @@ class PluginHost:
             )
         return entry
 
-    @property
-    def hook(self) -> Any:
-        return self.pm.hook
+    # --- calling hooks: one typed method per hook ------------------------------
 
-    def notify(self, hook_name: str, **kwargs: Any) -> None:
-        """Call a lifecycle hook; plugin errors are logged, never propagated.
+    def spark_session_building(self, *, builder: Any, spark_conf: Mapping[str, str]) -> None:
+        """Let plugins adjust the Spark session (``before_spark_session_created``).
+
+        ``builder`` is the ``SparkSession.Builder``. A plugin's error propagates:
+        the session is not built on settings a plugin failed to make.
+        """
+        self.pm.hook.before_spark_session_created(builder=builder, spark_conf=dict(spark_conf))
+
+    def job_status_changed(
+        self, *, job: JobView, old_status: JobStatus, new_status: JobStatus
+    ) -> None:
+        """Tell plugins a job changed status (``on_job_status_changed``)."""
+        self._observe(
+            hookspecs.on_job_status_changed, job=job, old_status=old_status, new_status=new_status
+        )
+
+    def job_error(self, *, job: JobView, error: BaseException) -> None:
+        """Tell plugins a job is failing with ``error`` (``on_job_error``)."""
+        self._observe(hookspecs.on_job_error, job=job, error=error)
+
+    def snapshot_exported(
+        self, *, job: JobView, name: str, manifest: ManifestView, cancel_job: bool
+    ) -> None:
+        """Tell plugins snapshot ``name`` was exported from ``job`` (``on_snapshot_exported``)."""
+        self._observe(
+            hookspecs.on_snapshot_exported,
+            job=job, name=name, manifest=manifest, cancel_job=cancel_job,
+        )
+
+    def _observe(self, spec: Callable[..., None], **kwargs: Any) -> None:
+        """Call the lifecycle hook ``spec``; plugin errors are logged, never propagated.
 
         Each plugin is called on its own, so one that raises does not keep the
-        others from being notified.
+        others from being told.
         """
+        hook_name = spec.__name__
         hook = getattr(self.pm.hook, hook_name)
         plugins = self.pm.get_plugins()
         for impl in reversed(hook.get_hookimpls()):  # pluggy's order: last registered first

@@ -63,6 +63,7 @@ from sparkjet.core.errors import (
     SparkjetError,
 )
 from sparkjet.core.naming import encode_name as encode_store_name
+from sparkjet.core.plugin_manager import Category
 
 if TYPE_CHECKING:
     from sparkjet.core.config import Config
@@ -1241,7 +1242,7 @@ def make_backend(config: Config, plugins: PluginHost) -> SnapshotBackend:
     where = config.source or "configuration"
     kind, url, options = backend_settings(config)
     try:
-        entry = plugins.lookup_kind("snapshot backend", kind)
+        entry = plugins.lookup_kind(Category.SNAPSHOT_BACKEND, kind)
     except PluginError as exc:
         raise ConfigError(f"{where}: [snapshots] backend: {exc}") from exc
     cls: Callable[..., SnapshotBackend] = entry.cls

@@ -8,7 +8,7 @@ from typing import Any
 from sparkjet.plugin import (
     ALL_GUARANTEES,
     BatchedItems,
-    CommitLog,
+    CommitLogAccess,
     CommitLogSink,
     JobContext,
     Source,
@@ -67,7 +67,7 @@ class ListSink(CommitLogSink):
     guarantees = ALL_GUARANTEES
     record_op = "append"
 
-    def log(self, store: StoreAccess) -> CommitLog:
+    def log(self, store: StoreAccess) -> CommitLogAccess:
         """Runs on the driver and on executors: the list's commit log."""
         return store.list_log(self.name)
 

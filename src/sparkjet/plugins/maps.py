@@ -7,9 +7,10 @@ from typing import Any
 
 from sparkjet.plugin import (
     ALL_GUARANTEES,
-    CommitLog,
+    CommitLogAccess,
     CommitLogSink,
     JobContext,
+    LogRecord,
     Source,
     StoreAccess,
     TaskContext,
@@ -31,10 +32,10 @@ class MapSource(Source):
         entries: dict[Any, Any] = {}
         for record in log.live_records():
             if record.op == "put":
-                for key, value in log.payload(record):
+                for key, value in _items(log, record):
                     entries[key] = value
             elif record.op == "remove":
-                for key in log.payload(record):
+                for key in _items(log, record):
                     entries.pop(key, None)
         pairs = list(entries.items())
         size = max(_CHUNK, -(-len(pairs) // max(1, context.parallelism)))
@@ -55,7 +56,7 @@ class MapSink(CommitLogSink):
     guarantees = ALL_GUARANTEES
     record_op = "put"
 
-    def log(self, store: StoreAccess) -> CommitLog:
+    def log(self, store: StoreAccess) -> CommitLogAccess:
         """Runs on the driver and on executors: the map's commit log."""
         return store.map_log(self.name)
 
@@ -76,6 +77,12 @@ class MapSink(CommitLogSink):
                 ) from None
             pairs.append((key, item[1]))
         return self.log(context.store).stage(pairs, state)
+
+
+def _items(log: CommitLogAccess, record: LogRecord) -> Iterator[Any]:
+    """The items a record carries, in order: inline, or read from its segment files."""
+    for kind, value in record.parts:
+        yield from value if kind == "items" else log.read_segment(value)
 
 
 @hookimpl

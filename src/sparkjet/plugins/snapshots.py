@@ -1,7 +1,7 @@
 """The built-in snapshot backends: ``local``, ``memory``, ``s3`` and ``gcs``, on fsspec.
 
-Each keeps snapshots under one URL, through the store's own fsspec machinery
-(:class:`sparkjet.plugin.Store`): fresh listings and reads, atomic whole-file
+Each keeps snapshots under one URL in a :class:`sparkjet.plugin.FileStore`
+(sparkjet's own fsspec machinery): fresh listings and reads, atomic whole-file
 writes, and create-only writes that use the filesystem's conditional create
 (a hard link on a local folder, ``If-None-Match`` on S3,
 ``ifGenerationMatch=0`` on GCS) and recognise a retried create by reading it
@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 import fsspec
 
 from sparkjet.errors import SnapshotBackendError, StoreError
-from sparkjet.plugin import SnapshotBackend, Store, hookimpl
+from sparkjet.plugin import SnapshotBackend, hookimpl, open_file_store
 
 __all__ = [
     "FsspecSnapshotBackend",
@@ -76,7 +76,7 @@ class FsspecSnapshotBackend(SnapshotBackend):
             )
         self._check_url()
         self._check_options()
-        self._store = Store(url, self.options, self.redact)
+        self._store = open_file_store(url, self.options, self.redact)
 
     # --- checks when the backend is made -----------------------------------------
 

@@ -5,7 +5,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from sparkjet.plugin import ALL_GUARANTEES, JobContext, Sink, Source, TaskContext, hookimpl
+from sparkjet.plugin import (
+    ALL_GUARANTEES,
+    JobContext,
+    Sink,
+    Source,
+    StreamLogAccess,
+    TaskContext,
+    hookimpl,
+)
 
 _POSITIONS = ("oldest", "latest")
 
@@ -35,7 +43,7 @@ class StreamSource(Source):
         self.initial_position = initial_position
         self.partitions_wanted = partitions
 
-    def _log(self, context: JobContext | TaskContext) -> Any:
+    def _log(self, context: JobContext | TaskContext) -> StreamLogAccess:
         return context.store.stream_log(self.name)
 
     def initial_offsets(self, context: JobContext) -> Any:
@@ -62,7 +70,7 @@ class StreamSource(Source):
     def read(self, partition: Any, context: TaskContext) -> Iterable[Any]:
         """Runs on an executor: the items of one partition's offset range."""
         p, start, end = partition
-        return self._log(context).read(p, start, end)  # type: ignore[no-any-return]
+        return self._log(context).read(p, start, end)
 
 
 class StreamSink(Sink):

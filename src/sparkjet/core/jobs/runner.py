@@ -170,9 +170,7 @@ class JobRunner:
                 listener(event)
             except Exception:
                 log.exception("a status listener of job %s failed", self.job.label)
-        self.services.plugins.notify(
-            "on_job_status_changed", job=self.job, old_status=old, new_status=new
-        )
+        self.services.plugins.job_status_changed(job=self.job, old_status=old, new_status=new)
 
     def context_factory(self) -> Callable[[Transform], JobContext]:
         """Builds the context each source, sink and transform of the plan sees on the driver."""
@@ -452,8 +450,16 @@ class JobRunner:
         last committed batch's state and goes on running while a thread of
         its own exports that state (with ``cancel_job`` the job runs no
         batch after the cut: it exports, then ends). A suspended one exports
-        here, its status SUSPENDED_EXPORTING_SNAPSHOT meanwhile.
+        here, its status SUSPENDED_EXPORTING_SNAPSHOT meanwhile. Plugins are
+        told once the manifest is written.
         """
+        manifest = self._export(name, cancel_job)
+        self.services.plugins.snapshot_exported(
+            job=self.job, name=name, manifest=manifest, cancel_job=cancel_job)
+        return manifest
+
+    def _export(self, name: str, cancel_job: bool) -> Manifest:
+        """Export where the job is: beside its micro-batch loop, or here while parked."""
         self._check(Action.EXPORT_SNAPSHOT)
         manifest = self._export_parked(name, cancel_job)
         if manifest is not None:
@@ -711,7 +717,7 @@ class JobRunner:
         else:
             error = JobFailedError(f"job {job.label} failed: {type(exc).__name__}: {exc}")
             error.__cause__ = exc
-        self.services.plugins.notify("on_job_error", job=job, error=error)
+        self.services.plugins.job_error(job=job, error=error)
         cancelled = isinstance(error, JobCancelledError)
         if self.plan.streaming and job.config.suspend_on_failure and not cancelled:
             cause = self.services.redact(str(error))

@@ -47,7 +47,7 @@ def get_session(config: Config, host: PluginHost) -> Any:
         builder = SparkSession.builder.master(config.spark_master).appName(config.spark_app_name)
         for key, value in conf.items():
             builder = builder.config(key, value)
-        host.hook.before_spark_session_created(builder=builder, spark_conf=dict(conf))
+        host.spark_session_building(builder=builder, spark_conf=conf)
         log.info("starting Spark (%s)", config.spark_master)
         _session = builder.getOrCreate()
         if config.spark_master.startswith("local"):
