@@ -170,7 +170,7 @@ class FakeClients:
     def close(self) -> None:
         """Cancel what a failing test left running, so its threads do not hold up the run."""
         while self.made:
-            for job_runner in list(self.made.pop().get_jet()._runners.values()):
+            for job_runner in list(self.made.pop().get_jet().runners.all()):
                 if not job_runner.done.is_set():
                     job_runner.cancel()
                     job_runner.done.wait(10)

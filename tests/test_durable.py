@@ -304,7 +304,7 @@ def test_a_tampered_checkpoint_field_stops_cancel_before_it_deletes(
     outside = tmp_path / "precious"
     outside.mkdir()
     (outside / "keep.txt").write_text("x")
-    runner = client.get_jet()._runners[job.id]
+    runner = client.get_jet().runners.get(job.id)
     runner.lease.stage(checkpoint="../../../precious")
     with pytest.raises(StoreError, match=r"checkpoint field '\.\./\.\./\.\./precious'"):
         runner._discard_checkpoint()

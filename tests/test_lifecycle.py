@@ -403,7 +403,7 @@ def test_a_driver_that_never_answers_times_out_naming_it(
     fake_client.get_stream("events", partitions=1)
     job = submit_stream(fake_client, "mute")
     job.wait_for_status(S.RUNNING, timeout=10)
-    runner = fake_client.get_jet()._runners[job.id]
+    runner = fake_client.get_jet().runners.get(job.id)
     runner.done.set()  # the watcher stops: nothing takes the control folder any more
     runner.watcher.join(timeout=10)
     other = make_client(store_url, FakeEngine()).get_jet().get_job(job.id)
@@ -428,7 +428,7 @@ def test_a_driver_that_dies_before_it_answers_a_resume_is_taken_over(
     job.wait_for_status(S.SUSPENDED, timeout=10)
     other = make_client(store_url, FakeEngine()).get_jet().get_job(job.id)
     assert other is not None and other.is_driver_alive()
-    runner = fake_client.get_jet()._runners[job.id]
+    runner = fake_client.get_jet().runners.get(job.id)
     runner.done.set()  # this driver takes no more requests ...
     runner.watcher.join(timeout=10)
     asked = threading.Thread(target=other.resume)
@@ -456,7 +456,7 @@ def dead_pid() -> int:
 
 def kill_driver(client: Client, job: Job) -> None:
     """What the store sees when the driving process dies: its lease no longer renewed."""
-    runner = client.get_jet()._runners[job.id]
+    runner = client.get_jet().runners.get(job.id)
     runner.done.set()  # the watcher stops renewing the lease
     runner.watcher.join(timeout=10)
     record = dict(client.get_jet().records.read(job.id) or {})
@@ -564,7 +564,7 @@ def test_losing_an_executor_without_auto_scaling(
         snapshot_interval_millis=10,
     ))
     wait_until(lambda: job.status is S.RUNNING, timeout=10, what="RUNNING")
-    wait_until(lambda: fake_client.get_jet()._runners[job.id].cluster.started == 2,
+    wait_until(lambda: fake_client.get_jet().runners.get(job.id).cluster.started == 2,
                timeout=10, what="the baseline")
     engine.executors = frozenset({"1"})
     assert job.wait_for_status(ends, timeout=10) is ends
@@ -581,7 +581,7 @@ def test_a_status_move_outside_the_table_is_refused(fake_client: Client) -> None
     job = submit_stream(fake_client, "strict")
     job.suspend()
     job.wait_for_status(S.SUSPENDED, timeout=10)
-    runner = fake_client.get_jet()._runners[job.id]
+    runner = fake_client.get_jet().runners.get(job.id)
     with pytest.raises(IllegalTransition, match="SUSPENDED -> COMPLETED"):
         runner.set_status(S.COMPLETED)
     assert job.status is S.SUSPENDED

@@ -24,12 +24,11 @@ from sparkjet.core.errors import (
     TimeoutException,
 )
 from sparkjet.core.jobs.lifecycle import Action, JobStatusEvent, check_action
+from sparkjet.core.jobs.ports import DrivenJob, JobHost
 from sparkjet.core.jobs.record import driver_alive
 from sparkjet.core.model import JobConfig, JobStatus
 
 if TYPE_CHECKING:
-    from sparkjet.core.jobs.runner import JobRunner
-    from sparkjet.core.jobs.service import JetService
     from sparkjet.core.snapshots import Snapshot
 
 #: How long an export asked of a driver in another process may take, by default.
@@ -62,8 +61,9 @@ class Job:
     processes read its record in the store.
     """
 
-    def __init__(self, service: JetService, record: dict[str, Any]) -> None:
+    def __init__(self, service: JobHost, record: dict[str, Any]) -> None:
         self._service = service
+        #: The record as last read; while the job runs here, the runner's live copy.
         self._record = record
 
     # --- identity ------------------------------------------------------------
@@ -98,17 +98,26 @@ class Job:
         return f"<Job {self.label} {self.status.value}>"
 
     @property
-    def _runner(self) -> JobRunner | None:
+    def _runner(self) -> DrivenJob | None:
         """The runner driving the job here; None elsewhere, or once this process was fenced off."""
-        runner = self._service._runners.get(self.id)
+        runner = self._service.runners.get(self.id)
         return runner if runner is not None and runner.lease.fenced is None else None
 
     def _refresh(self) -> dict[str, Any]:
-        if self._runner is None:
+        runner = self._runner
+        if runner is not None:
+            self._record = runner.lease.data
+        else:
             fresh = self._service.records.read(self.id)
             if fresh is not None:
                 self._record = fresh
         return self._record
+
+    def _take_over(self, then: Callable[[DrivenJob], object] | None = None) -> DrivenJob:
+        """Adopt the job here (its driver died); this handle then reads the runner's record."""
+        runner = self._service.runners.take_over(self.id, then)
+        self._record = runner.lease.data
+        return runner
 
     # --- status --------------------------------------------------------------
 
@@ -231,7 +240,7 @@ class Job:
         :raises JobFencedError: this process drove the job until another one
             took it over; the job goes on there.
         """
-        runner = self._service._runners.get(self.id)
+        runner = self._service.runners.get(self.id)
         if runner is not None:
             if not runner.done.wait(timeout):
                 raise TimeoutException(
@@ -261,7 +270,7 @@ class Job:
         if runner is not None:
             runner.cancel()
         elif not driver_alive(self._refresh()):
-            self._service._take_over(self, lambda runner: runner.cancel())
+            self._take_over(lambda runner: runner.cancel())
         elif self._ask(Action.CANCEL) is None:
             self.cancel()  # its driver died before it answered: once more, from here
 
@@ -271,7 +280,7 @@ class Job:
         if runner is not None:
             runner.act(action)
         elif action is Action.RESUME and not driver_alive(self._record):
-            self._service._take_over(self, lambda runner: runner.resume())
+            self._take_over(lambda runner: runner.resume())
         elif self._ask(action) is None and again:
             self._act(action, again=False)  # its driver died before it answered
 
@@ -386,7 +395,7 @@ class Job:
                      label=self.label)
         runner = self._runner
         if runner is None and not driver_alive(self._refresh()):
-            runner = self._service._take_over(self)  # its driver died: SUSPENDED, here
+            runner = self._take_over()  # its driver died: SUSPENDED, here
         if runner is not None:
             runner.export_snapshot(name, cancel_job)
             return self._service.get_snapshot(name)
@@ -430,7 +439,7 @@ class Job:
         if runner is not None:
             runner.write_record(config=config.to_dict())
         elif not driver_alive(self._refresh()):
-            self._service._take_over(self).write_record(config=config.to_dict())
+            self._take_over().write_record(config=config.to_dict())
         else:
             # The live driver owns the record: ask it, or its next heartbeat undoes this.
             if self._ask(Action.UPDATE_CONFIG, {"config": config.to_dict()}) is None:

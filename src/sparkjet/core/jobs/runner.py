@@ -109,11 +109,12 @@ class ExportRequest:
 class JobRunner:
     """Runs one job in this process; holds its lease while the job lives here."""
 
-    def __init__(self, services: Services, job: Job, plan: Plan) -> None:
+    def __init__(self, services: Services, job: Job, plan: Plan, record: dict[str, Any]) -> None:
         self.services = services
         self.job = job
         self.plan = plan
-        self.lease = Lease(services.records, job._record)
+        #: The job's record, driven from here: the handle made with it reads the same dict.
+        self.lease = Lease(services.records, record)
         self.cancel_requested = threading.Event()
         self.done = threading.Event()
         self.error: BaseException | None = None
@@ -281,7 +282,7 @@ class JobRunner:
         if error is not None:
             entry["error"] = self.services.redact(error)
         with self._answers_lock:
-            answers = dict(self.job._record.get("answers") or {})
+            answers = dict(self.lease.data.get("answers") or {})
             answers[request] = entry
             kept = sorted(answers, key=lambda r: answers[r].get("time", 0))[-KEPT_ANSWERS:]
             try:
@@ -410,7 +411,7 @@ class JobRunner:
         self.execution.run()
 
     def _checkpoint(self) -> Checkpoint:
-        path = self.services.records.checkpoint_path(self.job._record)
+        path = self.services.records.checkpoint_path(self.lease.data)
         if path is None:
             layout = self.services.records.layout
             if self.job.config.processing_guarantee is ProcessingGuarantee.NONE:
@@ -423,7 +424,7 @@ class JobRunner:
 
     def _discard_checkpoint(self) -> None:
         self.lease.check_fence()  # the checkpoint belongs to the newer driver now
-        path = self.services.records.checkpoint_path(self.job._record)
+        path = self.services.records.checkpoint_path(self.lease.data)
         if path is not None:
             Checkpoint(self.services.store, path).delete()
             self.write_record(checkpoint=None)
@@ -782,7 +783,7 @@ class JobRunner:
         }
         if streaming:
             metrics.update(self.progress.as_metrics())
-            restore = self.job._record.get("restore")
+            restore = self.lease.data.get("restore")
             if restore:
                 # Which stages the job's initial snapshot restored, started empty or dropped.
                 metrics["snapshotRestore"] = restore

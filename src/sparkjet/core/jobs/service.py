@@ -27,14 +27,95 @@ from sparkjet.core.snapshots import Snapshot
 log = logging.getLogger("sparkjet.jobs")
 
 
+class RunnerRegistry:
+    """The runners of this process, by job id; adopts jobs whose driver died.
+
+    One lock guards the registry, so two threads taking one job over make one
+    runner.
+    """
+
+    def __init__(self, service: JetService) -> None:
+        self._service = service
+        self._runners: dict[str, JobRunner] = {}
+        self._lock = threading.Lock()
+
+    def get(self, job_id: str) -> JobRunner | None:
+        """The runner driving the job here, or None."""
+        return self._runners.get(job_id)
+
+    def all(self) -> list[JobRunner]:
+        """Every runner of this process."""
+        return list(self._runners.values())
+
+    def add(self, runner: JobRunner) -> None:
+        """Register the runner of a job submitted here."""
+        with self._lock:
+            self._runners[runner.job.id] = runner
+
+    def take_over(
+        self, job_id: str, then: Callable[[JobRunner], object] | None = None
+    ) -> JobRunner:
+        """Adopt a job whose driver died, so it can be resumed or cancelled here.
+
+        ``then`` acts on the adopted runner before it takes control requests,
+        so a request another process sends to the new driver meanwhile (seeing
+        it alive) cannot get ahead of the action this process took it over for.
+        """
+        with self._lock:
+            runner = self._runners.get(job_id)
+            adopted = runner is None
+            if runner is None:
+                runner = self._adopt(job_id)
+                self._runners[job_id] = runner
+        try:
+            if then is not None:
+                then(runner)
+        finally:
+            if adopted and runner.watcher.ident is None:  # resume() started it already
+                runner.watcher.start()
+        return runner
+
+    def _adopt(self, job_id: str) -> JobRunner:
+        """Claim the next epoch of the job and make its runner here, SUSPENDED (under the lock)."""
+        service = self._service
+        record = service.records.read(job_id)
+        if record is None:
+            raise JobStateError(f"job {job_id} cannot continue here: it has no record")
+        job = Job(service, record)
+        try:
+            pipeline = cloudpickle.loads(
+                service.services.store.read_bytes(service.records.layout.pipeline(job.id))
+            )
+        except FileNotFoundError:
+            raise JobStateError(
+                f"job {job.label} cannot continue here: its pipeline was not stored"
+            ) from None
+        validated = plan(pipeline, service.services.plugins, job.config.processing_guarantee)
+        epoch = int(record.get("epoch", 0)) + 1
+        runner = JobRunner(service.services, job, validated, record)
+        if not runner.lease.claim(epoch):
+            raise JobStateError(f"job {job.label}: another process is taking it over already")
+        changes: dict[str, Any] = {"epoch": epoch, "status": JobStatus.SUSPENDED.value}
+        for stale in service.records.take_requests(job.id):
+            log.info("job %s: dropping request %r left for its dead driver", job.label, stale)
+        if record["status"] != JobStatus.SUSPENDED.value:
+            changes["suspension_cause"] = "the driver process running the job died"
+        runner.execution_start = int(record.get("execution_start_time", -1))
+        runner.lease.stage(**changes)  # the new epoch first: the write checks the fence by it
+        runner.write_record()
+        return runner
+
+
 class JetService:
     """Submits and finds jobs (``client.get_jet()``), like Jet's ``JetService``."""
 
     def __init__(self, services: Services) -> None:
         self.services = services
         self.records = services.records
-        self._runners: dict[str, JobRunner] = {}
-        self._lock = threading.Lock()
+        #: The runners of this process (the handles' way to the jobs driven here).
+        self.runners = RunnerRegistry(self)
+        #: Orders name claims with the registration of the jobs that took them.
+        self._submit_lock = threading.Lock()
 
     def submit(self, pipeline: Any, config: JobConfig | None = None) -> Job:
         """Validate ``pipeline`` and start it as a job; returns at once.
@@ -90,7 +171,7 @@ class JetService:
                 "batch job leaves its sinks untouched, so submit it again"
             )
         frozen = cloudpickle.dumps(pipeline) if validated.streaming else None
-        with self._lock:
+        with self._submit_lock:
             job_id = new_job_id()
             if config.name:
                 active = self._claim_name(config.name, job_id)
@@ -117,8 +198,8 @@ class JetService:
             if restore is not None:
                 record["restore"] = restore
             job = Job(self, record)
-            runner = JobRunner(self.services, job, validated)
-            self._runners[job.id] = runner
+            runner = JobRunner(self.services, job, validated, record)
+            self.runners.add(runner)
             if frozen is not None:
                 # A streaming job outlives its driver: resume() elsewhere needs the pipeline.
                 self.services.store.write_bytes(self.records.layout.pipeline(job.id), frozen)
@@ -140,55 +221,6 @@ class JetService:
         ]
         return stored
 
-    def _take_over(self, job: Job, then: Callable[[JobRunner], object] | None = None) -> JobRunner:
-        """Adopt a job whose driver died, so it can be resumed or cancelled here.
-
-        ``then`` acts on the adopted runner before it takes control requests,
-        so a request another process sends to the new driver meanwhile (seeing
-        it alive) cannot get ahead of the action this process took it over for.
-        """
-        with self._lock:
-            runner = self._runners.get(job.id)
-            adopted = runner is None
-            if runner is None:
-                runner = self._adopt(job)
-        try:
-            if then is not None:
-                then(runner)
-        finally:
-            if adopted and runner.watcher.ident is None:  # resume() started it already
-                runner.watcher.start()
-        return runner
-
-    def _adopt(self, job: Job) -> JobRunner:
-        """Claim the next epoch of ``job`` and make its runner here, SUSPENDED (under the lock)."""
-        try:
-            pipeline = cloudpickle.loads(
-                self.services.store.read_bytes(self.records.layout.pipeline(job.id))
-            )
-        except FileNotFoundError:
-            raise JobStateError(
-                f"job {job.label} cannot continue here: its pipeline was not stored"
-            ) from None
-        validated = plan(pipeline, self.services.plugins, job.config.processing_guarantee)
-        record = dict(job._record)
-        epoch = int(record.get("epoch", 0)) + 1
-        adopted = Job(self, record)
-        runner = JobRunner(self.services, adopted, validated)
-        if not runner.lease.claim(epoch):
-            raise JobStateError(f"job {job.label}: another process is taking it over already")
-        record["epoch"] = epoch
-        for stale in self.records.take_requests(job.id):
-            log.info("job %s: dropping request %r left for its dead driver", job.label, stale)
-        if record["status"] != JobStatus.SUSPENDED.value:
-            record["suspension_cause"] = "the driver process running the job died"
-        record["status"] = JobStatus.SUSPENDED.value
-        runner.execution_start = int(record.get("execution_start_time", -1))
-        self._runners[job.id] = runner
-        runner.write_record()
-        job._record = adopted._record
-        return runner
-
     def _claim_name(self, name: str, job_id: str) -> Job | None:
         """Take ``name`` for a new job, or return the active job that holds it.
 
@@ -207,7 +239,7 @@ class JetService:
 
     def get_job(self, job_id: str) -> Job | None:
         """The job with this id, or None."""
-        runner = self._runners.get(job_id)
+        runner = self.runners.get(job_id)
         if runner is not None:
             return runner.job
         record = self.records.read(job_id)
@@ -256,7 +288,7 @@ class JetService:
         """Every job in the store, newest first."""
         jobs = []
         for record in self.records.all():
-            runner = self._runners.get(record["id"])
+            runner = self.runners.get(record["id"])
             jobs.append(runner.job if runner is not None else Job(self, record))
         jobs.sort(key=lambda j: j.submission_time, reverse=True)
         return jobs
