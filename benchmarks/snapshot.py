@@ -43,8 +43,9 @@ from typing import Any
 from _harness import connect
 
 from sparkjet.aggregate import counting
-from sparkjet.core.checkpoint import Checkpoint, RangeState, task_range
+from sparkjet.core.checkpoint import Checkpoint, RangeState
 from sparkjet.core.exports import cut_export, export_state, release_cut, seed_checkpoint
+from sparkjet.core.keygroups import task_range
 from sparkjet.core.planner import Plan, plan
 from sparkjet.core.plugin_manager import PluginHost
 from sparkjet.core.snapshots import SnapshotStore

@@ -18,15 +18,12 @@ from sparkjet.core.checkpoint import (
     COMPACT_EVERY,
     FORMAT,
     Checkpoint,
-    KeyGroupPartition,
     RangeState,
     StatePaths,
     StateVersion,
-    key_group,
-    stable_hash,
-    task_range,
 )
 from sparkjet.core.errors import StoreError
+from sparkjet.core.keygroups import KeyGroupPartition, key_group, stable_hash, task_range
 from sparkjet.core.naming import encode_name
 from sparkjet.core.store.fs import Store
 

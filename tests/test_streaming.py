@@ -334,7 +334,8 @@ def test_state_carries_over_when_the_cluster_grows_and_shrinks(  # type: ignore[
     client, monkeypatch
 ) -> None:
     """Suspended, resumed on a cluster running 3 tasks at once, then 1: counts go on exactly."""
-    from sparkjet.core.checkpoint import Checkpoint, task_range
+    from sparkjet.core.checkpoint import Checkpoint
+    from sparkjet.core.keygroups import task_range
     from sparkjet.core.runtime.spark_engine import SparkEngine
 
     stream = client.get_stream("grow", partitions=2)

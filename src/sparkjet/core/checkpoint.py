@@ -9,7 +9,7 @@ only with the ``format`` number in ``meta.json``.
 In the layout below, ``<batch>`` is the batch number zero-padded to 20
 digits, so names sort in batch order (the offsets and commit files of at
 least the last 10 committed batches are kept); ``<stage>`` is the stage name encoded by
-:func:`sparkjet.core.store.encode_name`; ``<lo>`` and ``<hi>`` the key groups
+:func:`sparkjet.core.naming.encode_name`; ``<lo>`` and ``<hi>`` the key groups
 ``[lo, hi)`` a file holds, zero-padded to 5 digits; ``<keys>`` the number of
 keys in those groups after the batch, ``<bytes>`` the file's size and
 ``<attempt>`` 8 characters naming the task attempt that wrote it (a compaction's
@@ -23,7 +23,7 @@ stands (see :meth:`Checkpoint.pin`).
 The layout must stay the last part of this docstring: a docs test reads it.
 
 A key belongs to key group ``stable_hash(key) % key_groups`` (see
-:func:`stable_hash`); meta.json fixes the number of key groups for the
+:mod:`sparkjet.core.keygroups`); meta.json fixes the number of key groups for the
 checkpoint's life, and each batch's plan the number of state tasks it ran
 with (a replay runs with the same). A ``.state`` file (a full copy) is a
 cloudpickle of ``{"values": {key: entry}, "touched": {key: millis}}``
@@ -58,12 +58,12 @@ from __future__ import annotations
 import json
 import time
 import uuid
-import zlib
 from typing import Any, NamedTuple
 
 import cloudpickle
 
 from sparkjet.core.errors import StoreError
+from sparkjet.core.keygroups import key_group
 from sparkjet.core.model import DEFAULT_KEY_GROUPS
 from sparkjet.core.naming import decode_name, encode_name, unpickle
 from sparkjet.core.store.fs import Store
@@ -98,61 +98,6 @@ COMPACT_LIMIT = 4 * COMPACT_EVERY
 
 def _batch_file(folder: str, batch: int) -> str:
     return f"{folder}/{batch:0{_WIDTH}d}.json"
-
-
-def stable_hash(key: Any) -> int:
-    """A hash that is the same in every process, whatever PYTHONHASHSEED says.
-
-    Equal keys hash equally (``1``, ``1.0`` and ``True`` too): numbers use
-    Python's numeric hash, which does not depend on the seed; strings and bytes
-    use CRC-32; tuples and frozensets combine their elements. Other keys fall
-    back to ``hash()``, which must then be stable across processes.
-    """
-    if key is None:
-        return 0
-    if isinstance(key, int | float | complex):
-        return hash(key)
-    if isinstance(key, str):
-        return zlib.crc32(key.encode("utf-8", "surrogatepass"))
-    if isinstance(key, bytes):
-        return zlib.crc32(key) ^ 0x5BD1E995
-    if isinstance(key, tuple):
-        h = 0x345678
-        for item in key:
-            h = (h * 1000003) ^ stable_hash(item)
-            h &= 0xFFFFFFFFFFFF
-        return h
-    if isinstance(key, frozenset):
-        h = 0
-        for item in key:
-            h ^= stable_hash(item)
-        return h
-    return hash(key)
-
-
-def key_group(key: Any, groups: int) -> int:
-    """The key group a key belongs to: ``stable_hash(key) % groups``."""
-    return stable_hash(key) % groups
-
-
-def task_range(task: int, tasks: int, groups: int) -> tuple[int, int]:
-    """The key groups ``[lo, hi)`` task ``task`` of ``tasks`` owns (contiguous, as in Flink)."""
-    return (task * groups + tasks - 1) // tasks, ((task + 1) * groups + tasks - 1) // tasks
-
-
-class KeyGroupPartition:
-    """The state shuffle's partition function: a key goes to the task owning its key group.
-
-    Key group ``g`` of ``groups`` belongs to task ``g * tasks // groups``, the
-    inverse of :func:`task_range`. Spark's ``partitionBy(tasks, ...)`` takes
-    the result modulo ``tasks``, which changes nothing.
-    """
-
-    def __init__(self, groups: int, tasks: int) -> None:
-        self.groups, self.tasks = groups, tasks
-
-    def __call__(self, key: Any) -> int:
-        return (stable_hash(key) % self.groups) * self.tasks // self.groups
 
 
 class StateVersion(NamedTuple):
@@ -247,7 +192,7 @@ class StatePaths:
     State is split into a fixed number of *key groups* (``key_groups``, fixed
     for a checkpoint's life, like Flink's maximum parallelism); a micro-batch
     runs some number of state tasks, each owning a contiguous range of key
-    groups (:func:`task_range`), and that number may differ from batch to
+    groups (:func:`sparkjet.core.keygroups.task_range`), and that number may differ from batch to
     batch (a job resumed on a bigger cluster runs more). A task's files name
     its range, and a reader of any range takes from every file that overlaps
     it the keys of its own groups.

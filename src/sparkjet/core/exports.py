@@ -40,7 +40,7 @@ from typing import Any
 import cloudpickle
 
 from sparkjet.core import compaction
-from sparkjet.core.checkpoint import Checkpoint, Counted, StatePaths, StateVersion, task_range
+from sparkjet.core.checkpoint import Checkpoint, Counted, StatePaths, StateVersion
 from sparkjet.core.errors import (
     JobStateError,
     SnapshotCorruptedError,
@@ -48,6 +48,7 @@ from sparkjet.core.errors import (
     StoreError,
 )
 from sparkjet.core.graph import KEYED, OpKind, Transform
+from sparkjet.core.keygroups import task_range
 from sparkjet.core.model import DEFAULT_KEY_GROUPS
 from sparkjet.core.planner import Plan
 from sparkjet.core.snapshots import (

@@ -24,16 +24,11 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from sparkjet.core import compaction
-from sparkjet.core.checkpoint import (
-    KeyGroupPartition,
-    RangeState,
-    StatePaths,
-    StateVersion,
-    task_range,
-)
+from sparkjet.core.checkpoint import RangeState, StatePaths, StateVersion
 from sparkjet.core.contracts import JobContext
 from sparkjet.core.graph import Transform
 from sparkjet.core.keyed import KeyedFold, fold_into, group_parts, keyed_fold
+from sparkjet.core.keygroups import KeyGroupPartition, task_range
 from sparkjet.core.planner import Plan
 from sparkjet.core.runtime.batch import BatchRun, Flow, Task
 
