@@ -28,7 +28,7 @@ LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 def lint_imports(source_root: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(source_root)}
     return subprocess.run(
-        [str(LINT_IMPORTS), "--config", str(REPO / "pyproject.toml"), "--no-cache"],
+        [str(LINT_IMPORTS), str(REPO / "pyproject.toml"), "--no-cache"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )
 
@@ -131,7 +131,7 @@ def test_every_module_sits_in_a_tier() -> None:
         ("core/errors.py",
          "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
          "    from sparkjet.core.model import JobStatus",
-         ".errors -> .model", "No import cycles anywhere in sparkjet"),
+         ".errors -> .model|.model -> .errors", "No import cycles anywhere in sparkjet"),
     ],
 )
 def test_a_new_import_against_a_contract_fails(
@@ -148,4 +148,5 @@ def test_a_new_import_against_a_contract_fails(
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
     assert contract in done.stdout.replace("\n", " ")
     assert "BROKEN" in done.stdout
-    assert imported in done.stdout.replace("\n", "")
+    # The import, or (for a cycle) either edge of it: `a|b` lists the ways it may be named.
+    assert any(way in done.stdout.replace("\n", "") for way in imported.split("|"))
