@@ -252,6 +252,14 @@ def test_architecture_names_every_module() -> None:
     core = [m.name for m in pkgutil.iter_modules(sparkjet.core.__path__)]
     missing = [f"sparkjet.{name}" for name in top if f"sparkjet.{name}" not in text]
     missing += [f"sparkjet.core.{name}" for name in core if f"core.{name}" not in text]
+    # Modules of the core's packages: by their dotted name, or in backticks where
+    # the page lists a package's modules.
+    for package in [m for m in pkgutil.iter_modules(sparkjet.core.__path__) if m.ispkg]:
+        path = [str(Path(sparkjet.core.__path__[0]) / package.name)]
+        for module in pkgutil.iter_modules(path):
+            dotted = f"core.{package.name}.{module.name}"
+            if dotted not in text and f"`{module.name}`" not in text:
+                missing.append(f"sparkjet.{dotted}")
     assert not missing, f"docs/architecture.md does not place these modules: {missing}"
 
 
