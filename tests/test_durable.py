@@ -12,6 +12,7 @@ import logging
 import pickle
 import struct
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -305,11 +306,11 @@ def test_a_tampered_checkpoint_field_stops_cancel_before_it_deletes(
     outside.mkdir()
     (outside / "keep.txt").write_text("x")
     runner = client.get_jet().runners.get(job.id)
-    runner.lease.stage(checkpoint="../../../precious")
+    runner.lease.stage(lambda r: replace(r, checkpoint="../../../precious"))
     with pytest.raises(StoreError, match=r"checkpoint field '\.\./\.\./\.\./precious'"):
         runner._discard_checkpoint()
     assert (outside / "keep.txt").exists()
-    runner.lease.stage(checkpoint="checkpoint")
+    runner.lease.stage(lambda r: replace(r, checkpoint="checkpoint"))
     job.cancel()
     with pytest.raises(JobCancelledError):
         job.join(timeout=10)
@@ -369,16 +370,16 @@ def test_a_driver_taken_over_while_alive_is_fenced_and_stops_writing(
 def test_the_lease_checks_its_fence_before_every_write(store_url: str) -> None:
     store = Store(store_url)
     records = JobRecords(store)
-    data: dict[str, Any] = {"id": "f00d-f00d-f00d-f00d", "name": "n", "status": "RUNNING"}
+    data = record_module.JobRecord("f00d-f00d-f00d-f00d", "n", JobStatus.RUNNING)
     lease = record_module.Lease(records, data)
     lease.write()
-    rival = record_module.Lease(records, dict(data, epoch=0))
+    rival = record_module.Lease(records, data)
     assert rival.claim(1) and not rival.claim(1)
     with pytest.raises(JobFencedError, match=r"job 'n' \(f00d-f00d-f00d-f00d\): this driver "
                        r"\(epoch 0\) was fenced off: host '.*', pid \d+ took the job over at "
                        r"epoch 1"):
-        lease.write(status="SUSPENDED")
-    assert (records.read(data["id"]) or {})["status"] == "RUNNING"  # nothing stored
+        lease.write(lambda r: replace(r, status=JobStatus.SUSPENDED))
+    assert (records.read(data.id) or {})["status"] == "RUNNING"  # nothing stored
 
 
 # --- secrets never reach the store ----------------------------------------------------------

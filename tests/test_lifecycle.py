@@ -460,7 +460,7 @@ def kill_driver(client: Client, job: Job) -> None:
     runner.done.set()  # the watcher stops renewing the lease
     runner.watcher.join(timeout=10)
     record = dict(client.get_jet().records.read(job.id) or {})
-    record["driver"] = {**this_driver(), "pid": dead_pid()}
+    record["driver"] = {**this_driver().to_json(), "pid": dead_pid()}
     client.get_jet().records.write(record)
 
 

@@ -34,7 +34,7 @@ from typing import Any
 
 from sparkjet.core.checkpoint import Checkpoint
 from sparkjet.core.errors import StoreError
-from sparkjet.core.model import JobStatus
+from sparkjet.core.jobs.record import JobRecord, checkpoint_path, read_record
 from sparkjet.core.store.commit_log import CommitLog
 from sparkjet.core.store.fs import Store
 from sparkjet.core.store.job_records import JobRecords
@@ -143,27 +143,27 @@ class _Collector:
         for job_id in self.records.ids():
             folder = self.layout.job(job_id)
             try:
-                record = self.records.read(job_id)
+                record = read_record(self.records, job_id)
             except StoreError as exc:
                 log.warning("gc: leaving job folder %s alone: %s", folder, exc)
                 continue
             if record is None:
                 continue
-            status = JobStatus(record.get("status", JobStatus.NOT_RUNNING.value))
-            ended = int(record.get("completion_time", -1))
-            if status.is_terminal() and ended > 0 and self.now - ended / 1000 > self.retention:
+            ended = record.completion_time
+            old = ended > 0 and self.now - ended / 1000 > self.retention
+            if record.status.is_terminal() and old:
                 self.remove("ended jobs", folder, recursive=True)
                 continue
             self._job_leftovers(job_id, record)
 
-    def _job_leftovers(self, job_id: str, record: dict[str, Any]) -> None:
+    def _job_leftovers(self, job_id: str, record: JobRecord) -> None:
         entries = self.store.listdir(self.layout.job(job_id))
         epochs = sorted(e for e in map(self.layout.owner_epoch, entries) if e is not None)
         for epoch in epochs[:-1]:  # the newest claim names the current epoch
             path = self.layout.owner_claim(job_id, epoch)
             if self.old(path):
                 self.remove("old take-over claims", path)
-        current = record.get("checkpoint")
+        current = record.checkpoint
         for entry in entries:
             if self.layout.is_scratch_checkpoint(entry) and entry != current:
                 path = self.layout.checkpoint(job_id, entry)
@@ -175,16 +175,16 @@ class _Collector:
             if self.old(path):
                 self.remove("quarantined control requests", path)
 
-    def _superseded_state(self, record: dict[str, Any]) -> None:
+    def _superseded_state(self, record: JobRecord) -> None:
         try:
-            root = self.records.checkpoint_path(record)
+            root = checkpoint_path(self.records, record)
             if root is None:
                 return
             checkpoint = Checkpoint(self.store, root)
             groups = checkpoint.written_key_groups()
             committed = checkpoint.last_commit()
         except (StoreError, ValueError) as exc:
-            log.warning("gc: leaving job %s's checkpoint alone: %s", record.get("id"), exc)
+            log.warning("gc: leaving job %s's checkpoint alone: %s", record.id, exc)
             return
         if groups is None or committed < 0:
             return

@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from sparkjet.core.errors import (
@@ -25,7 +26,7 @@ from sparkjet.core.errors import (
 )
 from sparkjet.core.jobs.lifecycle import Action, JobStatusEvent, check_action
 from sparkjet.core.jobs.ports import DrivenJob, JobHost
-from sparkjet.core.jobs.record import driver_alive
+from sparkjet.core.jobs.record import JobRecord, driver_alive, read_record
 from sparkjet.core.model import JobConfig, JobStatus
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ class Job:
     processes read its record in the store.
     """
 
-    def __init__(self, service: JobHost, record: dict[str, Any]) -> None:
+    def __init__(self, service: JobHost, record: JobRecord) -> None:
         self._service = service
         #: The record as last read; while the job runs here, the runner's live copy.
         self._record = record
@@ -71,13 +72,12 @@ class Job:
     @property
     def id(self) -> str:
         """The job's id (``xxxx-xxxx-xxxx-xxxx``)."""
-        return str(self._record["id"])
+        return self._record.id
 
     @property
     def name(self) -> str | None:
         """The job's name, from its configuration (None if unnamed)."""
-        name = self._record.get("name")
-        return str(name) if name is not None else None
+        return self._record.name
 
     @property
     def label(self) -> str:
@@ -87,12 +87,14 @@ class Job:
     @property
     def config(self) -> JobConfig:
         """The job's configuration."""
-        return JobConfig.from_dict(self._record["config"])
+        runner = self._runner  # a driver here changes it live; elsewhere, as last read
+        record = runner.lease.record if runner is not None else self._record
+        return JobConfig.from_dict(dict(record.config))
 
     @property
     def submission_time(self) -> int:
         """When the job was submitted, in milliseconds since the epoch."""
-        return int(self._record["submission_time"])
+        return self._record.submission_time
 
     def __repr__(self) -> str:
         return f"<Job {self.label} {self.status.value}>"
@@ -103,12 +105,17 @@ class Job:
         runner = self._service.runners.get(self.id)
         return runner if runner is not None and runner.lease.fenced is None else None
 
-    def _refresh(self) -> dict[str, Any]:
+    @property
+    def record(self) -> JobRecord:
+        """The job's record, as last seen (read-only: records are changed by their driver)."""
+        return self._refresh()
+
+    def _refresh(self) -> JobRecord:
         runner = self._runner
         if runner is not None:
-            self._record = runner.lease.data
+            self._record = runner.lease.record
         else:
-            fresh = self._service.records.read(self.id)
+            fresh = read_record(self._service.records, self.id)
             if fresh is not None:
                 self._record = fresh
         return self._record
@@ -116,7 +123,7 @@ class Job:
     def _take_over(self, then: Callable[[DrivenJob], object] | None = None) -> DrivenJob:
         """Adopt the job here (its driver died); this handle then reads the runner's record."""
         runner = self._service.runners.take_over(self.id, then)
-        self._record = runner.lease.data
+        self._record = runner.lease.record
         return runner
 
     # --- status --------------------------------------------------------------
@@ -125,10 +132,10 @@ class Job:
     def status(self) -> JobStatus:
         """The current status (a driver that stopped sending heartbeats counts as FAILED)."""
         record = self._refresh()
-        status = JobStatus(record["status"])
+        status = record.status
         if self._runner is None and not status.is_terminal() and not driver_alive(record):
             # The driver died. A streaming job can be resumed from its checkpoint.
-            return JobStatus.SUSPENDED if record.get("kind") == "stream" else JobStatus.FAILED
+            return JobStatus.SUSPENDED if record.streaming else JobStatus.FAILED
         return status
 
     def is_terminal(self) -> bool:
@@ -137,7 +144,7 @@ class Job:
 
     def is_streaming(self) -> bool:
         """True for a streaming job (one that reads an unbounded source)."""
-        return self._refresh().get("kind") == "stream"
+        return self._refresh().streaming
 
     def is_driven_here(self) -> bool:
         """True when this process drives the job: it submitted it, or took it over on resume."""
@@ -174,14 +181,13 @@ class Job:
 
     def is_user_cancelled(self) -> bool:
         """True if the job ended because a user cancelled it."""
-        return bool(self._refresh().get("user_cancelled", False))
+        return self._refresh().user_cancelled
 
     def get_failure(self) -> str | None:
         """Why the job failed, or None."""
-        record = self._refresh()
-        failure = record.get("failure")
-        if failure:
-            return str(failure["message"])
+        failure = self._refresh().failure
+        if failure is not None:
+            return failure.message
         if self.status is JobStatus.FAILED:
             return "the driver process running the job died"
         return None
@@ -195,9 +201,9 @@ class Job:
         if status is not JobStatus.SUSPENDED:
             raise JobStateError(f"job {self.label} is not suspended (it is {status.value})")
         record = self._refresh()
-        cause = str(record.get("suspension_cause") or "Requested by user")
+        cause = record.suspension_cause or "Requested by user"
         if self._runner is None and not driver_alive(record):
-            if record["status"] == JobStatus.SUSPENDED.value:
+            if record.status is JobStatus.SUSPENDED:
                 return f"{cause}; the process that ran it has exited, resume() continues it here"
             return "the driver process running the job died; resume() continues it here"
         return cause
@@ -252,7 +258,7 @@ class Job:
             return
         if self._poll((), timeout, "did not finish") is JobStatus.FAILED:
             failure = self.get_failure() or "unknown failure"
-            stage = (self._record.get("failure") or {}).get("stage")
+            stage = self._record.failure.stage if self._record.failure is not None else None
             if self.is_user_cancelled():
                 raise JobCancelledError(failure, stage)
             raise JobFailedError(failure, stage)
@@ -302,23 +308,23 @@ class Job:
         """
         what = what or f"the {action.value} request"
         request = uuid.uuid4().hex
-        epoch = int(self._record.get("epoch", 0))
+        epoch = self._record.epoch
         self._service.records.request(self.id, action, {**(payload or {}), "request": request})
         wait = REQUEST_TIMEOUT_SECONDS if timeout is None else timeout
         deadline = time.monotonic() + wait
         ended_at: float | None = None
         while True:
             record = self._refresh()
-            answer = (record.get("answers") or {}).get(request)
+            answer = record.answers.get(request)
             if answer is not None:
                 if "error" in answer:
                     raise refused(str(answer["error"]))
                 return dict(answer)
-            if int(record.get("epoch", 0)) != epoch:
+            if record.epoch != epoch:
                 raise JobStateError(
                     f"job {self.label}: another process took the job over before its driver "
                     f"answered {what}; ask again")
-            status = JobStatus(record["status"])
+            status = record.status
             if status.is_terminal():
                 # A driver answers after acting; an ended job's driver takes no more requests.
                 ended_at = ended_at or time.monotonic()
@@ -332,8 +338,9 @@ class Job:
                 return None
             if time.monotonic() > deadline:
                 raise TimeoutException(
-                    f"job {self.label}: its driver (pid {(record.get('driver') or {}).get('pid')}"
-                    f") did not answer {what} within {wait:g} s")
+                    f"job {self.label}: its driver (pid "
+                    f"{record.driver.pid if record.driver else None}) did not answer {what} "
+                    f"within {wait:g} s")
             time.sleep(REMOTE_POLL_SECONDS)
 
     def suspend(self) -> None:
@@ -437,9 +444,9 @@ class Job:
             setattr(config, key, value)  # validates
         runner = self._runner
         if runner is not None:
-            runner.write_record(config=config.to_dict())
+            runner.update_record(lambda r: replace(r, config=config.to_dict()))
         elif not driver_alive(self._refresh()):
-            self._take_over().write_record(config=config.to_dict())
+            self._take_over().update_record(lambda r: replace(r, config=config.to_dict()))
         else:
             # The live driver owns the record: ask it, or its next heartbeat undoes this.
             if self._ask(Action.UPDATE_CONFIG, {"config": config.to_dict()}) is None:
@@ -461,16 +468,16 @@ class Job:
         """
         runner = self._runner
         if runner is None:
-            stored = self._refresh().get("metrics")
-            if stored:
-                return dict(stored)
+            record = self._refresh()
+            if record.metrics:
+                return dict(record.metrics)
             metrics = {
-                "executionStartTime": self._record.get("execution_start_time", -1),
-                "executionCompletionTime": self._record.get("completion_time", -1),
+                "executionStartTime": record.execution_start_time,
+                "executionCompletionTime": record.completion_time,
                 "stages": {},
-                **(self._record.get("progress") or {}),
+                **record.progress,
             }
-            if self._record.get("restore"):
-                metrics["snapshotRestore"] = self._record["restore"]
+            if record.restore:
+                metrics["snapshotRestore"] = dict(record.restore)
             return metrics
         return runner.metrics()

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from sparkjet.core.jobs.lifecycle import Action, JobStatusEvent
-from sparkjet.core.jobs.record import Lease
+from sparkjet.core.jobs.record import Change, Lease
 from sparkjet.core.snapshots import Manifest, Snapshot
 from sparkjet.core.store.job_records import JobRecords
 
@@ -50,8 +50,8 @@ class DrivenJob(Protocol):
     def export_snapshot(self, name: str, cancel_job: bool = False) -> Manifest:
         """Export the job's state as snapshot ``name``; returns the manifest written."""
 
-    def write_record(self, **changes: Any) -> None:
-        """Change fields of the job's record and write it."""
+    def update_record(self, change: Change) -> None:
+        """Change the job's record (``lambda r: replace(r, ...)``) and write it."""
 
     def metrics(self) -> dict[str, Any]:
         """The job's metrics as ``Job.get_metrics()`` returns them."""

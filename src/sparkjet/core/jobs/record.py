@@ -1,7 +1,9 @@
 """The job record: what is stored of a job, the driver's lease on it, and take-over claims.
 
-A job's record (``jobs/<id>/job.json``, kept by
-:class:`~sparkjet.core.store.JobRecords`) makes it visible to every process
+:class:`JobRecord` is the one schema of a job's ``jobs/<id>/job.json``: every
+reader and writer goes through it (the store's
+:class:`~sparkjet.core.store.job_records.JobRecords` only moves its JSON).
+A job's record makes it visible to every process
 that shares the store. The process that drives the job holds a lease on it:
 every write refreshes the record's heartbeat and names the driver (host and
 pid). A record whose heartbeat is older than :data:`STALE_AFTER_SECONDS`, or
@@ -18,6 +20,8 @@ import secrets
 import socket
 import threading
 import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sparkjet.core.errors import JobFencedError
@@ -41,22 +45,194 @@ def new_job_id() -> str:
     return "-".join(raw[i : i + 4] for i in range(0, 16, 4))
 
 
-def this_driver() -> dict[str, Any]:
+@dataclass(frozen=True)
+class Driver:
+    """The process that drives a job: its host and pid."""
+
+    host: str
+    pid: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "pid": self.pid}
+
+    @staticmethod
+    def from_json(data: Any) -> Driver | None:
+        if not isinstance(data, Mapping) or not isinstance(data.get("pid"), int):
+            return None
+        return Driver(str(data.get("host")), int(data["pid"]))
+
+
+def this_driver() -> Driver:
     """How a record names the process that drives its job."""
-    return {"host": socket.gethostname(), "pid": os.getpid()}
+    return Driver(socket.gethostname(), os.getpid())
 
 
-def is_stale(record: dict[str, Any]) -> bool:
+@dataclass(frozen=True)
+class Failure:
+    """Why a job ended FAILED: the message (secrets masked), the stage named, a cancel."""
+
+    message: str
+    stage: str | None = None
+    cancelled: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"message": self.message, "stage": self.stage, "cancelled": self.cancelled}
+
+    @staticmethod
+    def from_json(data: Any) -> Failure | None:
+        if not isinstance(data, Mapping):
+            return None
+        stage = data.get("stage")
+        return Failure(str(data.get("message", "")), str(stage) if stage is not None else None,
+                       bool(data.get("cancelled", False)))
+
+
+#: The record's JSON keys, in the order they are written.
+_KEYS = (
+    "id", "name", "status", "config", "submission_time", "completion_time",
+    "execution_start_time", "user_cancelled", "kind", "driver", "stages", "heartbeat",
+    "epoch", "restore", "suspension_cause", "failure", "answers", "checkpoint", "progress",
+    "metrics",
+)
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """What the store keeps of a job (``jobs/<id>/job.json``): the one schema of that file.
+
+    Change one with :func:`dataclasses.replace`; a driver writes it through
+    its :class:`Lease`. Keys this version does not know are kept in
+    :attr:`extra` and written back as they were.
+    """
+
+    id: str
+    name: str | None = None
+    status: JobStatus = JobStatus.NOT_RUNNING
+    #: The job's configuration as stored: ``JobConfig.to_dict()``, arguments redacted.
+    config: Mapping[str, Any] = field(default_factory=dict)
+    #: Milliseconds since the epoch; -1 until known.
+    submission_time: int = -1
+    completion_time: int = -1
+    execution_start_time: int = -1
+    user_cancelled: bool = False
+    #: ``"stream"`` for a streaming job, ``"batch"`` otherwise.
+    kind: str = "batch"
+    #: The driver that wrote the record last, and when (seconds since the epoch).
+    driver: Driver | None = None
+    heartbeat: float = 0.0
+    stages: tuple[str, ...] = ()
+    #: 0 from submit, one more at every take-over (see :class:`Lease`).
+    epoch: int = 0
+    #: What the job's initial snapshot restored (``snapshotRestore`` in its metrics).
+    restore: Mapping[str, Any] | None = None
+    suspension_cause: str | None = None
+    failure: Failure | None = None
+    #: Answers to control requests from other processes, by request id (the newest).
+    answers: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: The checkpoint folder in the job's folder (None: none).
+    checkpoint: str | None = None
+    #: A streaming job's progress metrics, as of its last committed batch.
+    progress: Mapping[str, Any] = field(default_factory=dict)
+    #: All metrics of a completed job kept with ``store_metrics_after_job_completion``.
+    metrics: Mapping[str, Any] | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def streaming(self) -> bool:
+        """Whether the job reads a stream."""
+        return self.kind == "stream"
+
+    @property
+    def label(self) -> str:
+        """How messages name the job: ``'name' (id)``, or the id of an unnamed job."""
+        return f"'{self.name}' ({self.id})" if self.name else self.id
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as stored (JSON-ready)."""
+        data: dict[str, Any] = {
+            "id": self.id,
+            "name": self.name,
+            "status": self.status.value,
+            "config": dict(self.config),
+            "submission_time": self.submission_time,
+            "completion_time": self.completion_time,
+            "execution_start_time": self.execution_start_time,
+            "user_cancelled": self.user_cancelled,
+            "kind": self.kind,
+            "driver": self.driver.to_json() if self.driver is not None else None,
+            "stages": list(self.stages),
+            "heartbeat": self.heartbeat,
+            "epoch": self.epoch,
+        }
+        optional = {
+            "restore": dict(self.restore) if self.restore is not None else None,
+            "suspension_cause": self.suspension_cause,
+            "failure": self.failure.to_json() if self.failure is not None else None,
+            "answers": {k: dict(v) for k, v in self.answers.items()} or None,
+            "checkpoint": self.checkpoint,
+            "progress": dict(self.progress) or None,
+            "metrics": dict(self.metrics) if self.metrics is not None else None,
+        }
+        data.update({k: v for k, v in optional.items() if v is not None})
+        data.update({k: v for k, v in self.extra.items() if k not in data})
+        return data
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> JobRecord:
+        """A record as read from the store; missing keys take their defaults."""
+        name = data.get("name")
+        return JobRecord(
+            id=str(data["id"]),
+            name=str(name) if name is not None else None,
+            status=JobStatus(data.get("status", JobStatus.NOT_RUNNING.value)),
+            config=dict(data.get("config") or {}),
+            submission_time=int(data.get("submission_time", -1)),
+            completion_time=int(data.get("completion_time", -1)),
+            execution_start_time=int(data.get("execution_start_time", -1)),
+            user_cancelled=bool(data.get("user_cancelled", False)),
+            kind=str(data.get("kind", "batch")),
+            driver=Driver.from_json(data.get("driver")),
+            heartbeat=float(data.get("heartbeat", 0.0)),
+            stages=tuple(data.get("stages") or ()),
+            epoch=int(data.get("epoch", 0)),
+            restore=data.get("restore") or None,
+            suspension_cause=data.get("suspension_cause"),
+            failure=Failure.from_json(data.get("failure")),
+            answers=dict(data.get("answers") or {}),
+            checkpoint=data.get("checkpoint"),
+            progress=dict(data.get("progress") or {}),
+            metrics=data.get("metrics"),
+            extra={k: v for k, v in data.items() if k not in _KEYS},
+        )
+
+
+def read_record(records: JobRecords, job_id: str) -> JobRecord | None:
+    """The job's record in the store, or None."""
+    data = records.read(job_id)
+    return JobRecord.from_json(data) if data is not None else None
+
+
+def all_records(records: JobRecords) -> list[JobRecord]:
+    """Every job record in the store."""
+    return [JobRecord.from_json(data) for data in records.all()]
+
+
+def checkpoint_path(records: JobRecords, record: JobRecord) -> str | None:
+    """Where the job's checkpoint is (None: it has none); see ``JobRecords.checkpoint_path``."""
+    return records.checkpoint_path({"id": record.id, "checkpoint": record.checkpoint})
+
+
+def is_stale(record: JobRecord) -> bool:
     """Whether the record's heartbeat is older than :data:`STALE_AFTER_SECONDS`."""
-    return bool(time.time() - float(record.get("heartbeat", 0)) > STALE_AFTER_SECONDS)
+    return bool(time.time() - record.heartbeat > STALE_AFTER_SECONDS)
 
 
-def driver_alive(record: dict[str, Any]) -> bool:
+def driver_alive(record: JobRecord) -> bool:
     """Whether the process that drives the job still does (heartbeat, and pid on this host)."""
-    driver = record.get("driver") or {}
-    if driver.get("host") == socket.gethostname() and isinstance(driver.get("pid"), int):
+    driver = record.driver
+    if driver is not None and driver.host == socket.gethostname():
         try:
-            os.kill(driver["pid"], 0)
+            os.kill(driver.pid, 0)
         except ProcessLookupError:
             return False
         except PermissionError:
@@ -64,11 +240,15 @@ def driver_alive(record: dict[str, Any]) -> bool:
     return not is_stale(record)
 
 
+#: A change to a record: ``lambda r: replace(r, status=...)`` (mypy checks the fields).
+Change = Callable[[JobRecord], JobRecord]
+
+
 class Lease:
     """The driver's copy of one job record; every write refreshes the lease.
 
-    ``data`` is the same dict the job's handle reads in this process, so the
-    handle sees changes at once; writes are serialised by one lock because
+    Handles of the job in this process read :attr:`record`, so they see
+    changes at once; changes are applied and written under one lock, because
     the job thread and the watcher thread both write.
 
     Fencing: a driver holds the job at its *epoch* (0 from submit, one more
@@ -79,23 +259,23 @@ class Lease:
     points call it, and a fenced driver stops without writing again.
     """
 
-    def __init__(self, records: JobRecords, data: dict[str, Any]) -> None:
+    def __init__(self, records: JobRecords, record: JobRecord) -> None:
         self.records = records
-        self.data = data
+        self.record = record
         self._lock = threading.Lock()
         #: Set once this driver found itself fenced off; it never writes again.
         self.fenced: JobFencedError | None = None
 
     @property
     def status(self) -> JobStatus:
-        return JobStatus(self.data["status"])
+        return self.record.status
 
     @property
     def epoch(self) -> int:
-        return int(self.data.get("epoch", 0))
+        return self.record.epoch
 
     def _owner_path(self, epoch: int) -> str:
-        return self.records.layout.owner_claim(self.data["id"], epoch)
+        return self.records.layout.owner_claim(self.record.id, epoch)
 
     def check_fence(self) -> None:
         """Raise :class:`JobFencedError` if another driver took the job over from this one."""
@@ -110,37 +290,34 @@ class Lease:
             who = f"host {owner.get('host')!r}, pid {owner.get('pid')}"
         except (FileNotFoundError, ValueError):
             who = "another process"
-        label = f"'{self.data['name']}' ({self.data['id']})" if self.data.get("name") else (
-            self.data["id"]
-        )
         self.fenced = JobFencedError(
-            f"job {label}: this driver (epoch {self.epoch}) was fenced off: {who} took the "
-            f"job over at epoch {newer}; this process stopped driving it and wrote nothing more",
+            f"job {self.record.label}: this driver (epoch {self.epoch}) was fenced off: {who} "
+            f"took the job over at epoch {newer}; this process stopped driving it and wrote "
+            "nothing more",
             newer,
         )
         raise self.fenced
 
-    def write(self, **changes: Any) -> None:
-        """Apply ``changes``, stamp the heartbeat and this driver, and store the record.
+    def write(self, change: Change | None = None) -> None:
+        """Apply ``change``, stamp the heartbeat and this driver, and store the record.
 
         :raises JobFencedError: another driver took the job over; nothing was stored.
         """
         with self._lock:
             self.check_fence()
-            self.data.update(changes)
-            self.data["heartbeat"] = time.time()
-            self.data["driver"] = this_driver()
-            self.records.write(self.data)
+            record = change(self.record) if change is not None else self.record
+            self.record = replace(record, heartbeat=time.time(), driver=this_driver())
+            self.records.write(self.record.to_json())
 
-    def stage(self, **changes: Any) -> None:
-        """Apply ``changes`` to the local copy only; the next :meth:`write` stores them."""
+    def stage(self, change: Change) -> None:
+        """Apply ``change`` to the local copy only; the next :meth:`write` stores it."""
         with self._lock:
-            self.data.update(changes)
+            self.record = change(self.record)
 
     def claim(self, epoch: int) -> bool:
         """Win the create-only claim on ``epoch`` (taking the job over); False if taken."""
         # The nonce tells two claimants in one process apart (see Store.create_exclusive).
-        claim = {**this_driver(), "nonce": secrets.token_hex(8)}
+        claim = {**this_driver().to_json(), "nonce": secrets.token_hex(8)}
         return self.records.store.create_exclusive(
             self._owner_path(epoch), json.dumps(claim).encode()
         )

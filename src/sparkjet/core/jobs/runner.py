@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +42,15 @@ from sparkjet.core.jobs.lifecycle import (
     check_transition,
 )
 from sparkjet.core.jobs.policy import ClusterWatch
-from sparkjet.core.jobs.record import HEARTBEAT_SECONDS, Lease, now_ms
+from sparkjet.core.jobs.record import (
+    HEARTBEAT_SECONDS,
+    Change,
+    Failure,
+    JobRecord,
+    Lease,
+    checkpoint_path,
+    now_ms,
+)
 from sparkjet.core.microbatch_loop import StopReason, StreamLoop, StreamProgress, initial_offsets
 from sparkjet.core.model import JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.core.planner import Plan
@@ -109,7 +117,7 @@ class ExportRequest:
 class JobRunner:
     """Runs one job in this process; holds its lease while the job lives here."""
 
-    def __init__(self, services: Services, job: Job, plan: Plan, record: dict[str, Any]) -> None:
+    def __init__(self, services: Services, job: Job, plan: Plan, record: JobRecord) -> None:
         self.services = services
         self.job = job
         self.plan = plan
@@ -138,7 +146,6 @@ class JobRunner:
         #: ``_park_lock`` so a cancel racing a suspend ends the job exactly once.
         self._parked = True
         self._park_lock = threading.Lock()
-        self._answers_lock = threading.Lock()
         self.thread: threading.Thread | None = None
         self._exports: list[ExportRequest] = []
         self._exports_lock = threading.Lock()
@@ -154,8 +161,9 @@ class JobRunner:
 
     # --- record and status ----------------------------------------------------
 
-    def write_record(self, **changes: Any) -> None:
-        self.lease.write(**changes)
+    def update_record(self, change: Change) -> None:
+        """Change the job's record (``lambda r: replace(r, ...)``) and write it."""
+        self.lease.write(change)
 
     def set_status(
         self, new: JobStatus, description: str | None = None, user_requested: bool = False
@@ -163,7 +171,7 @@ class JobRunner:
         with self.status_lock:
             old = self.lease.status
             check_transition(self.job.label, old, new)
-            self.write_record(status=new.value)
+            self.lease.write(lambda r: replace(r, status=new))
             listeners = list(self.listeners)
         event = JobStatusEvent(old, new, description, user_requested)
         for listener in listeners:
@@ -230,7 +238,7 @@ class JobRunner:
                 log.exception("job %s: taking control requests failed", self.job.label)
             if time.monotonic() - last_beat >= HEARTBEAT_SECONDS:
                 try:
-                    self.write_record()
+                    self.lease.write()
                     last_beat = time.monotonic()
                 except JobFencedError as exc:
                     self._stop_fenced(exc)
@@ -281,22 +289,24 @@ class JobRunner:
         entry: dict[str, Any] = {"time": now_ms(), **result}
         if error is not None:
             entry["error"] = self.services.redact(error)
-        with self._answers_lock:
-            answers = dict(self.lease.data.get("answers") or {})
-            answers[request] = entry
+        def answered(record: JobRecord) -> JobRecord:
+            answers = {**record.answers, request: entry}
             kept = sorted(answers, key=lambda r: answers[r].get("time", 0))[-KEPT_ANSWERS:]
-            try:
-                self.write_record(answers={r: answers[r] for r in kept})
-            except Exception:
-                log.exception("job %s: recording the answer to request %s failed",
-                              self.job.label, request)
+            return replace(record, answers={r: answers[r] for r in kept})
+
+        try:
+            self.lease.write(answered)  # read and written under the lease's lock
+        except Exception:
+            log.exception("job %s: recording the answer to request %s failed",
+                          self.job.label, request)
 
     def act(self, action: Action, payload: Any = None) -> None:
         """Carry out ``action`` here; JobStateError if the job's status does not allow it."""
         if action is Action.UPDATE_CONFIG:
             if isinstance(payload, dict) and payload.get("config"):
                 self._check(action)
-                self.write_record(config=JobConfig.from_dict(payload["config"]).to_dict())
+                config = JobConfig.from_dict(payload["config"]).to_dict()
+                self.lease.write(lambda r: replace(r, config=config))
         elif action is Action.CANCEL:
             self._check(action)
             self.cancel()
@@ -380,7 +390,8 @@ class JobRunner:
                 raise JobCancelledError(f"job {job.label} was cancelled")
             if self.execution_start < 0:
                 self.execution_start = now_ms()
-                self.write_record(execution_start_time=self.execution_start)
+                start = self.execution_start
+                self.lease.write(lambda r: replace(r, execution_start_time=start))
             self.set_status(JobStatus.RUNNING)
             if self.plan.streaming:
                 if self._run_stream() is StopReason.SUSPEND:
@@ -388,7 +399,7 @@ class JobRunner:
                     by_user = self._stop_cause is None
                     self._stop_cause = None
                     self.cluster.reset()  # resuming re-counts what it has
-                    self.write_record(suspension_cause=cause)
+                    self.lease.write(lambda r: replace(r, suspension_cause=cause))
                     self.set_status(JobStatus.SUSPENDED, cause, user_requested=by_user)
                     self._park()
                     return
@@ -411,23 +422,23 @@ class JobRunner:
         self.execution.run()
 
     def _checkpoint(self) -> Checkpoint:
-        path = self.services.records.checkpoint_path(self.lease.data)
+        path = checkpoint_path(self.services.records, self.lease.record)
         if path is None:
             layout = self.services.records.layout
             if self.job.config.processing_guarantee is ProcessingGuarantee.NONE:
                 folder = layout.new_scratch_checkpoint()  # thrown away on restart
             else:
                 folder = layout.DURABLE_CHECKPOINT
-            self.write_record(checkpoint=folder)
+            self.lease.write(lambda r: replace(r, checkpoint=folder))
             path = layout.checkpoint(self.job.id, folder)
         return Checkpoint(self.services.store, path)
 
     def _discard_checkpoint(self) -> None:
         self.lease.check_fence()  # the checkpoint belongs to the newer driver now
-        path = self.services.records.checkpoint_path(self.lease.data)
+        path = checkpoint_path(self.services.records, self.lease.record)
         if path is not None:
             Checkpoint(self.services.store, path).delete()
-            self.write_record(checkpoint=None)
+            self.lease.write(lambda r: replace(r, checkpoint=None))
 
     def _cluster_check(self) -> StopReason | None:
         now = time.monotonic()
@@ -702,7 +713,8 @@ class JobRunner:
                 self._discard_checkpoint()  # NONE restarts from scratch
 
     def _after_batch(self) -> None:
-        self.write_record(progress=self.progress.as_metrics())
+        progress = self.progress.as_metrics()
+        self.lease.write(lambda r: replace(r, progress=progress))
 
     def _failed(self, exc: BaseException) -> None:
         job = self.job
@@ -722,7 +734,7 @@ class JobRunner:
         cancelled = isinstance(error, JobCancelledError)
         if self.plan.streaming and job.config.suspend_on_failure and not cancelled:
             cause = self.services.redact(str(error))
-            self.write_record(suspension_cause=cause)
+            self.lease.write(lambda r: replace(r, suspension_cause=cause))
             self.set_status(JobStatus.SUSPENDED, cause)
             self._park()
             return
@@ -734,21 +746,19 @@ class JobRunner:
 
     def _finish(self, status: JobStatus, error: BaseException | None) -> None:
         self.final_counts = self.execution.stage_counts() if self.execution is not None else {}
-        changes: dict[str, Any] = {
-            "completion_time": self.execution_completion,
-            "execution_start_time": self.execution_start,
-        }
         cancelled = isinstance(error, JobCancelledError)
-        if error is not None:
-            changes["failure"] = {
-                "message": self.services.redact(str(error)),
-                "stage": getattr(error, "stage", None),
-                "cancelled": cancelled,
-            }
-            changes["user_cancelled"] = cancelled
-        if self.job.config.store_metrics_after_job_completion:
-            changes["metrics"] = self.metrics()
-        self.lease.stage(**changes)
+        failure = None if error is None else Failure(
+            self.services.redact(str(error)), getattr(error, "stage", None), cancelled
+        )
+        metrics = self.metrics() if self.job.config.store_metrics_after_job_completion else None
+        self.lease.stage(lambda r: replace(
+            r,
+            completion_time=self.execution_completion,
+            execution_start_time=self.execution_start,
+            failure=failure if failure is not None else r.failure,
+            user_cancelled=cancelled if error is not None else r.user_cancelled,
+            metrics=metrics if metrics is not None else r.metrics,
+        ))
         description = str(error) if error is not None else None
         self.set_status(status, description, user_requested=cancelled)
         if self.job.name:
@@ -783,8 +793,8 @@ class JobRunner:
         }
         if streaming:
             metrics.update(self.progress.as_metrics())
-            restore = self.lease.data.get("restore")
+            restore = self.lease.record.restore
             if restore:
                 # Which stages the job's initial snapshot restored, started empty or dropped.
-                metrics["snapshotRestore"] = restore
+                metrics["snapshotRestore"] = dict(restore)
         return metrics

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import cloudpickle
@@ -18,7 +19,14 @@ from sparkjet.core.errors import (
 )
 from sparkjet.core.exports import UpgradeRow, check_upgrade, require_compatible
 from sparkjet.core.jobs.handle import Job
-from sparkjet.core.jobs.record import new_job_id, now_ms, this_driver
+from sparkjet.core.jobs.record import (
+    JobRecord,
+    all_records,
+    new_job_id,
+    now_ms,
+    read_record,
+    this_driver,
+)
 from sparkjet.core.jobs.runner import JobRunner, Services
 from sparkjet.core.model import JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.core.planner import plan
@@ -78,7 +86,7 @@ class RunnerRegistry:
     def _adopt(self, job_id: str) -> JobRunner:
         """Claim the next epoch of the job and make its runner here, SUSPENDED (under the lock)."""
         service = self._service
-        record = service.records.read(job_id)
+        record = read_record(service.records, job_id)
         if record is None:
             raise JobStateError(f"job {job_id} cannot continue here: it has no record")
         job = Job(service, record)
@@ -91,18 +99,20 @@ class RunnerRegistry:
                 f"job {job.label} cannot continue here: its pipeline was not stored"
             ) from None
         validated = plan(pipeline, service.services.plugins, job.config.processing_guarantee)
-        epoch = int(record.get("epoch", 0)) + 1
+        epoch = record.epoch + 1
         runner = JobRunner(service.services, job, validated, record)
         if not runner.lease.claim(epoch):
             raise JobStateError(f"job {job.label}: another process is taking it over already")
-        changes: dict[str, Any] = {"epoch": epoch, "status": JobStatus.SUSPENDED.value}
         for stale in service.records.take_requests(job.id):
             log.info("job %s: dropping request %r left for its dead driver", job.label, stale)
-        if record["status"] != JobStatus.SUSPENDED.value:
-            changes["suspension_cause"] = "the driver process running the job died"
-        runner.execution_start = int(record.get("execution_start_time", -1))
-        runner.lease.stage(**changes)  # the new epoch first: the write checks the fence by it
-        runner.write_record()
+        cause = record.suspension_cause if record.status is JobStatus.SUSPENDED else (
+            "the driver process running the job died"
+        )
+        runner.execution_start = record.execution_start_time
+        # The new epoch first: the write checks the fence by it.
+        runner.lease.stage(lambda r: replace(
+            r, epoch=epoch, status=JobStatus.SUSPENDED, suspension_cause=cause))
+        runner.lease.write()
         return runner
 
 
@@ -182,28 +192,24 @@ class JetService:
                         f"a job named '{config.name}' is already active: {active.id} "
                         f"({active.status.value}); cancel it or use new_job_if_absent()"
                     )
-            record = {
-                "id": job_id,
-                "name": config.name,
-                "status": JobStatus.NOT_RUNNING.value,
-                "config": self._stored_config(config),
-                "submission_time": now_ms(),
-                "completion_time": -1,
-                "execution_start_time": -1,
-                "user_cancelled": False,
-                "kind": "stream" if validated.streaming else "batch",
-                "driver": this_driver(),
-                "stages": list(validated.names.values()),
-            }
-            if restore is not None:
-                record["restore"] = restore
+            record = JobRecord(
+                id=job_id,
+                name=config.name,
+                status=JobStatus.NOT_RUNNING,
+                config=self._stored_config(config),
+                submission_time=now_ms(),
+                kind="stream" if validated.streaming else "batch",
+                driver=this_driver(),
+                stages=tuple(validated.names.values()),
+                restore=restore,
+            )
             job = Job(self, record)
             runner = JobRunner(self.services, job, validated, record)
             self.runners.add(runner)
             if frozen is not None:
                 # A streaming job outlives its driver: resume() elsewhere needs the pipeline.
                 self.services.store.write_bytes(self.records.layout.pipeline(job.id), frozen)
-            runner.write_record()
+            runner.lease.write()
         runner.start()
         return job
 
@@ -242,7 +248,7 @@ class JetService:
         runner = self.runners.get(job_id)
         if runner is not None:
             return runner.job
-        record = self.records.read(job_id)
+        record = read_record(self.records, job_id)
         return Job(self, record) if record is not None else None
 
     def get_job_by_name(self, name: str) -> Job | None:
@@ -287,8 +293,8 @@ class JetService:
     def get_jobs(self) -> list[Job]:
         """Every job in the store, newest first."""
         jobs = []
-        for record in self.records.all():
-            runner = self.runners.get(record["id"])
+        for record in all_records(self.records):
+            runner = self.runners.get(record.id)
             jobs.append(runner.job if runner is not None else Job(self, record))
         jobs.sort(key=lambda j: j.submission_time, reverse=True)
         return jobs
