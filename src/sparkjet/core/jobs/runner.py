@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from sparkjet.core.checkpoint import Checkpoint
 from sparkjet.core.contracts import JobContext
-from sparkjet.core.engine import Engine, Execution
+from sparkjet.core.engine import BatchSpec, Engine, Execution
 from sparkjet.core.errors import (
     JobCancelledError,
     JobFailedError,
@@ -43,7 +43,13 @@ from sparkjet.core.jobs.lifecycle import (
 )
 from sparkjet.core.jobs.policy import ClusterWatch
 from sparkjet.core.jobs.record import HEARTBEAT_SECONDS, Lease, now_ms
-from sparkjet.core.microbatch_loop import StopReason, StreamLoop, StreamProgress, initial_offsets
+from sparkjet.core.microbatch_loop import (
+    LoopSettings,
+    StopReason,
+    StreamLoop,
+    StreamProgress,
+    initial_offsets,
+)
 from sparkjet.core.model import JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.core.planner import Plan
 from sparkjet.core.plugin_manager import PluginHost
@@ -400,13 +406,13 @@ class JobRunner:
             self._failed(exc)
 
     def _run_batch(self) -> None:
-        self.execution = self.services.engine.batch(
+        self.execution = self.services.engine.batch(BatchSpec(
             self.plan,
             self.context_factory(),
             metrics=self.job.config.metrics_enabled,
             cancelled=self.cancel_requested.is_set,
             on_commit=lambda: self.set_status(JobStatus.COMPLETING),
-        )
+        ))
         self.execution.run()
 
     def _checkpoint(self) -> Checkpoint:
@@ -669,15 +675,9 @@ class JobRunner:
                 self.services.engine,
                 self.context_factory(),
                 self._checkpoint(),
-                metrics=config.metrics_enabled,
-                trigger_seconds=trigger,
-                should_stop=self._should_stop,
-                cancelled=self.cancel_requested.is_set,
-                progress=self.progress,
-                on_batch=self._after_batch,
-                fence=self.lease.check_fence,
-                key_groups=config.key_groups,
-                pinned=self._pinned,
+                LoopSettings(config.metrics_enabled, trigger, config.key_groups),
+                _RunnerLoopHost(self),
+                self.progress,
             )
             self._loop = loop
             try:
@@ -787,3 +787,29 @@ class JobRunner:
                 # Which stages the job's initial snapshot restored, started empty or dropped.
                 metrics["snapshotRestore"] = restore
         return metrics
+
+
+@dataclass(frozen=True)
+class _RunnerLoopHost:
+    """The runner as the micro-batch loop's :class:`~sparkjet.core.microbatch_loop.LoopHost`."""
+
+    runner: JobRunner
+
+    def stop_reason(self) -> StopReason | None:
+        return self.runner._should_stop()  # serves the exports waiting for a cut first
+
+    def cancelled(self) -> bool:
+        return self.runner.cancel_requested.is_set()
+
+    def between_batches(self) -> None:
+        pass  # stop_reason serves the exports (the runner's _should_stop)
+
+    def batch_committed(self) -> None:
+        self.runner._after_batch()
+
+    def check_fence(self) -> None:
+        self.runner.lease.check_fence()
+
+    def pinned_batch(self) -> int:
+        return self.runner._pinned()
+
