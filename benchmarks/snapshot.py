@@ -43,12 +43,13 @@ from typing import Any
 from _harness import connect
 
 from sparkjet.aggregate import counting
-from sparkjet.core.checkpoint import Checkpoint, RangeState
+from sparkjet.core.checkpoint import BatchPlan, Checkpoint, CommitRecord
 from sparkjet.core.exports import cut_export, export_state, release_cut, seed_checkpoint
 from sparkjet.core.keygroups import task_range
 from sparkjet.core.planner import Plan, plan
 from sparkjet.core.plugin_manager import PluginHost
 from sparkjet.core.snapshots import SnapshotStore
+from sparkjet.core.state_files import RangeState, StateRange
 from sparkjet.errors import JobCancelledError
 from sparkjet.job import JobConfig, ProcessingGuarantee
 from sparkjet.pipeline import Pipeline, StreamSource
@@ -86,7 +87,7 @@ def build(checkpoint: Checkpoint, megabytes: int, planned: Any) -> tuple[int, li
     paths = checkpoint.state(GROUPS)
     per_key = 38  # bytes a key's entry takes pickled, about (checked below)
     keys = megabytes * 1_000_000 // per_key
-    names: dict[str, str] = {}
+    names: dict[StateRange, str] = {}
     files = []
     total = 0
     for task in range(TASKS):
@@ -95,13 +96,11 @@ def build(checkpoint: Checkpoint, megabytes: int, planned: Any) -> tuple[int, li
             task * keys // TASKS, (task + 1) * keys // TASKS)}
         after = paths.write(STAGE, lo, hi, 0, RangeState(values, {}, []), [], [], [])
         written = after.chain[-1]
-        names[f"{lo}-{hi}"] = written.name
+        names[StateRange(STAGE, lo, hi)] = written.name
         files.append(paths.path(STAGE, written))
         total += written.size
-    checkpoint.write_plan(0, {"batch": 0, "starts": {"events": [0]}, "ends": {"events": [0]},
-                              "time": 0, "tasks": TASKS})
-    checkpoint.write_commit(0, {"ends": {"events": [0]}, "time": 0, "duration_ms": 0,
-                                "state": {STAGE: names}})
+    checkpoint.write_plan(BatchPlan(0, {"events": [0]}, {"events": [0]}, 0, TASKS))
+    checkpoint.write_commit(CommitRecord(0, {"events": [0]}, 0, 0, names))
     return total, files
 
 
@@ -118,11 +117,9 @@ def add_changelogs(checkpoint: Checkpoint, batches: int) -> None:
             for key in changed:
                 state.values[key] = (key, state.values[key][1] + 1)
             after = paths.write(STAGE, lo, hi, batch, state, changed, [], versions)
-            names[f"{lo}-{hi}"] = after.chain[-1].name
-        checkpoint.write_plan(batch, {"batch": batch, "starts": {"events": [0]},
-                                      "ends": {"events": [0]}, "time": 0, "tasks": TASKS})
-        checkpoint.write_commit(batch, {"ends": {"events": [0]}, "time": 0, "duration_ms": 0,
-                                        "state": {STAGE: names}})
+            names[StateRange(STAGE, lo, hi)] = after.chain[-1].name
+        checkpoint.write_plan(BatchPlan(batch, {"events": [0]}, {"events": [0]}, 0, TASKS))
+        checkpoint.write_commit(CommitRecord(batch, {"events": [0]}, 0, 0, names))
 
 
 def timed(fn: Callable[[], Any]) -> float:

@@ -79,7 +79,7 @@ def sparkjet_run(client: Any, size: int, args: argparse.Namespace) -> list[float
         last = checkpoint.last_commit()
         if last < 0:
             return False
-        (got,) = checkpoint.commit_record(last)["ends"].values()  # the one source
+        (got,) = checkpoint.commit_record(last).ends.values()  # the one source
         return all(g >= e for g, e in zip(got, ends, strict=True))
 
     try:

@@ -18,17 +18,14 @@ Knobs a test turns:
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkjet.core.checkpoint import StatePaths
 from sparkjet.core.client import Client
 from sparkjet.core.config import load_config
-from sparkjet.core.contracts import JobContext
+from sparkjet.core.engine import BatchResult, BatchSpec, Engine, MicroBatchSpec
 from sparkjet.core.errors import JobFailedError
-from sparkjet.core.graph import Transform
-from sparkjet.core.planner import Plan
 from sparkjet.pipeline import Pipeline, StreamSource
 
 
@@ -55,7 +52,7 @@ class FakeExecution:
         self.engine, self.call, self.cancelled, self.on_commit = engine, call, cancelled, on_commit
         self.counts = counts
 
-    def run(self) -> None:
+    def run(self) -> BatchResult:
         engine = self.engine
         while not engine.gate.wait(0.01):
             if self.cancelled():
@@ -68,12 +65,10 @@ class FakeExecution:
             raise failure
         if self.on_commit is not None:
             self.on_commit()
+        return BatchResult(items=dict(self.counts))  # the fake engine keeps no keyed state
 
     def stage_counts(self) -> dict[str, int]:
         return dict(self.counts)
-
-    def state_files(self) -> dict[str, dict[str, str]]:
-        return {}  # the fake engine keeps no keyed state
 
 
 class FakeEngine:
@@ -106,46 +101,29 @@ class FakeEngine:
         self.cancelled_jobs.append(job_id)
         return True
 
-    def batch(
-        self,
-        plan: Plan,
-        job_context: Callable[[Transform], JobContext],
-        *,
-        metrics: bool,
-        cancelled: Callable[[], bool],
-        on_commit: Callable[[], None] | None,
-    ) -> FakeExecution:
-        job_id = job_context(plan.nodes[0]).job_id
-        counts = {plan.name(n): 0 for n in plan.nodes} if metrics else {}
-        return FakeExecution(self, Call("batch", job_id), cancelled, on_commit, counts)
+    def batch(self, spec: BatchSpec) -> FakeExecution:
+        plan = spec.plan
+        job_id = spec.job_context(plan.nodes[0]).job_id
+        counts = {plan.name(n): 0 for n in plan.nodes} if spec.metrics else {}
+        return FakeExecution(self, Call("batch", job_id), spec.cancelled, spec.on_commit, counts)
 
-    def micro_batch(
-        self,
-        plan: Plan,
-        job_context: Callable[[Transform], JobContext],
-        *,
-        metrics: bool,
-        cancelled: Callable[[], bool],
-        batch: int,
-        committed: int,
-        source_ranges: Mapping[str, tuple[Any, Any]],
-        state: StatePaths,
-        tasks: int,
-        now_ms: int,
-        on_commit: Callable[[], None] | None = None,
-    ) -> FakeExecution:
-        job_id = job_context(plan.nodes[0]).job_id
+    def micro_batch(self, spec: MicroBatchSpec) -> FakeExecution:
+        job_id = spec.job_context(spec.plan.nodes[0]).job_id
         # What a source stage "emitted": the items in its planned range.
         counts = {
             name: sum(e - s for s, e in zip(start, end, strict=True))
-            for name, (start, end) in source_ranges.items()
-        } if metrics else {}
-        call = Call("micro_batch", job_id, batch, committed, dict(source_ranges))
-        return FakeExecution(self, call, cancelled, on_commit, counts)
+            for name, (start, end) in spec.source_ranges.items()
+        } if spec.metrics else {}
+        call = Call("micro_batch", job_id, spec.batch, spec.committed, dict(spec.source_ranges))
+        return FakeExecution(self, call, spec.cancelled, spec.on_commit, counts)
 
     def micro_batches(self, job_id: str) -> list[Call]:
         with self.lock:
             return [c for c in self.calls if c.kind == "micro_batch" and c.job_id == job_id]
+
+
+#: mypy checks here that the fake engine implements the engine boundary.
+_CONFORMS: Engine = FakeEngine()
 
 
 def stream_pipeline() -> Pipeline:

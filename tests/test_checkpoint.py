@@ -14,17 +14,17 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from sparkjet.core.checkpoint import (
-    COMPACT_EVERY,
-    FORMAT,
-    Checkpoint,
-    RangeState,
-    StatePaths,
-    StateVersion,
-)
+from sparkjet.core.checkpoint import FORMAT, BatchPlan, Checkpoint, CommitRecord, RestoredFrom
 from sparkjet.core.errors import StoreError
 from sparkjet.core.keygroups import KeyGroupPartition, key_group, stable_hash, task_range
 from sparkjet.core.naming import encode_name
+from sparkjet.core.state_files import (
+    COMPACT_EVERY,
+    RangeState,
+    StatePaths,
+    StateRange,
+    StateVersion,
+)
 from sparkjet.core.store.fs import Store
 
 
@@ -46,8 +46,8 @@ def test_checkpoint_files_and_contents(store: Store, tmp_path: Path) -> None:
     assert cp.key_groups(3, ["b", "a"]) == 3
     assert cp.key_groups(8, ["other"]) == 3  # fixed on first use
     plan = {"batch": 0, "starts": {"s": 0}, "ends": {"s": 5}, "time": 1, "tasks": 2}
-    cp.write_plan(0, plan)
-    cp.write_commit(0, {"ends": {"s": 5}, "time": 2, "duration_ms": 3})
+    assert cp.write_plan(BatchPlan(0, {"s": 0}, {"s": 5}, 1, 2)) == BatchPlan.from_json(plan)
+    cp.write_commit(CommitRecord(0, {"s": 5}, 2, 3))
     assert files(root) == {
         "meta.json",
         "offsets/00000000000000000000.json",
@@ -56,14 +56,38 @@ def test_checkpoint_files_and_contents(store: Store, tmp_path: Path) -> None:
     meta = json.loads((tmp_path / "cp" / "meta.json").read_text())
     assert meta == {"format": 4, "key_groups": 3, "stages": ["a", "b"]}
     assert json.loads((tmp_path / "cp/offsets/00000000000000000000.json").read_text()) == plan
-    assert cp.planned(0) == plan
+    planned = cp.planned(0)
+    assert planned == BatchPlan(0, {"s": 0}, {"s": 5}, 1, 2)
+    assert planned.source_ranges() == {"s": (0, 5)}
+    assert json.loads((tmp_path / "cp/commits/00000000000000000000.json").read_text()) == {
+        "ends": {"s": 5}, "time": 2, "duration_ms": 3}
     assert cp.last_commit() == 0
-    assert cp.commit_record(0)["ends"] == {"s": 5}
+    assert cp.commit_record(0) == CommitRecord(0, {"s": 5}, 2, 3)
     assert cp.state_root == f"{root}/state"
     assert cp.state(3).root == f"{root}/state"
     assert cp.state(3).key_groups == 3
     cp.delete()
     assert not (tmp_path / "cp").exists()
+
+
+def test_commit_records_name_state_files_by_stage_and_range(
+    store: Store, tmp_path: Path
+) -> None:
+    """The typed record keeps the JSON of format 4: ``{stage: {"<lo>-<hi>": name}}``."""
+    cp = Checkpoint(store, str(tmp_path / "scratch-0a1b2c3d"))
+    assert cp.id == "scratch-0a1b2c3d"
+    files = {StateRange("count", 0, 2): "a.state", StateRange("count", 2, 4): ""}
+    record = CommitRecord(0, {"s": [3]}, 5, 6, files, RestoredFrom("snap", 7, "old-job"))
+    assert cp.write_commit(record)
+    assert json.loads((tmp_path / "scratch-0a1b2c3d/commits/00000000000000000000.json")
+                      .read_text()) == {
+        "ends": {"s": [3]}, "time": 5, "duration_ms": 6,
+        "state": {"count": {"0-2": "a.state", "2-4": ""}},
+        "restored_from": {"snapshot": "snap", "batch": 7, "job_id": "old-job"},
+    }
+    assert cp.commit_record(0) == record
+    assert cp.counted() == {0: files}
+    assert not cp.write_commit(CommitRecord(0, {"s": [9]}))  # create-only
 
 
 def test_at_least_the_last_ten_committed_batches_keep_their_log(
@@ -72,8 +96,8 @@ def test_at_least_the_last_ten_committed_batches_keep_their_log(
     root = str(tmp_path / "cp")
     cp = Checkpoint(store, root)
     for batch in range(13):
-        cp.write_plan(batch, {"batch": batch})
-        cp.write_commit(batch, {"ends": {}})
+        cp.write_plan(BatchPlan(batch, {}, {}, 0, 1))
+        cp.write_commit(CommitRecord(batch, {}))
     kept = sorted(p for p in files(root) if p.startswith("commits/"))
     assert kept == [f"commits/{b:020d}.json" for b in range(1, 13)]  # pruned every 10th batch
     assert cp.last_commit() == 12
@@ -95,10 +119,13 @@ def test_reads_a_checkpoint_written_by_hand_in_the_format(store: Store, tmp_path
     cp = Checkpoint(store, str(cp_dir))
     assert cp.key_groups(16, ["x"]) == 2  # its shards are its key groups
     assert cp.last_commit() == 3
-    assert cp.commit_record(3) == {"ends": {"s": 7}}
-    assert cp.planned(4) == {"batch": 4, "ends": {"s": 9}}
+    assert cp.commit_record(3) == CommitRecord(3, {"s": 7})
+    planned = cp.planned(4)
+    assert planned == BatchPlan(4, {}, {"s": 9}, 0, None)
+    assert planned.state_tasks(2) == 2  # planned before tasks were: one per key group
     paths = cp.state(2)
-    assert paths.shard_dir("count by key", 1) == str(shard)
+    assert paths.path("count by key", paths.versions("count by key", 1, 2)[0]) == str(
+        shard / "00000000000000000002-1.state")
     assert paths.versions("count by key", 1, 2) == [  # format-1 names carry no size
         StateVersion(2, 1, "00000000000000000002-1.state", True, -1, 1, 2, "0001"),
         StateVersion(4, 1, "00000000000000000004-1.state", True, -1, 1, 2, "0001"),
@@ -198,11 +225,11 @@ def test_state_versions_written_and_superseded(store: Store, tmp_path: Path) -> 
     second = step(4, 3, {"f": 1}, []).chain[-1]
     assert len(names()) == 5
     assert [n[:35] for n in names()[-2:]] == ["00000000000000000004-00000-00001-9-"] * 2
-    counted = paths.with_counted({4: {"s": {"0-1": second.name}}})
+    counted = paths.with_counted({4: {StateRange("s", 0, 1): second.name}})
     assert [v.name for v in counted.versions("s") if v.batch == 4] == [second.name]
     assert counted.read("s", 0, 1, committed=4)[0].values["f"] == ("f", 1)
     # A record naming no file for the range: neither counts.
-    assert not [v for v in paths.with_counted({4: {"s": {"0-1": ""}}}).versions("s")
+    assert not [v for v in paths.with_counted({4: {StateRange("s", 0, 1): ""}}).versions("s")
                 if v.batch == 4]
     counted.remove_uncounted({3})  # other batches' files are not touched
     assert len(names()) == 5

@@ -10,7 +10,7 @@ import cloudpickle
 import pytest
 
 from sparkjet.core import compaction
-from sparkjet.core.checkpoint import COMPACT_EVERY, COMPACT_LIMIT, StatePaths, StateVersion
+from sparkjet.core.state_files import COMPACT_EVERY, COMPACT_LIMIT, StatePaths, StateVersion
 from sparkjet.core.store.fs import Store
 
 

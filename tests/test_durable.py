@@ -20,12 +20,13 @@ import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from sparkjet.core.checkpoint import Checkpoint, RangeState, StatePaths
+from sparkjet.core.checkpoint import BatchPlan, Checkpoint, CommitRecord
 from sparkjet.core.client import Client
 from sparkjet.core.config import load_config
 from sparkjet.core.jobs import handle as handle_module
 from sparkjet.core.jobs import record as record_module
 from sparkjet.core.jobs import runner as runner_module
+from sparkjet.core.state_files import RangeState, StatePaths
 from sparkjet.core.store.commit_log import CommitLog
 from sparkjet.core.store.fs import Store
 from sparkjet.core.store.job_records import JobRecords
@@ -222,13 +223,13 @@ def write_full(paths: StatePaths, batch: int, values: dict[Any, Any]) -> None:
 
 def test_a_batch_has_one_plan_and_one_commit(store: Store) -> None:
     checkpoint = Checkpoint(store, store.path("jobs", "j", "checkpoint"))
-    first = {"batch": 4, "starts": {"s": [0]}, "ends": {"s": [10]}, "time": 1}
-    late = {"batch": 4, "starts": {"s": [0]}, "ends": {"s": [25]}, "time": 2}
-    assert checkpoint.write_plan(4, first) == first
-    assert checkpoint.write_plan(4, late) == first  # the late driver runs the standing plan
-    assert checkpoint.write_commit(4, {"ends": {"s": [10]}, "time": 3}) is True
-    assert checkpoint.write_commit(4, {"ends": {"s": [25]}, "time": 4}) is False
-    assert checkpoint.commit_record(4)["ends"] == {"s": [10]}
+    first = BatchPlan(4, {"s": [0]}, {"s": [10]}, 1, 1)
+    late = BatchPlan(4, {"s": [0]}, {"s": [25]}, 2, 1)
+    assert checkpoint.write_plan(first) == first
+    assert checkpoint.write_plan(late) == first  # the late driver runs the standing plan
+    assert checkpoint.write_commit(CommitRecord(4, {"s": [10]}, 3)) is True
+    assert checkpoint.write_commit(CommitRecord(4, {"s": [25]}, 4)) is False
+    assert checkpoint.commit_record(4).ends == {"s": [10]}
     assert checkpoint.key_groups(2, ["s"]) == 2
     assert checkpoint.key_groups(8, ["s"]) == 2  # fixed for the checkpoint's life
 
@@ -528,9 +529,9 @@ def test_commit_once_costs_the_same_however_long_the_log(
 _OVER_MEMORY = r"""
 import resource, sys
 from sparkjet.aggregate import counting
-from sparkjet.core.checkpoint import RangeState, StatePaths
 from sparkjet.core.keyed import keyed_fold
 from sparkjet.core.runtime.microbatch import StateTask
+from sparkjet.core.state_files import RangeState, StatePaths
 from sparkjet.core.store.fs import Store
 
 store = Store(sys.argv[1])

@@ -136,7 +136,8 @@ def test_the_client_collects_garbage(tmp_path: Path) -> None:
 
 def test_state_files_no_key_group_needs_go(store: Store) -> None:
     """Files of a checkpoint's state written with 2 tasks, then a full copy by 1: the 2 go."""
-    from sparkjet.core.checkpoint import Checkpoint, RangeState
+    from sparkjet.core.checkpoint import BatchPlan, Checkpoint, CommitRecord
+    from sparkjet.core.state_files import RangeState
 
     records = JobRecords(store)
     records.write({"id": "j", "status": "RUNNING", "completion_time": -1,
@@ -147,8 +148,8 @@ def test_state_files_no_key_group_needs_go(store: Store) -> None:
         for lo, hi in ranges:
             paths.write("s", lo, hi, batch, RangeState({f"k{lo}": batch}, {}, []), [], [],
                         paths.versions("s"))
-        checkpoint.write_plan(batch, {"batch": batch})
-        checkpoint.write_commit(batch, {"ends": {}})
+        checkpoint.write_plan(BatchPlan(batch, {}, {}, 0, None))
+        checkpoint.write_commit(CommitRecord(batch, {}))
     stage = Path(paths.stage_dir("s"))
     before = sorted(p.name for p in stage.iterdir())
     assert len(before) == 3

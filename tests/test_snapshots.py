@@ -338,7 +338,7 @@ def test_a_restore_that_carries_no_state_keeps_the_jobs_own_key_groups(tmp_path:
     rows = seed_checkpoint(checkpoint, planned, snapshots.get("old"), lambda s: [0, 0], 64)
     assert {r.status for r in rows} == {"new"}
     assert checkpoint.written_key_groups() == 64
-    assert checkpoint.commit_record(0)["ends"] == {"clicks": [5, 7]}
+    assert checkpoint.commit_record(0).ends == {"clicks": [5, 7]}
 
 
 class GatedSnapshotBackend(LocalSnapshotBackend):
@@ -433,12 +433,13 @@ def test_a_running_job_goes_on_while_its_snapshot_is_exported(
 
 def test_a_state_file_gone_mid_export_is_named(tmp_path: Any) -> None:
     """A file of the cut removed under the export (a take-over): named, nothing published."""
-    from sparkjet.core.checkpoint import Checkpoint, RangeState
+    from sparkjet.core.checkpoint import BatchPlan, Checkpoint, CommitRecord
     from sparkjet.core.errors import StoreError
     from sparkjet.core.exports import cut_export, export_state, release_cut
     from sparkjet.core.planner import plan
     from sparkjet.core.plugin_manager import PluginHost
     from sparkjet.core.snapshots import SnapshotStore
+    from sparkjet.core.state_files import RangeState, StateRange
     from sparkjet.core.store.fs import Store
     from sparkjet.testing import StoreLocation
 
@@ -447,9 +448,9 @@ def test_a_state_file_gone_mid_export_is_named(tmp_path: Any) -> None:
     checkpoint.key_groups(4, ["clicks-per-user"])
     paths = checkpoint.state(4)
     written = paths.write("clicks-per-user", 0, 4, 0, RangeState({1: 1}, {}, []), [1], [], [])
-    checkpoint.write_plan(0, {"batch": 0, "starts": {}, "ends": {"clicks": [3]}, "tasks": 1})
-    checkpoint.write_commit(0, {"ends": {"clicks": [3]}, "state": {
-        "clicks-per-user": {"0-4": written.chain[-1].name}}})
+    checkpoint.write_plan(BatchPlan(0, {}, {"clicks": [3]}, 0, 1))
+    checkpoint.write_commit(CommitRecord(0, {"clicks": [3]}, state={
+        StateRange("clicks-per-user", 0, 4): written.chain[-1].name}))
     snapshots = SnapshotStore(StoreLocation(str(tmp_path / "snapshots")).snapshot_backend())
     planned = plan(v1(), PluginHost(), EXACTLY_ONCE)
     cut = cut_export(checkpoint, planned, "gone", "'j'")
@@ -493,11 +494,12 @@ def test_an_export_folds_changelogs_in_compaction_children(where: str, tmp_path:
 
     On a store other processes cannot see (memory://) the export folds them itself.
     """
-    from sparkjet.core.checkpoint import Checkpoint, RangeState
+    from sparkjet.core.checkpoint import BatchPlan, Checkpoint, CommitRecord
     from sparkjet.core.exports import cut_export, export_state, release_cut
     from sparkjet.core.planner import plan
     from sparkjet.core.plugin_manager import PluginHost
     from sparkjet.core.snapshots import SnapshotStore
+    from sparkjet.core.state_files import RangeState, StateRange
     from sparkjet.core.store.fs import Store
     from sparkjet.testing import StoreLocation
 
@@ -519,11 +521,10 @@ def test_an_export_folds_changelogs_in_compaction_children(where: str, tmp_path:
                 state.values[key] = state.values.get(key, 0) + 1
             written = paths.write(stage, lo, hi, batch, RangeState(
                 state.values, state.touched, state.chain), changed, [], versions)
-            names[f"{lo}-{hi}"] = written.chain[-1].name
+            names[StateRange(stage, lo, hi)] = written.chain[-1].name
             expected.update(state.values)
-        checkpoint.write_plan(batch, {"batch": batch, "starts": {}, "ends": {"clicks": [batch]},
-                                      "tasks": 2})
-        checkpoint.write_commit(batch, {"ends": {"clicks": [batch]}, "state": {stage: names}})
+        checkpoint.write_plan(BatchPlan(batch, {}, {"clicks": [batch]}, 0, 2))
+        checkpoint.write_commit(CommitRecord(batch, {"clicks": [batch]}, state=names))
     assert [v.full for v in paths.versions(stage, 0, 2)] == [True, False, False]
     snapshots = SnapshotStore(StoreLocation(str(tmp_path / "snapshots")).snapshot_backend())
     planned = plan(v1(), PluginHost(), EXACTLY_ONCE)

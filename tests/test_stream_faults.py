@@ -231,9 +231,9 @@ def caught_up(client: sparkjet.Client, job_id: str) -> bool:
     checkpoint = Checkpoint(client.store, client.store.layout.checkpoint(job_id, "checkpoint"))
     last = checkpoint.last_commit()
     record = checkpoint.commit_record(last) if last >= 0 else None
-    if not record:
+    if record is None:
         return False
-    ends = record["ends"]["events"]
+    ends = record.ends["events"]
     return bool(ends == client.store.stream_log("events").end_offsets())
 
 

@@ -359,7 +359,7 @@ def test_state_carries_over_when_the_cluster_grows_and_shrinks(  # type: ignore[
                      what=f"the counts with {tasks} tasks")
             # The sink commits before the batch's commit record: wait for the record.
             wait_for(lambda n=tasks: checkpoint.last_commit() >= 0
-                     and checkpoint.planned(checkpoint.last_commit())["tasks"] == n,
+                     and checkpoint.planned(checkpoint.last_commit()).tasks == n,
                      what=f"a batch committed with {tasks} tasks")
             last = checkpoint.last_commit()
             files = checkpoint.state(12).versions("per-key")
@@ -390,10 +390,12 @@ def test_commit_records_name_the_state_files_that_count(client) -> None:  # type
         oracle = {k: 10 for k in range(20)}
         wait_for(lambda: dict(client.get_map("attempted").entry_set()) == oracle, what="counts")
         wait_for(lambda: checkpoint.last_commit() >= 0
-                 and "per-key" in checkpoint.commit_record(checkpoint.last_commit())["state"],
+                 and any(r.stage == "per-key" for r in
+                         checkpoint.commit_record(checkpoint.last_commit()).state or {}),
                  what="a committed batch with state")
         last = checkpoint.last_commit()
-        named = checkpoint.commit_record(last)["state"]["per-key"]
+        named = {r: name for r, name in (checkpoint.commit_record(last).state or {}).items()
+                 if r.stage == "per-key"}
         state = checkpoint.state(8)
         listed = {v.name: v for v in state.versions("per-key")}
         written = [name for name in named.values() if name]

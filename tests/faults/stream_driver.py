@@ -66,14 +66,15 @@ def _install_pause(batch: int, marker: str) -> None:
 
     original = checkpoint.Checkpoint.write_commit
 
-    def write_commit(self, b, record, state=None):  # type: ignore[no-untyped-def]
+    def write_commit(self, record, state=None):  # type: ignore[no-untyped-def]
+        b = record.batch
         if b >= batch and not os.path.exists(marker):
             with open(marker, "w") as fh:
                 fh.write(str(b))
             print(f"PAUSED {b}", flush=True)
             while True:  # wait for SIGKILL
                 time.sleep(1)
-        return original(self, b, record, state)
+        return original(self, record, state)
 
     checkpoint.Checkpoint.write_commit = write_commit
 

@@ -37,7 +37,7 @@ from typing import Any
 
 import cloudpickle
 
-from sparkjet.core.checkpoint import COMPACT_EVERY, COMPACT_LIMIT, StatePaths, StateVersion
+from sparkjet.core.state_files import COMPACT_EVERY, COMPACT_LIMIT, StatePaths, StateVersion
 
 __all__ = ["COMPACT_EVERY", "COMPACT_LIMIT", "compact_now", "running", "shared", "start"]
 

@@ -1,37 +1,101 @@
 """The engine boundary: what the job services ask of the engine that runs the work.
 
 The services (:mod:`sparkjet.core.jobs`, :mod:`sparkjet.core.microbatch_loop`) talk
-to Spark only through :class:`Engine`; the Spark implementation lives in
+to Spark only through :class:`Engine`: they describe the work with a
+:class:`BatchSpec` or a :class:`MicroBatchSpec` and get a
+:class:`BatchResult` back. The Spark implementation lives in
 :mod:`sparkjet.core.runtime` and is chosen by the client, the composition
 root. Nothing here imports Spark, so the job lifecycle, the control protocol,
 take-over and the cluster policy run against an in-process engine in the
 tests, in milliseconds and without a JVM.
 
-The Spark engine conforms structurally (it does not import this module): the
-runtime sits below the services and the boundary, and mypy checks that it fits
-where the client hands it to the services.
+The Spark engine conforms structurally (the runtime imports only this
+module's spec and result types); mypy checks that it fits where the client
+hands it to the services.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol
 
 from sparkjet.core.contracts import JobContext
 from sparkjet.core.graph import Transform
 from sparkjet.core.planner import Plan
-
-if TYPE_CHECKING:
-    from sparkjet.core.checkpoint import StatePaths
+from sparkjet.core.state_files import StatePaths, StateRange
 
 #: Builds the context a plugin sees on the driver for one node of the plan.
 ContextFactory = Callable[[Transform], JobContext]
 
 
+@dataclass(frozen=True)
+class BatchSpec:
+    """A batch job's whole plan, as :meth:`Engine.batch` runs it."""
+
+    plan: Plan
+    job_context: ContextFactory
+    #: Count the items each stage emits (:meth:`Execution.stage_counts`).
+    metrics: bool
+    #: Asked between stages and before the commit: True abandons the work.
+    cancelled: Callable[[], bool]
+    #: Called just before the sinks commit.
+    on_commit: Callable[[], None] | None
+
+
+@dataclass(frozen=True)
+class MicroBatchSpec:
+    """One micro-batch of a streaming plan, as :meth:`Engine.micro_batch` runs it."""
+
+    plan: Plan
+    job_context: ContextFactory
+    #: Count the items each stage emits (:attr:`BatchResult.items`).
+    metrics: bool
+    #: True once the job is cancelled: the micro-batch is abandoned.
+    cancelled: Callable[[], bool]
+    #: The micro-batch's id.
+    batch: int
+    #: The last committed batch: keyed state is read as of it.
+    committed: int
+    #: Per source stage, the ``(start, end)`` offsets planned.
+    source_ranges: Mapping[str, tuple[Any, Any]]
+    #: Where the keyed state lives in the checkpoint (which files count, the pin).
+    state: StatePaths
+    #: How many state tasks share the key groups (the batch's plan says).
+    tasks: int
+    #: The batch's planned time (TTL expiry), the same on a replay.
+    now_ms: int
+    #: The checkpoint the batch ids count in (``JobContext.checkpoint_id``).
+    checkpoint_id: str
+    #: Called just before the sinks commit (the runner's fence check).
+    on_commit: Callable[[], None] | None = None
+
+
+class StateSize(NamedTuple):
+    """A stateful stage's state after a micro-batch: its keys and the bytes of its files."""
+
+    keys: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """What one execution did, once it has run."""
+
+    #: Items emitted per stage (empty when metrics are off).
+    items: Mapping[str, int] = field(default_factory=dict)
+    #: Per stateful stage of a micro-batch, its state after the batch.
+    state: Mapping[str, StateSize] = field(default_factory=dict)
+    #: Per stage and range of key groups a state task owned, the file it wrote
+    #: (``""``: none); the batch's commit record keeps it (see
+    #: :meth:`sparkjet.core.state_files.StatePaths.counts`). Empty for batch jobs.
+    state_files: Mapping[StateRange, str] = field(default_factory=dict)
+
+
 class Execution(Protocol):
     """One unit of work on the engine: a whole batch job, or one micro-batch."""
 
-    def run(self) -> None:
+    def run(self) -> BatchResult:
         """Run to the end on the calling thread; raise ``JobFailedError`` if the work failed.
 
         A batch job commits its sinks before returning; a micro-batch commits
@@ -40,14 +104,6 @@ class Execution(Protocol):
 
     def stage_counts(self) -> dict[str, int]:
         """Items emitted per stage so far (empty when metrics are off); safe from any thread."""
-
-    def state_files(self) -> dict[str, dict[str, str]]:
-        """After :meth:`run`, a micro-batch's state files that count (empty for batch jobs).
-
-        ``{stage: {"<lo>-<hi>": file name}}``, ``""`` for a task that wrote
-        none; the batch's commit record keeps it (see
-        :meth:`sparkjet.core.checkpoint.StatePaths.counts`).
-        """
 
 
 class Engine(Protocol):
@@ -72,39 +128,8 @@ class Engine(Protocol):
         then cancels again until its runner has seen the request.
         """
 
-    def batch(
-        self,
-        plan: Plan,
-        job_context: ContextFactory,
-        *,
-        metrics: bool,
-        cancelled: Callable[[], bool],
-        on_commit: Callable[[], None] | None,
-    ) -> Execution:
-        """A batch job's whole plan; ``on_commit`` is called just before its sinks commit."""
+    def batch(self, spec: BatchSpec) -> Execution:
+        """A batch job's whole plan."""
 
-    def micro_batch(
-        self,
-        plan: Plan,
-        job_context: ContextFactory,
-        *,
-        metrics: bool,
-        cancelled: Callable[[], bool],
-        batch: int,
-        committed: int,
-        source_ranges: Mapping[str, tuple[Any, Any]],
-        state: StatePaths,
-        tasks: int,
-        now_ms: int,
-        on_commit: Callable[[], None] | None = None,
-    ) -> Execution:
-        """One micro-batch of a streaming plan.
-
-        :param batch: the micro-batch's id.
-        :param committed: the last committed batch: keyed state is read as of it.
-        :param source_ranges: per source stage, the ``(start, end)`` offsets planned.
-        :param state: where the keyed state lives in the checkpoint.
-        :param tasks: how many state tasks share the key groups (the plan says).
-        :param now_ms: the batch's planned time (TTL expiry), the same on a replay.
-        :param on_commit: called just before the sinks commit (the runner's fence check).
-        """
+    def micro_batch(self, spec: MicroBatchSpec) -> Execution:
+        """One micro-batch of a streaming plan."""

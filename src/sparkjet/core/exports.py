@@ -40,7 +40,7 @@ from typing import Any
 import cloudpickle
 
 from sparkjet.core import compaction
-from sparkjet.core.checkpoint import Checkpoint, Counted, StatePaths, StateVersion
+from sparkjet.core.checkpoint import Checkpoint, CommitRecord, RestoredFrom
 from sparkjet.core.errors import (
     JobStateError,
     SnapshotCorruptedError,
@@ -60,6 +60,7 @@ from sparkjet.core.snapshots import (
     parse_state_file,
     state_file_path,
 )
+from sparkjet.core.state_files import Counted, StatePaths, StateRange, StateVersion
 
 __all__ = [
     "ExportCut",
@@ -228,8 +229,8 @@ def cut_export(
     record = checkpoint.commit_record(batch)
     groups = checkpoint.written_key_groups()
     assert groups is not None
-    planned = checkpoint.planned(batch) or {}
-    tasks = max(1, min(int(planned.get("tasks", groups)), groups))
+    planned = checkpoint.planned(batch)
+    tasks = max(1, min(planned.state_tasks(groups) if planned else groups, groups))
     counted = checkpoint.counted()
     paths = checkpoint.state(groups).with_counted(counted)
     ranges = [task_range(t, tasks, groups) for t in range(tasks)]
@@ -238,7 +239,7 @@ def cut_export(
         listed = paths.versions(stage)
         chains[stage] = {(lo, hi): StatePaths.chain(listed, batch, lo, hi) for lo, hi in ranges}
     pin = checkpoint.pin(batch)
-    return ExportCut(batch, dict(record["ends"]), tasks, groups, chains, counted, pin)
+    return ExportCut(batch, dict(record.ends), tasks, groups, chains, counted, pin)
 
 
 def release_cut(checkpoint: Checkpoint, cut: ExportCut) -> None:
@@ -416,7 +417,7 @@ def seed_checkpoint(
             f"{checkpoint.root!r} was started with {checkpoint.written_key_groups()}"
         )
     paths = checkpoint.state(checkpoint.written_key_groups() or 1)
-    counted: dict[str, dict[str, str]] = {}
+    counted: dict[StateRange, str] = {}
     for stage in manifest.stages:
         if stage.name not in restored:
             continue
@@ -430,16 +431,15 @@ def seed_checkpoint(
             lo, hi, keys = parsed
             data = snapshot.read_file(entry.path)  # checked against its sha256 and size
             version = paths.write_copy(stage.name, lo, hi, 0, keys, data)
-            counted.setdefault(stage.name, {})[f"{lo}-{hi}"] = version.name
+            counted[StateRange(stage.name, lo, hi)] = version.name
     ends = {}
     for node in plan.nodes:
         if node.op is OpKind.SOURCE:
             source = plan.name(node)
             ends[source] = (manifest.sources[source] if source in manifest.sources
                             else initial_offsets(source))
-    checkpoint.write_commit(0, {
-        "ends": ends, "time": int(time.time() * 1000), "duration_ms": 0, "state": counted,
-        "restored_from": {"snapshot": manifest.name, "batch": manifest.batch_id,
-                          "job_id": manifest.job_id},
-    })
+    checkpoint.write_commit(CommitRecord(
+        0, ends, int(time.time() * 1000), 0, counted,
+        RestoredFrom(manifest.name, manifest.batch_id, manifest.job_id),
+    ))
     return rows

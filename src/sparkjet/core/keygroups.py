@@ -1,10 +1,11 @@
-"""Key groups: which group a key belongs to, and which groups a state task owns.
+"""Key-group assignment: which key group a key belongs to, and which groups a state task owns.
 
-As in Flink's ``KeyGroupRangeAssignment``, keyed state is split into a fixed
-number of key groups (a checkpoint's ``key_groups``, fixed for its life); the
-state tasks of a micro-batch own contiguous ranges of them. Rescaling moves
-whole groups between tasks, never keys between groups, so a checkpoint or a
-snapshot serves any number of tasks.
+Like Flink's ``KeyGroupRangeAssignment``: a keyed stage's state is split
+into a fixed number of *key groups* (fixed for a checkpoint's life); a key
+belongs to group ``stable_hash(key) % key_groups``, and the state tasks of a
+micro-batch each own a contiguous range ``[lo, hi)`` of groups. The hash
+must be the same in every process, so it never uses Python's seeded
+``hash()`` of strings.
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ from the last commit: a planned but uncommitted batch is replayed with the
 same offsets from the same state, and the sinks skip what already landed, so
 EXACTLY_ONCE holds with sinks that commit idempotently per batch id.
 
-The checkpoint's layout and files are :mod:`sparkjet.core.checkpoint`'s.
+The checkpoint's layout and records (:class:`~sparkjet.core.checkpoint.BatchPlan`,
+:class:`~sparkjet.core.checkpoint.CommitRecord`) are :mod:`sparkjet.core.checkpoint`'s;
+what the loop asks of the job it runs for is :class:`LoopHost`.
 """
 
 from __future__ import annotations
@@ -18,11 +20,11 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from sparkjet.core.checkpoint import KEEP_LOG, Checkpoint
+from sparkjet.core.checkpoint import KEEP_LOG, BatchPlan, Checkpoint, CommitRecord
 from sparkjet.core.contracts import JobContext
-from sparkjet.core.engine import Engine
+from sparkjet.core.engine import BatchResult, Engine, MicroBatchSpec
 from sparkjet.core.graph import Transform
 from sparkjet.core.model import DEFAULT_KEY_GROUPS
 from sparkjet.core.planner import Plan
@@ -81,6 +83,46 @@ class StopReason(enum.StrEnum):
     RESTART = "restart"
 
 
+class LoopHost(Protocol):
+    """What the micro-batch loop asks of the job it runs for (the job runner implements it)."""
+
+    def stop_reason(self) -> StopReason | None:
+        """Why to stop before the next batch (cancel, suspend, restart, cluster change), or None."""
+
+    def cancelled(self) -> bool:
+        """True once the job is cancelled: a running micro-batch is abandoned."""
+
+    def between_batches(self) -> None:
+        """Serve the snapshot exports waiting for a cut.
+
+        Asked before each batch is planned (and so once when the loop stops).
+        """
+
+    def batch_committed(self) -> None:
+        """After every committed batch (the runner writes progress to the job record)."""
+
+    def check_fence(self) -> None:
+        """Raise JobFencedError once another driver took the job over.
+
+        Asked before every write-ahead plan and commit point.
+        """
+
+    def pinned_batch(self) -> int:
+        """The newest batch a snapshot export is reading, -1 for none."""
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """How the loop runs: from the job's config."""
+
+    #: Count what each stage emits (and the state's keys and bytes) for the metrics.
+    metrics: bool
+    #: The least time from one batch's start to the next's (0: back to back).
+    trigger_seconds: float
+    #: Key groups of a new checkpoint (an existing one keeps its own).
+    key_groups: int = DEFAULT_KEY_GROUPS
+
+
 class StreamLoop:
     """Runs micro-batches on the engine until asked to stop; returns why it stopped."""
 
@@ -90,45 +132,34 @@ class StreamLoop:
         engine: Engine,
         job_context: Callable[[Transform], JobContext],
         checkpoint: Checkpoint,
-        *,
-        metrics: bool,
-        trigger_seconds: float,
-        should_stop: Callable[[], StopReason | None],
-        cancelled: Callable[[], bool],
+        settings: LoopSettings,
+        host: LoopHost,
         progress: StreamProgress,
-        on_batch: Callable[[], None] = lambda: None,
-        fence: Callable[[], None] = lambda: None,
-        key_groups: int = DEFAULT_KEY_GROUPS,
-        pinned: Callable[[], int] = lambda: -1,
     ) -> None:
         self.plan = plan
         self.engine = engine
         self.job_context = job_context
         self.checkpoint = checkpoint
-        self.metrics = metrics
-        self.trigger_seconds = trigger_seconds
-        self.should_stop = should_stop
-        self.cancelled = cancelled
+        self.settings = settings
+        self.host = host
         self.progress = progress
-        self.on_batch = on_batch
-        #: Raises JobFencedError once another driver took the job over; called
-        #: before every write-ahead plan and every commit point.
-        self.fence = fence
         self.sources = [n for n in plan.nodes if n.op == "source"]
-        #: Key groups of a new checkpoint (an existing one keeps its own).
-        self.key_groups = key_groups
-        #: The newest batch a snapshot export is reading (-1: none): asked
-        #: before every batch, whose state tasks then remove none of its files.
-        self.pinned = pinned
         #: The sources' offsets the loop goes on from: the end offsets of its
         #: last committed batch (before the first, where it started).
         self.ends: dict[str, Any] = {}
 
+    def _stop_asked(self) -> StopReason | None:
+        self.host.between_batches()
+        return self.host.stop_reason()
+
     def run(self) -> StopReason:
-        groups = self.checkpoint.key_groups(self.key_groups, list(self.plan.names.values()))
+        """Run micro-batches from the checkpoint's last commit until the host says stop."""
+        host = self.host
+        groups = self.checkpoint.key_groups(self.settings.key_groups,
+                                            list(self.plan.names.values()))
         committed = self.checkpoint.last_commit()
         if committed >= 0:
-            ends = self.checkpoint.commit_record(committed)["ends"]
+            ends = self.checkpoint.commit_record(committed).ends
         else:
             ends = initial_offsets(self.plan, self.job_context)
         self.ends = ends
@@ -139,7 +170,7 @@ class StreamLoop:
         state = self.checkpoint.state(groups)
         batch = committed + 1
         while True:
-            reason = self.should_stop()
+            reason = self._stop_asked()
             if reason is not None:
                 return reason
             started = time.monotonic()
@@ -154,67 +185,57 @@ class StreamLoop:
                     continue
                 # As many state tasks as the cluster runs at once, at most one
                 # per key group; the plan fixes it so a replay runs the same.
-                planned = {"batch": batch, "starts": ends, "ends": latest,
-                           "time": int(time.time() * 1000),
-                           "tasks": max(1, min(self.engine.parallelism(), groups))}
-                self.fence()
-                planned = self.checkpoint.write_plan(batch, planned)
+                planned = BatchPlan(batch, ends, latest, int(time.time() * 1000),
+                                    max(1, min(self.engine.parallelism(), groups)))
+                host.check_fence()
+                planned = self.checkpoint.write_plan(planned)
             else:
                 log.info("replaying micro-batch %d with its recorded offsets", batch)
-            micro = self.engine.micro_batch(
-                self.plan, self.job_context, metrics=self.metrics, cancelled=self.cancelled,
-                batch=batch, committed=batch - 1,
-                source_ranges={
-                    name: (planned["starts"][name], planned["ends"][name])
-                    for name in planned["ends"]
-                },
-                # A plan written before the number of tasks was planned ran
-                # one task per shard (key group).
-                state=state.with_counted(counted).with_pin(self.pinned()),
-                tasks=int(planned.get("tasks", groups)),
-                now_ms=int(planned["time"]),
-                on_commit=self.fence,
-            )
-            micro.run()
+            result = self.engine.micro_batch(MicroBatchSpec(
+                self.plan, self.job_context, metrics=self.settings.metrics,
+                cancelled=host.cancelled, batch=batch, committed=batch - 1,
+                source_ranges=planned.source_ranges(),
+                state=state.with_counted(counted).with_pin(host.pinned_batch()),
+                tasks=planned.state_tasks(groups), now_ms=planned.time_ms,
+                checkpoint_id=self.checkpoint.id, on_commit=host.check_fence,
+            )).run()
             duration_ms = int((time.monotonic() - started) * 1000)
-            files = micro.state_files()
+            files = dict(result.state_files)
             counted[batch] = files
-            self.fence()
+            host.check_fence()
             if not self.checkpoint.write_commit(
-                batch, {"ends": planned["ends"], "time": int(time.time() * 1000),
-                        "duration_ms": duration_ms, "state": files},
+                CommitRecord(batch, planned.ends, int(time.time() * 1000), duration_ms, files),
                 state.with_counted(counted),
             ):
-                self.fence()  # committed by another driver: this one was replaced
+                host.check_fence()  # committed by another driver: this one was replaced
                 log.warning("micro-batch %d was committed already; going on after it", batch)
                 counted = self.checkpoint.counted()  # its record names the files that count
             for old in [b for b in counted if b <= batch - 2 * KEEP_LOG]:
                 del counted[old]  # its record is gone, and the files that did not count
-            self._record(micro.stage_counts(), batch, duration_ms)
-            ends = planned["ends"]
+            self._record(result, batch, duration_ms)
+            ends = planned.ends
             self.ends = ends
             batch += 1
-            self.on_batch()
-            rest = self.trigger_seconds - (time.monotonic() - started)
-            while rest > 0 and self.should_stop() is None:
+            host.batch_committed()
+            trigger = self.settings.trigger_seconds
+            rest = trigger - (time.monotonic() - started)
+            while rest > 0 and self._stop_asked() is None:
                 time.sleep(min(rest, IDLE_POLL_SECONDS))
-                rest = self.trigger_seconds - (time.monotonic() - started)
+                rest = trigger - (time.monotonic() - started)
 
-    def _record(self, counts: dict[str, int], batch: int, duration_ms: int) -> None:
+    def _record(self, result: BatchResult, batch: int, duration_ms: int) -> None:
         p = self.progress
         p.last_committed = batch
         p.snapshots += 1
         p.durations_ms.append(duration_ms)
         del p.durations_ms[:-1000]
+        counts = result.items
         rows = sum(counts.get(self.plan.name(n), 0) for n in self.sources)
         p.input_rows.append(rows)
         del p.input_rows[:-1000]
-        for key, value in counts.items():
-            if "\x00" in key:
-                stage, what = key.split("\x00")
-                keys, size = p.state.get(stage, (0, 0))
-                p.state[stage] = (value, size) if what == "keys" else (keys, value)
-            else:
-                p.stage_totals[key] = p.stage_totals.get(key, 0) + value
+        for stage, value in counts.items():
+            p.stage_totals[stage] = p.stage_totals.get(stage, 0) + value
+        for stage, size in result.state.items():
+            p.state[stage] = (size.keys, size.bytes)
         p.previous_batch_end_ms = p.last_batch_end_ms
         p.last_batch_end_ms = int(time.time() * 1000)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from sparkjet.core.checkpoint import Checkpoint
 from sparkjet.core.contracts import JobContext
-from sparkjet.core.engine import Engine, Execution
+from sparkjet.core.engine import BatchSpec, Engine, Execution
 from sparkjet.core.errors import (
     JobCancelledError,
     JobFailedError,
@@ -51,7 +51,13 @@ from sparkjet.core.jobs.record import (
     checkpoint_path,
     now_ms,
 )
-from sparkjet.core.microbatch_loop import StopReason, StreamLoop, StreamProgress, initial_offsets
+from sparkjet.core.microbatch_loop import (
+    LoopSettings,
+    StopReason,
+    StreamLoop,
+    StreamProgress,
+    initial_offsets,
+)
 from sparkjet.core.model import JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.core.planner import Plan
 from sparkjet.core.plugin_manager import PluginHost
@@ -412,13 +418,13 @@ class JobRunner:
             self._failed(exc)
 
     def _run_batch(self) -> None:
-        self.execution = self.services.engine.batch(
+        self.execution = self.services.engine.batch(BatchSpec(
             self.plan,
             self.context_factory(),
             metrics=self.job.config.metrics_enabled,
             cancelled=self.cancel_requested.is_set,
             on_commit=lambda: self.set_status(JobStatus.COMPLETING),
-        )
+        ))
         self.execution.run()
 
     def _checkpoint(self) -> Checkpoint:
@@ -550,8 +556,8 @@ class JobRunner:
             with self._exports_lock:
                 self._pins[cut.pin] = cut.batch
 
-    def _pinned(self) -> int:
-        """The newest batch an export of this runner is reading, or -1."""
+    def pinned_batch(self) -> int:
+        """The newest batch an export of this runner is reading, or -1 (for the loop)."""
         with self._exports_lock:
             return max(self._pins.values(), default=-1)
 
@@ -631,9 +637,28 @@ class JobRunner:
         else:
             self._answer(request, batch=batch)
 
-    def _should_stop(self) -> StopReason | None:
+    # --- the micro-batch loop's host (core.microbatch_loop.LoopHost) -------------
+
+    def between_batches(self) -> None:
+        """Before each micro-batch is planned: take the cuts of exports asked meanwhile."""
         if self._exports:
             self._serve_exports()
+
+    def cancelled(self) -> bool:
+        """Whether the job was cancelled: a running micro-batch is abandoned."""
+        return self.cancel_requested.is_set()
+
+    def check_fence(self) -> None:
+        """Raise JobFencedError once another driver took the job over."""
+        self.lease.check_fence()
+
+    def batch_committed(self) -> None:
+        """After each committed micro-batch: its progress into the job record."""
+        progress = self.progress.as_metrics()
+        self.lease.write(lambda r: replace(r, progress=progress))
+
+    def stop_reason(self) -> StopReason | None:
+        """Why the loop should stop before its next batch (cancel, suspend, restart, cluster)."""
         if self.cancel_requested.is_set():
             return StopReason.CANCEL
         if self.stop_request is not None:
@@ -681,15 +706,9 @@ class JobRunner:
                 self.services.engine,
                 self.context_factory(),
                 self._checkpoint(),
-                metrics=config.metrics_enabled,
-                trigger_seconds=trigger,
-                should_stop=self._should_stop,
-                cancelled=self.cancel_requested.is_set,
-                progress=self.progress,
-                on_batch=self._after_batch,
-                fence=self.lease.check_fence,
-                key_groups=config.key_groups,
-                pinned=self._pinned,
+                LoopSettings(config.metrics_enabled, trigger, config.key_groups),
+                self,  # the loop's host
+                self.progress,
             )
             self._loop = loop
             try:
@@ -711,10 +730,6 @@ class JobRunner:
             self.set_status(JobStatus.RUNNING)
             if guarantee is ProcessingGuarantee.NONE:
                 self._discard_checkpoint()  # NONE restarts from scratch
-
-    def _after_batch(self) -> None:
-        progress = self.progress.as_metrics()
-        self.lease.write(lambda r: replace(r, progress=progress))
 
     def _failed(self, exc: BaseException) -> None:
         job = self.job

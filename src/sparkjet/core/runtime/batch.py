@@ -20,12 +20,13 @@ import bisect
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
 
 from sparkjet.core.contracts import JobContext, TaskContext
+from sparkjet.core.engine import BatchResult, BatchSpec
 from sparkjet.core.errors import JobFailedError
 from sparkjet.core.fusion import (
     FOLDING,
@@ -325,22 +326,14 @@ class SinkTask(Task):
 class BatchRun:
     """Plans and runs one batch job on a SparkContext; raises JobFailedError on failure."""
 
-    def __init__(
-        self,
-        plan: Plan,
-        sc: Any,
-        job_context: Callable[[Transform], JobContext],
-        metrics: bool,
-        cancelled: Callable[[], bool] = lambda: False,
-        on_commit: Callable[[], None] | None = None,
-    ) -> None:
-        self.plan = plan
+    def __init__(self, sc: Any, spec: BatchSpec) -> None:
+        self.plan: Plan = spec.plan
         self.sc = sc
-        self.job_context = job_context
-        self.metrics = metrics
-        self.cancelled = cancelled
-        self.on_commit = on_commit
-        self.counts = sc.accumulator({}, CountsParam()) if metrics else None
+        self.job_context = spec.job_context
+        self.metrics = spec.metrics
+        self.cancelled = spec.cancelled
+        self.on_commit = spec.on_commit
+        self.counts = sc.accumulator({}, CountsParam()) if spec.metrics else None
         self.parallelism = max(1, int(sc.defaultParallelism))
         self._persisted: list[Any] = []
         self._written: list[tuple[Transform, Any, Any, list[Any]]] = []
@@ -349,11 +342,8 @@ class BatchRun:
         """Emitted items per stage so far (empty when metrics are off)."""
         return dict(self.counts.value) if self.counts is not None else {}
 
-    def state_files(self) -> dict[str, dict[str, str]]:
-        """A batch job keeps no state between runs: none."""
-        return {}
-
-    def run(self) -> None:
+    def run(self) -> BatchResult:
+        """Run the plan, commit its sinks and say what it did; raises JobFailedError."""
         flows: dict[Transform, Flow] = {}
         try:
             for node in self.plan.nodes:
@@ -365,6 +355,7 @@ class BatchRun:
                 if flow is not None:
                     flows[node] = flow
             self._commit_all()
+            return self._result()
         except BaseException as exc:
             self._abort_all()
             error = self._job_error(exc)
@@ -372,6 +363,10 @@ class BatchRun:
         finally:
             for rdd in self._persisted:
                 rdd.unpersist()
+
+    def _result(self) -> BatchResult:
+        """What the run did, once its Spark work has ended."""
+        return BatchResult(items=self.stage_counts())
 
     # --- per node ------------------------------------------------------------
 
@@ -556,10 +551,7 @@ class BatchRun:
     def _job_error(self, exc: BaseException) -> BaseException:
         if isinstance(exc, JobFailedError):
             return exc
-        if isinstance(exc, StageFailure):
-            decoded = decode_failure(str(exc))
-        else:
-            decoded = decode_failure(str(exc))
+        decoded = decode_failure(str(exc))
         if decoded is not None:
             stage, user_exc, remote_tb = decoded
             if remote_tb:

@@ -12,27 +12,29 @@ sinks committing at the end) with three differences:
   per batch), writes what changed and emits the updated results;
 - sinks commit with the batch id, so a replayed batch lands once.
 
-The state's files and versions are :mod:`sparkjet.core.checkpoint`'s; what a
-fold does to a key's state is :mod:`sparkjet.core.keyed`'s.
+The state's files and versions are :mod:`sparkjet.core.state_files`'; which
+task owns a key is :mod:`sparkjet.core.keygroups`'; what a fold does to a key's
+state is :mod:`sparkjet.core.keyed`'s. Each state task reports its range's
+keys, bytes and file once, through one accumulator of :class:`RangeReport`
+by :class:`~sparkjet.core.state_files.StateRange`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import Any, NamedTuple
 
 from sparkjet.core import compaction
-from sparkjet.core.checkpoint import RangeState, StatePaths, StateVersion
 from sparkjet.core.contracts import JobContext
+from sparkjet.core.engine import BatchResult, BatchSpec, MicroBatchSpec, StateSize
 from sparkjet.core.graph import Transform
 from sparkjet.core.keyed import KeyedFold, fold_into, group_parts, keyed_fold
 from sparkjet.core.keygroups import KeyGroupPartition, task_range
-from sparkjet.core.planner import Plan
 from sparkjet.core.runtime.batch import BatchRun, Flow, Task
+from sparkjet.core.state_files import RangeState, StatePaths, StateRange, StateVersion
 
-__all__ = ["MicroBatch", "StatePaths", "StateTask"]
+__all__ = ["MicroBatch", "StateTask"]
 
 
 #: Key groups' state kept loaded in this Python worker between micro-batches:
@@ -45,29 +47,34 @@ __all__ = ["MicroBatch", "StatePaths", "StateTask"]
 _LOADED: dict[tuple[str, str, int, int], tuple[int, RangeState]] = {}
 
 
-def loaded_state_stats() -> dict[str, int]:
-    """How often this worker found key groups' state loaded (hits) or read it (misses)."""
-    return dict(_STATS)
+class RangeReport(NamedTuple):
+    """What one state task reports of its range after the batch."""
+
+    #: Keys in the range.
+    keys: int
+    #: Bytes of the files the range's state is made of.
+    bytes: int
+    #: The file the task wrote (``""``: none).
+    file: str
 
 
-_STATS = {"hits": 0, "misses": 0}
+class RangeReportsParam:
+    """Accumulator of ``{StateRange: RangeReport}`` (PySpark AccumulatorParam protocol).
 
-
-class StateFilesParam:
-    r"""Accumulator of the state files a batch's tasks wrote (PySpark AccumulatorParam protocol).
-
-    ``{"<stage>\x00<lo>-<hi>": name}``, ``""`` for a task that wrote none.
     Spark adds a task's update once it succeeded, so a failed attempt's file
     is never reported. Where a recomputed stage reports two attempts of one
-    range, the first by name is kept, so every driver picks the same.
+    range, the first by file name is kept, so every driver picks the same.
     """
 
-    def zero(self, value: dict[str, str]) -> dict[str, str]:
+    def zero(self, value: dict[StateRange, RangeReport]) -> dict[StateRange, RangeReport]:
         return {}
 
-    def addInPlace(self, left: dict[str, str], right: dict[str, str]) -> dict[str, str]:
-        for key, name in right.items():
-            left[key] = min(left[key], name) if key in left else name
+    def addInPlace(
+        self, left: dict[StateRange, RangeReport], right: dict[StateRange, RangeReport]
+    ) -> dict[StateRange, RangeReport]:
+        for key, report in right.items():
+            had = left.get(key)
+            left[key] = report if had is None or report.file < had.file else had
         return left
 
 
@@ -85,13 +92,13 @@ class StateTask(Task):
         now_ms: int,
         counts: Any,
         tasks: int,
-        files: Any = None,
+        reports: Any = None,
     ) -> None:
         self.fold, self.stage, self.ttl_ms, self.paths = fold, stage, ttl_ms, paths
         self.batch, self.committed, self.now_ms, self.counts = batch, committed, now_ms, counts
         self.tasks = tasks
-        #: The batch's :class:`StateFilesParam` accumulator (None: not reported).
-        self.files = files
+        #: The batch's :class:`RangeReportsParam` accumulator (None: not reported).
+        self.reports = reports
 
     def __call__(self, task: int, records: Iterator[tuple[Any, Any]]) -> Iterator[Any]:
         lo, hi = task_range(task, self.tasks, self.paths.key_groups)
@@ -106,10 +113,9 @@ class StateTask(Task):
                     f"(more cores; at most key_groups) or give the workers more memory "
                     f"(spark.executor.pyspark.memory)"
                 ) from None
-        self.count({self.stage: len(outputs), f"{self.stage}\x00keys": keys,
-                    f"{self.stage}\x00bytes": size})
-        if self.files is not None:
-            self.files.add({f"{self.stage}\x00{lo}-{hi}": written})
+        self.count({self.stage: len(outputs)})
+        if self.reports is not None:
+            self.reports.add({StateRange(self.stage, lo, hi): RangeReport(keys, size, written)})
         yield from outputs
 
     def _state(self, lo: int, hi: int, chain: list[StateVersion]) -> RangeState:
@@ -124,9 +130,7 @@ class StateTask(Task):
             # of the batches other workers ran since, if any.
             state = self.paths.catch_up(self.stage, lo, hi, cached[1], chain)
             if state is not None:
-                _STATS["hits"] += 1
                 return state
-        _STATS["misses"] += 1
         return self.paths.read_chain(self.stage, lo, hi, chain)
 
     def _run(
@@ -168,50 +172,36 @@ class StateTask(Task):
 class MicroBatch(BatchRun):
     """Runs one micro-batch of a streaming plan; see the module docstring."""
 
-    def __init__(
-        self,
-        plan: Plan,
-        sc: Any,
-        job_context: Callable[[Transform], JobContext],
-        metrics: bool,
-        *,
-        batch: int,
-        committed: int,
-        source_ranges: dict[str, tuple[Any, Any]],
-        state: StatePaths,
-        tasks: int,
-        cancelled: Callable[[], bool] = lambda: False,
-        now_ms: int | None = None,
-        on_commit: Callable[[], None] | None = None,
-    ) -> None:
-        checkpoint_id = state.root.rstrip("/").rsplit("/", 2)[-2]  # .../<checkpoint>/state
+    def __init__(self, sc: Any, spec: MicroBatchSpec) -> None:
+        job_context = spec.job_context
 
         def with_batch(node: Transform) -> JobContext:
             return dataclasses.replace(
-                job_context(node), batch_id=batch, checkpoint_id=checkpoint_id
+                job_context(node), batch_id=spec.batch, checkpoint_id=spec.checkpoint_id
             )
 
-        super().__init__(plan, sc, with_batch, metrics, cancelled, on_commit)
-        self.batch = batch
-        self.committed = committed
-        self.source_ranges = source_ranges
-        self.state = state
-        self.tasks = tasks
-        self.files = sc.accumulator({}, StateFilesParam())
+        super().__init__(sc, BatchSpec(spec.plan, with_batch, spec.metrics, spec.cancelled,
+                                       spec.on_commit))
+        self.batch = spec.batch
+        self.committed = spec.committed
+        self.source_ranges = dict(spec.source_ranges)
+        self.state = spec.state
+        self.tasks = spec.tasks
         # The batch's planned time, so a replay expires exactly what the first run did.
-        self.now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
+        self.now_ms = spec.now_ms
+        self.reports = sc.accumulator({}, RangeReportsParam())
 
-    def state_files(self) -> dict[str, dict[str, str]]:
-        """The state files this batch's tasks wrote, as its commit record names them.
-
-        ``{stage: {"<lo>-<hi>": name}}`` (``""`` for a task that wrote none),
-        read once the batch's Spark work has ended.
-        """
-        out: dict[str, dict[str, str]] = {}
-        for key, name in self.files.value.items():
-            stage, ranged = key.rsplit("\x00", 1)
-            out.setdefault(stage, {})[ranged] = name
-        return out
+    def _result(self) -> BatchResult:
+        """The batch's counts, and per stage its state and the files that count."""
+        reports: dict[StateRange, RangeReport] = self.reports.value
+        state: dict[str, StateSize] = {}
+        for key, report in reports.items():
+            keys, size = state.get(key.stage, (0, 0))
+            state[key.stage] = StateSize(keys + report.keys, size + report.bytes)
+        return BatchResult(
+            items=self.stage_counts(), state=state,
+            state_files={key: report.file for key, report in reports.items()},
+        )
 
     def _descriptors(self, node: Transform, source: Any, ctx: JobContext) -> Iterable[Any]:
         start, end = self.source_ranges[self.plan.name(node)]
@@ -222,7 +212,7 @@ class MicroBatch(BatchRun):
         mapped = self._map_side(fold, node, name, flow)
         task = StateTask(
             fold, name, node.params.get("ttl_ms"), self.state, self.batch, self.committed,
-            self.now_ms, self.counts, self.tasks, self.files,
+            self.now_ms, self.counts, self.tasks, self.reports,
         )
         groups = self.state.key_groups
         shuffled = mapped.partitionBy(self.tasks, KeyGroupPartition(groups, self.tasks))

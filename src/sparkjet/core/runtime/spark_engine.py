@@ -1,20 +1,16 @@
 """The Spark engine: :class:`~sparkjet.core.engine.Engine` on the process-wide Spark session.
 
-It fits the protocol structurally (the runtime does not import the services'
-boundary module); the client hands it to the services. The session starts on
+It fits the protocol structurally (it imports only the boundary's spec and
+result types); the client hands it to the services. The session starts on
 first use, so creating the engine costs nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from typing import Any
 
-from sparkjet.core.checkpoint import StatePaths
 from sparkjet.core.config import Config
-from sparkjet.core.contracts import JobContext
-from sparkjet.core.graph import Transform
-from sparkjet.core.planner import Plan
+from sparkjet.core.engine import BatchSpec, MicroBatchSpec
 from sparkjet.core.plugin_manager import PluginHost
 from sparkjet.core.runtime import session
 from sparkjet.core.runtime.batch import BatchRun
@@ -54,34 +50,8 @@ class SparkEngine:
     def cancel(self, job_id: str) -> bool:
         return session.cancel_job_group(job_id)
 
-    def batch(
-        self,
-        plan: Plan,
-        job_context: Callable[[Transform], JobContext],
-        *,
-        metrics: bool,
-        cancelled: Callable[[], bool],
-        on_commit: Callable[[], None] | None,
-    ) -> BatchRun:
-        return BatchRun(plan, self._sc, job_context, metrics, cancelled, on_commit)
+    def batch(self, spec: BatchSpec) -> BatchRun:
+        return BatchRun(self._sc, spec)
 
-    def micro_batch(
-        self,
-        plan: Plan,
-        job_context: Callable[[Transform], JobContext],
-        *,
-        metrics: bool,
-        cancelled: Callable[[], bool],
-        batch: int,
-        committed: int,
-        source_ranges: Mapping[str, tuple[Any, Any]],
-        state: StatePaths,
-        tasks: int,
-        now_ms: int,
-        on_commit: Callable[[], None] | None = None,
-    ) -> MicroBatch:
-        return MicroBatch(
-            plan, self._sc, job_context, metrics, batch=batch, committed=committed,
-            source_ranges=dict(source_ranges), state=state, tasks=tasks,
-            cancelled=cancelled, now_ms=now_ms, on_commit=on_commit,
-        )
+    def micro_batch(self, spec: MicroBatchSpec) -> MicroBatch:
+        return MicroBatch(self._sc, spec)
