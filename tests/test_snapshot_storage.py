@@ -29,7 +29,6 @@ from typing import Any
 import pytest
 
 import sparkjet
-from sparkjet.core import snapshots as core_snapshots
 from sparkjet.core.config import load_config
 from sparkjet.core.plugin_manager import PluginHost
 from sparkjet.core.snapshots import (
@@ -38,11 +37,12 @@ from sparkjet.core.snapshots import (
     SnapshotStore,
     StageFields,
     canonical,
-    decode_name,
-    encode_name,
     make_backend,
+    snapshot_folder,
+    snapshot_name,
     snapshot_store,
 )
+from sparkjet.core.snapshots import storage as snapshot_storage
 from sparkjet.errors import (
     ConfigError,
     SnapshotBackendError,
@@ -239,7 +239,7 @@ def test_a_manifest_moved_to_another_name_is_refused(backend: SnapshotBackend) -
     export(store, "v1")
     source = store.get("v1")
     for entry in [MANIFEST, *(f.path for f in source.manifest.all_files())]:
-        target = f"{encode_name('v2')}/{source.attempt}/{entry}"
+        target = f"{snapshot_folder('v2')}/{source.attempt}/{entry}"
         backend.write_bytes(target, backend.read_bytes(source.path(entry)))
     with pytest.raises(SnapshotCorruptedError, match="belongs to snapshot 'v1'"):
         store.get("v2")
@@ -270,7 +270,7 @@ def test_a_bad_export_is_refused_and_publishes_nothing(
         store.write("v1", fields, files.items())
     assert info.value.snapshot == "v1"
     assert store.get("v1").job_id == "job-old"
-    assert backend.list_children(encode_name("v1")) == [store.get("v1").attempt]
+    assert backend.list_children(snapshot_folder("v1")) == [store.get("v1").attempt]
 
 
 def test_file_lists_must_be_lists(backend: SnapshotBackend) -> None:
@@ -309,10 +309,10 @@ def test_an_error_of_the_caller_propagates_as_it_is(backend: SnapshotBackend) ->
     "name", ["v1", "a/b", "_probe", ".hidden", "snap shot", "ünïcode ❄", "%41", "..."]
 )
 def test_any_printable_name_is_a_folder_of_its_own(backend: SnapshotBackend, name: str) -> None:
-    folder = encode_name(name)
+    folder = snapshot_folder(name)
     assert "/" not in folder
     assert folder[0] not in "_."
-    assert decode_name(folder) == name
+    assert snapshot_name(folder) == name
     store = SnapshotStore(backend)
     export(store, name)
     assert [s.name for s in store.list()] == [name]
@@ -322,7 +322,7 @@ def test_any_printable_name_is_a_folder_of_its_own(backend: SnapshotBackend, nam
 @pytest.mark.parametrize("name", ["", "  ", "tab\there", "nl\n"])
 def test_invalid_names_are_refused(name: str) -> None:
     with pytest.raises(SnapshotError, match="invalid snapshot name"):
-        encode_name(name)
+        snapshot_folder(name)
 
 
 def test_not_found_names_the_snapshot_and_backend(backend: SnapshotBackend) -> None:
@@ -337,10 +337,10 @@ def test_a_later_export_wins_even_when_the_clock_goes_back(
 ) -> None:
     store = SnapshotStore(backend)
     export(store, "v1", "first")
-    monkeypatch.setattr(core_snapshots, "_now_ms", lambda: 1_000)  # 1970, on a skewed machine
+    monkeypatch.setattr(snapshot_storage, "now_ms", lambda: 1_000)  # 1970, on a skewed machine
     export(store, "v1", "second")
     assert store.get("v1").job_id == "second"
-    assert len(backend.list_children(encode_name("v1"))) == 1
+    assert len(backend.list_children(snapshot_folder("v1"))) == 1
 
 
 def test_delete_and_destroy(backend: SnapshotBackend) -> None:
@@ -388,7 +388,7 @@ def test_copy_between_backends_is_verified(
         source.copy_to(target, "v2")
     assert target.get("v2").job_id == "job-kept"
     target.get("v2").verify()
-    assert len(target_backend.list_children(encode_name("v2"))) == 1
+    assert len(target_backend.list_children(snapshot_folder("v2"))) == 1
 
 
 def test_an_empty_signing_key_is_refused(backend: SnapshotBackend) -> None:
@@ -703,15 +703,16 @@ def test_an_export_killed_half_way_leaves_the_old_snapshot(
     with pytest.raises(SnapshotNotFoundError):
         store.get("never-finished")
     backend = store.backend
-    killed = [a for a in backend.list_children(encode_name("big")) if a != old.attempt]
+    killed = [a for a in backend.list_children(snapshot_folder("big")) if a != old.attempt]
     assert len(killed) == 1
-    assert backend.list(f"{encode_name('big')}/{killed[0]}")  # it did write half its files
-    unfinished = backend.list_children(encode_name("never-finished"))
+    assert backend.list(f"{snapshot_folder('big')}/{killed[0]}")  # it did write half its files
+    unfinished = backend.list_children(snapshot_folder("never-finished"))
     assert len(unfinished) == 1
     assert store.gc(min_age_seconds=3600) == []  # too young to be sure it is dead
     assert sorted(store.gc(min_age_seconds=0)) == [
-        f"{encode_name('big')}/{killed[0]}", f"{encode_name('never-finished')}/{unfinished[0]}",
+        f"{snapshot_folder('big')}/{killed[0]}",
+        f"{snapshot_folder('never-finished')}/{unfinished[0]}",
     ]
-    assert backend.list_children(encode_name("big")) == [old.attempt]
-    assert backend.list(encode_name("never-finished")) == []
+    assert backend.list_children(snapshot_folder("big")) == [old.attempt]
+    assert backend.list(snapshot_folder("never-finished")) == []
     store.get("big").verify()

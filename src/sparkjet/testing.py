@@ -88,8 +88,8 @@ from sparkjet.core.snapshots import (
     Snapshot,
     SnapshotStore,
     StageFields,
-    encode_name,
     kind_for_url,
+    snapshot_folder,
 )
 from sparkjet.core.store import commit_log as commit_log_module
 from sparkjet.core.store.commit_log import CommitLog
@@ -681,7 +681,7 @@ class SnapshotBackendConformance:
         assert [s.name for s in snapshots.list()] == ["other", "v1"]
         self.assert_whole(snapshots.get("v1"), "job-2")
         self.assert_whole(snapshots.get("other"), "job-9")
-        assert backend.list_children(encode_name("v1")) == [second.attempt]
+        assert backend.list_children(snapshot_folder("v1")) == [second.attempt]
         with pytest.raises(SnapshotReplacedError, match="'v1'"):
             first.read_file(first.manifest.all_files()[0].path)
 
@@ -787,7 +787,7 @@ class SnapshotBackendConformance:
         final = store.get("raced")
         self.assert_whole(final, final.job_id)
         assert [s.name for s in store.list()] == ["raced"]
-        assert store.backend.list_children(encode_name("raced")) == [final.attempt]
+        assert store.backend.list_children(snapshot_folder("raced")) == [final.attempt]
         assert seen or replaced, "the lister never saw a snapshot"
 
     @pytest.mark.parametrize("failure", ["files-raise", "backend-fails"])
@@ -817,7 +817,7 @@ class SnapshotBackendConformance:
             assert [s.name for s in store.list()] == ["v1"]
             self.assert_whole(store.get("v1"), "job-old")
         assert store.get("v1").attempt == old.attempt
-        assert backend.list_children(encode_name("v1")) == [old.attempt]  # nothing left behind
+        assert backend.list_children(snapshot_folder("v1")) == [old.attempt]  # nothing left behind
 
     def test_incomplete_exports_are_invisible_and_collected(
         self, snapshots: SnapshotStore, backend: SnapshotBackend
@@ -827,7 +827,7 @@ class SnapshotBackendConformance:
 
         def killed_export(name: str, age_seconds: float) -> str:
             started = int((time.time() - age_seconds) * 1000)
-            attempt = f"{encode_name(name)}/{started:015d}-{_secrets.token_hex(8)}"
+            attempt = f"{snapshot_folder(name)}/{started:015d}-{_secrets.token_hex(8)}"
             backend.write_bytes(f"{attempt}/stages/counts/kg-000.pkl", b"half an export")
             return attempt
 

@@ -30,7 +30,6 @@ run.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -47,19 +46,20 @@ from sparkjet.core.errors import (
     StateIncompatibleError,
     StoreError,
 )
-from sparkjet.core.graph import KEYED, OpKind, Transform
+from sparkjet.core.graph import OpKind
 from sparkjet.core.keygroups import task_range
 from sparkjet.core.model import DEFAULT_KEY_GROUPS
 from sparkjet.core.planner import Plan
-from sparkjet.core.snapshots import (
-    Manifest,
-    ManifestFields,
-    Snapshot,
-    SnapshotStore,
-    StageFields,
+from sparkjet.core.snapshots.format import (
     parse_state_file,
+    pipeline_fingerprint,
     state_file_path,
+    state_signature,
+    stateful_stages,
 )
+from sparkjet.core.snapshots.manifest import Manifest, ManifestFields, StageFields
+from sparkjet.core.snapshots.reader import Snapshot
+from sparkjet.core.snapshots.storage import SnapshotStore
 from sparkjet.core.state_files import Counted, StatePaths, StateRange, StateVersion
 
 __all__ = [
@@ -68,56 +68,10 @@ __all__ = [
     "check_upgrade",
     "cut_export",
     "export_state",
-    "pipeline_fingerprint",
     "release_cut",
     "require_compatible",
     "seed_checkpoint",
-    "state_signature",
-    "stateful_stages",
 ]
-
-
-def stateful_stages(plan: Plan) -> dict[str, Transform]:
-    """The plan's stateful stages (keyed stages, which keep state in a stream), by name."""
-    return {plan.name(n): n for n in plan.nodes if n.op in KEYED}
-
-
-def _type_name(value: Any) -> str:
-    kind = type(value)
-    return kind.__qualname__ if kind.__module__ == "builtins" else (
-        f"{kind.__module__}.{kind.__qualname__}")
-
-
-def state_signature(node: Transform) -> dict[str, Any]:
-    """What the stage's state looks like; a restore refuses a stage whose signature changed.
-
-    The kind of stateful operation and the type of each key's state: an
-    aggregation's accumulator (what ``create()`` returns) and whether it has a
-    combiner (the two keep different entries); a ``map_stateful``'s state
-    object; a plugin transform's own ``state_signature()``. Changing what the
-    functions compute with the same types (Jet: "tweak the aggregate
-    operation, but accumulator type has to stay the same"), a TTL, or any
-    stateless stage keeps the signature.
-    """
-    params = node.params
-    if node.op is OpKind.GROUP_AGGREGATE:
-        operation = params["operation"]
-        return {"op": "aggregate", "accumulator": _type_name(operation.create()),
-                "combiner": operation.combine is not None}
-    if node.op is OpKind.MAP_STATEFUL:
-        return {"op": "map_stateful", "state": _type_name(params["create_fn"]())}
-    if node.op is OpKind.DISTINCT:
-        return {"op": "distinct"}
-    transform = params["transform"]
-    return {"op": "apply", "transform": transform.kind,
-            "state": transform.state_signature()}
-
-
-def pipeline_fingerprint(plan: Plan) -> str:
-    """Identifies a pipeline's shape: its stages' names and operations, and the edges."""
-    shape = [[plan.name(n), n.op.value, sorted(plan.name(c) for c in n.consumers)]
-             for n in plan.nodes]
-    return hashlib.sha256(json.dumps(sorted(shape)).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)

@@ -105,11 +105,6 @@ class Job:
         runner = self._service.runners.get(self.id)
         return runner if runner is not None and runner.lease.fenced is None else None
 
-    @property
-    def record(self) -> JobRecord:
-        """The job's record, as last seen (read-only: records are changed by their driver)."""
-        return self._refresh()
-
     def _refresh(self) -> JobRecord:
         runner = self._runner
         if runner is not None:
