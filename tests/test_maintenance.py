@@ -168,14 +168,14 @@ def test_state_files_no_key_group_needs_go(store: Store) -> None:
 
 
 def test_the_client_collects_what_killed_snapshot_exports_left(tmp_path: Path) -> None:
-    from sparkjet.core.snapshots import encode_name
+    from sparkjet.core.snapshots import snapshot_folder
 
     client = Client(load_config({"store": {"url": str(tmp_path / "s")}}), engine=FakeEngine())
     backend = client.snapshots.backend
     started = int((time.time() - 7200) * 1000)  # two hours ago: past the grace
-    killed = f"{encode_name('v1')}/{started:015d}-{'0' * 16}"
+    killed = f"{snapshot_folder('v1')}/{started:015d}-{'0' * 16}"
     backend.write_bytes(f"{killed}/state/half.state", b"half an export")
-    young = f"{encode_name('v2')}/{int(time.time() * 1000):015d}-{'1' * 16}"
+    young = f"{snapshot_folder('v2')}/{int(time.time() * 1000):015d}-{'1' * 16}"
     backend.write_bytes(f"{young}/state/half.state", b"an export still running")
     report = client.collect_garbage()
     assert report.removed["snapshot export attempts"] == [killed]

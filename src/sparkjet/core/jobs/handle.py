@@ -399,8 +399,8 @@ class Job:
         if runner is None and not driver_alive(self._refresh()):
             runner = self._take_over()  # its driver died: SUSPENDED, here
         if runner is not None:
-            runner.export_snapshot(name, cancel_job)
-            return self._service.get_snapshot(name)
+            # The manifest the export wrote: no second listing of the backend.
+            return self._service.snapshot_of(runner.export_snapshot(name, cancel_job))
         answer = self._ask(
             Action.EXPORT_SNAPSHOT, {"name": name, "cancel_job": cancel_job},
             EXPORT_TIMEOUT_SECONDS if timeout is None else timeout, f"the export of {name!r}",

@@ -82,3 +82,6 @@ class JobHost(Protocol):
 
     def get_snapshot(self, name: str) -> Snapshot:
         """The exported snapshot ``name``."""
+
+    def snapshot_of(self, manifest: Manifest) -> Snapshot:
+        """The snapshot an export of this process just wrote, from its manifest."""

@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +35,7 @@ from sparkjet.core.exports import (
     seed_checkpoint,
 )
 from sparkjet.core.graph import Transform
+from sparkjet.core.jobs.exporting import ExportQueue, ExportRequest
 from sparkjet.core.jobs.lifecycle import (
     Action,
     JobStatusEvent,
@@ -61,7 +62,7 @@ from sparkjet.core.microbatch_loop import (
 from sparkjet.core.model import JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.core.planner import Plan
 from sparkjet.core.plugin_manager import PluginHost
-from sparkjet.core.snapshots import Manifest, SnapshotStore
+from sparkjet.core.snapshots import Manifest, Snapshot, SnapshotStore
 from sparkjet.core.store.fs import Store
 from sparkjet.core.store.job_records import JobRecords
 
@@ -109,17 +110,6 @@ def _request_id(payload: Any) -> str | None:
     return request if isinstance(request, str) else None
 
 
-@dataclass
-class ExportRequest:
-    """A snapshot export waiting for the micro-batch loop (between two batches)."""
-
-    name: str
-    cancel_job: bool
-    done: threading.Event = field(default_factory=threading.Event)
-    manifest: Manifest | None = None
-    error: BaseException | None = None
-
-
 class JobRunner:
     """Runs one job in this process; holds its lease while the job lives here."""
 
@@ -153,12 +143,8 @@ class JobRunner:
         self._parked = True
         self._park_lock = threading.Lock()
         self.thread: threading.Thread | None = None
-        self._exports: list[ExportRequest] = []
-        self._exports_lock = threading.Lock()
-        #: Exports reading beside the loop: their threads, and their pins
-        #: (token: batch), which every batch's state tasks are told of.
-        self._export_threads: list[threading.Thread] = []
-        self._pins: dict[str, int] = {}
+        #: Snapshot exports waiting for a cut or reading beside the loop.
+        self.exports = ExportQueue(job.id, job.label)
         #: The micro-batch loop running (or last run) here.
         self._loop: StreamLoop | None = None
         self.watcher = threading.Thread(
@@ -427,7 +413,8 @@ class JobRunner:
         ))
         self.execution.run()
 
-    def _checkpoint(self) -> Checkpoint:
+    def _checkpoint(self, record_now: bool = True) -> Checkpoint:
+        """The job's checkpoint; a new one is named in the record (written now, or staged)."""
         path = checkpoint_path(self.services.records, self.lease.record)
         if path is None:
             layout = self.services.records.layout
@@ -435,7 +422,10 @@ class JobRunner:
                 folder = layout.new_scratch_checkpoint()  # thrown away on restart
             else:
                 folder = layout.DURABLE_CHECKPOINT
-            self.lease.write(lambda r: replace(r, checkpoint=folder))
+            if record_now:
+                self.lease.write(lambda r: replace(r, checkpoint=folder))
+            else:
+                self.lease.stage(lambda r: replace(r, checkpoint=folder))
             path = layout.checkpoint(self.job.id, folder)
         return Checkpoint(self.services.store, path)
 
@@ -483,22 +473,18 @@ class JobRunner:
         if manifest is not None:
             return manifest
         request = ExportRequest(name, cancel_job)
-        with self._exports_lock:
-            self._exports.append(request)
+        self.exports.ask(request)
         while not request.done.wait(0.05):
             # The loop stopped meanwhile (suspended, or the job ended): not served there.
-            if self.done.is_set() or (self.thread is not None and not self.thread.is_alive()):
-                with self._exports_lock:
-                    mine = request in self._exports
-                    if mine:
-                        self._exports.remove(request)
-                if mine:
-                    manifest = self._export_parked(name, cancel_job)
-                    if manifest is not None:
-                        return manifest
-                    raise JobStateError(
-                        f"snapshot {name!r} was not exported: job {self.job.label} ended "
-                        f"({self.lease.status.value}) first")
+            stopped = self.done.is_set() or (
+                self.thread is not None and not self.thread.is_alive())
+            if stopped and self.exports.withdraw(request):
+                manifest = self._export_parked(name, cancel_job)
+                if manifest is not None:
+                    return manifest
+                raise JobStateError(
+                    f"snapshot {name!r} was not exported: job {self.job.label} ended "
+                    f"({self.lease.status.value}) first")
         if request.error is not None:
             raise request.error
         assert request.manifest is not None
@@ -523,7 +509,7 @@ class JobRunner:
 
     def _export_cut(self, checkpoint: Checkpoint, cut: ExportCut, name: str) -> Manifest:
         """Export ``cut`` as snapshot ``name`` (its pin told to every batch meanwhile)."""
-        self._hold(cut)
+        self.exports.hold(cut)
         try:
             return export_state(
                 checkpoint, cut, self.plan, self.services.snapshots(), name,
@@ -536,8 +522,7 @@ class JobRunner:
             except Exception:  # the driver that next starts the job removes it
                 log.exception("job %s: removing the pin of snapshot %r's export failed",
                               self.job.label, name)
-            with self._exports_lock:
-                self._pins.pop(cut.pin, None)
+            self.exports.release(cut)
 
     def _cut(self, checkpoint: Checkpoint, name: str) -> ExportCut:
         return cut_export(checkpoint, self.plan, name, self.job.label,
@@ -550,72 +535,18 @@ class JobRunner:
             return dict(loop.ends)
         return initial_offsets(self.plan, self.context_factory())
 
-    def _hold(self, cut: ExportCut) -> None:
-        """Tell every batch from now on of ``cut``'s pin (a cut before the first batch has none)."""
-        if cut.pin:
-            with self._exports_lock:
-                self._pins[cut.pin] = cut.batch
-
     def pinned_batch(self) -> int:
         """The newest batch an export of this runner is reading, or -1 (for the loop)."""
-        with self._exports_lock:
-            return max(self._pins.values(), default=-1)
+        return self.exports.pinned_batch()
+
+    def _take_cut(self, name: str) -> tuple[Checkpoint, ExportCut]:
+        self.lease.check_fence()
+        checkpoint = self._checkpoint()
+        return checkpoint, self._cut(checkpoint, name)
 
     def _serve_exports(self) -> None:
-        """Take the cuts of the exports asked meanwhile (the loop thread, between two batches).
-
-        Each is exported by a thread of its own while the loop goes on; one
-        with ``cancel_job`` is exported here and the job then ends, so no
-        batch after the cut runs (its output would come again from a job
-        started from the snapshot).
-        """
-        with self._exports_lock:
-            pending, self._exports = self._exports, []
-        for request in pending:
-            try:
-                self.lease.check_fence()
-                checkpoint = self._checkpoint()
-                cut = self._cut(checkpoint, request.name)
-            except Exception as exc:
-                request.error = exc
-                request.done.set()
-                continue
-            if request.cancel_job:
-                self._export_request(request, checkpoint, cut)
-                if request.error is None:
-                    self.cancel_requested.set()
-                continue
-            self._hold(cut)  # before the next batch is planned
-            thread = threading.Thread(
-                target=self._export_request, args=(request, checkpoint, cut), daemon=True,
-                name=f"sparkjet-export-{self.job.id}")
-            self._export_threads.append(thread)
-            thread.start()
-
-    def _export_request(self, request: ExportRequest, checkpoint: Checkpoint,
-                        cut: ExportCut) -> None:
-        try:
-            request.manifest = self._export_cut(checkpoint, cut, request.name)
-            log.info("job %s: exported snapshot %r at batch %d", self.job.label,
-                     request.name, cut.batch)
-        except Exception as exc:
-            request.error = exc
-        finally:
-            request.done.set()
-
-    def _join_exports(self) -> None:
-        """Wait for the exports running beside the loop (it stopped: nothing writes now)."""
-        threads, self._export_threads = self._export_threads, []
-        for thread in threads:
-            thread.join()
-
-    def _fail_exports(self, why: str) -> None:
-        with self._exports_lock:
-            pending, self._exports = self._exports, []
-        for request in pending:
-            request.error = JobStateError(
-                f"snapshot {request.name!r} was not exported: {why}; export it again")
-            request.done.set()
+        """Take the cuts of the exports asked meanwhile (see :meth:`ExportQueue.serve`)."""
+        self.exports.serve(self._take_cut, self._export_cut, self.cancel_requested.set)
 
     def _export_for_request(self, payload: Any) -> None:
         """An export asked by another process; its result goes into the job record."""
@@ -641,7 +572,7 @@ class JobRunner:
 
     def between_batches(self) -> None:
         """Before each micro-batch is planned: take the cuts of exports asked meanwhile."""
-        if self._exports:
+        if self.exports.waiting():
             self._serve_exports()
 
     def cancelled(self) -> bool:
@@ -665,21 +596,27 @@ class JobRunner:
             return self.stop_request
         return self._cluster_check()
 
-    def _seed(self, checkpoint: Checkpoint) -> None:
-        """A new job from ``initial_snapshot_name``: its checkpoint seeded before batch 0."""
-        name = self.job.config.initial_snapshot_name
-        if name is None or checkpoint.last_commit() >= 0:
-            return
-        self.lease.check_fence()
-        snapshot = self.services.snapshots().get(name)
+    def seed(self, snapshot: Snapshot) -> None:
+        """Start the new job's checkpoint from ``snapshot``, at submit, before its record exists.
+
+        Each restored file is read once, checked against the manifest as it is
+        copied; a bad one refuses the submit (the half-made checkpoint is
+        removed), naming the file.
+        """
+        name = snapshot.name
+        checkpoint = self._checkpoint(record_now=False)
         make = self.context_factory()
         sources = {self.plan.name(n): n for n in self.plan.nodes if n.op == "source"}
-        rows = seed_checkpoint(
-            checkpoint, self.plan, snapshot,
-            lambda source: sources[source].params["source"].initial_offsets(
-                make(sources[source])),
-            self.job.config.key_groups,
-        )
+        try:
+            rows = seed_checkpoint(
+                checkpoint, self.plan, snapshot,
+                lambda source: sources[source].params["source"].initial_offsets(
+                    make(sources[source])),
+                self.job.config.key_groups,
+            )
+        except BaseException:
+            checkpoint.delete()
+            raise
         for row in rows:
             if row.status == "dropped":
                 log.warning("job %s: snapshot %r holds state of stage %r (%d keys), which this "
@@ -692,9 +629,7 @@ class JobRunner:
     def _run_stream(self) -> StopReason:
         config = self.job.config
         checkpoint = self._checkpoint()
-        self._seed(checkpoint)
-        with self._exports_lock:
-            mine = set(self._pins)  # a suspended job's export may still be reading
+        mine = self.exports.pins()  # a suspended job's export may still be reading
         checkpoint.clear_pins(keep=mine)  # those of exports that died with their driver
         while True:
             guarantee = config.processing_guarantee
@@ -714,12 +649,12 @@ class JobRunner:
             try:
                 reason = loop.run()
             finally:
-                self._join_exports()
+                self.exports.join()
             if reason is StopReason.CANCEL:
-                self._fail_exports(f"job {self.job.label} was cancelled")
+                self.exports.fail(f"job {self.job.label} was cancelled")
             else:
                 self._serve_exports()  # asked as the loop stopped: its state is as it was
-                self._join_exports()
+                self.exports.join()
             if reason is StopReason.CANCEL:
                 raise JobCancelledError(f"job {self.job.label} was cancelled")
             if reason is not StopReason.RESTART:

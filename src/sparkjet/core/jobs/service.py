@@ -30,7 +30,7 @@ from sparkjet.core.jobs.record import (
 from sparkjet.core.jobs.runner import JobRunner, Services
 from sparkjet.core.model import JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.core.planner import plan
-from sparkjet.core.snapshots import Snapshot
+from sparkjet.core.snapshots import Manifest, Snapshot
 
 log = logging.getLogger("sparkjet.jobs")
 
@@ -147,6 +147,7 @@ class JetService:
             raise PipelineDefinitionError(f"submit() takes a JobConfig, got {config!r}")
         validated = plan(pipeline, self.services.plugins, config.processing_guarantee)
         restore = None
+        snapshot = None
         if config.initial_snapshot_name is not None and not validated.streaming:
             raise PipelineDefinitionError(
                 f"JobConfig.initial_snapshot_name={config.initial_snapshot_name!r}: only a "
@@ -155,9 +156,11 @@ class JetService:
             )
         if config.initial_snapshot_name is not None:
             # Refused now, never half restored later: the manifest (and its
-            # signature), every file's checksum, and the upgrade rules.
+            # signature), the attempt's files and the upgrade rules here; each
+            # restored file's checksum below, as it is copied into the new job's
+            # checkpoint, before the job exists (so each file is read once).
             snapshot = self.services.snapshots().get(config.initial_snapshot_name)
-            snapshot.verify()
+            snapshot.check_listing()
             rows = require_compatible(validated, snapshot.manifest)
             restore = {"snapshot": snapshot.name, "batch": snapshot.manifest.batch_id,
                        "stages": {r.stage: r.status for r in rows}}
@@ -205,6 +208,13 @@ class JetService:
             )
             job = Job(self, record)
             runner = JobRunner(self.services, job, validated, record)
+            if snapshot is not None:
+                try:
+                    runner.seed(snapshot)
+                except BaseException:
+                    if config.name:
+                        self.records.release_name(config.name, job_id)
+                    raise
             self.runners.add(runner)
             if frozen is not None:
                 # A streaming job outlives its driver: resume() elsewhere needs the pipeline.
@@ -265,6 +275,10 @@ class JetService:
         :raises SnapshotNotFoundError: there is none of that name.
         """
         return self.services.snapshots().get(name)
+
+    def snapshot_of(self, manifest: Manifest) -> Snapshot:
+        """The snapshot an export of this process just wrote, from the manifest it wrote."""
+        return Snapshot(self.services.snapshots(), manifest)
 
     def find_snapshot(self, name: str) -> Snapshot | None:
         """The exported snapshot ``name``, or None (Jet's ``getJobStateSnapshot``)."""
