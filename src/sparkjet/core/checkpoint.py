@@ -12,7 +12,7 @@ this format changes only with the ``format`` number in ``meta.json``.
 In the layout below, ``<batch>`` is the batch number zero-padded to 20
 digits, so names sort in batch order (the offsets and commit files of at
 least the last 10 committed batches are kept); ``<stage>`` is the stage name encoded by
-:func:`sparkjet.core.store.encode_name`; ``<lo>`` and ``<hi>`` the key groups
+:func:`sparkjet.core.naming.encode_name`; ``<lo>`` and ``<hi>`` the key groups
 ``[lo, hi)`` a file holds, zero-padded to 5 digits; ``<keys>`` the number of
 keys in those groups after the batch, ``<bytes>`` the file's size and
 ``<attempt>`` 8 characters naming the task attempt that wrote it (a compaction's

@@ -2,8 +2,13 @@
 
 - :mod:`.service`: submits and finds jobs, takes over a job whose driver died;
 - :mod:`.handle`: :class:`Job`, what users hold;
-- :mod:`.runner`: drives one job in this process, on the engine;
-- :mod:`.record`: the stored record, the driver's lease on it, take-over claims;
+- :mod:`.runner`: drives one job in this process, on the engine, and hosts its
+  micro-batch loop;
+- :mod:`.exporting`: snapshot exports beside the loop (requests, threads, pins);
+- :mod:`.control`: requests from other processes, answered in the record;
+- :mod:`.ports`: what the handle asks of the service and the runner;
+- :mod:`.record`: the stored record (``JobRecord``), the driver's lease on it,
+  take-over claims;
 - :mod:`.lifecycle`: Jet's statuses and the moves allowed between them (pure);
 - :mod:`.policy`: Jet's auto-scaling and split-brain rules (pure).
 """

@@ -35,6 +35,7 @@ from sparkjet.core.exports import (
     seed_checkpoint,
 )
 from sparkjet.core.graph import Transform
+from sparkjet.core.jobs.control import ControlDesk
 from sparkjet.core.jobs.exporting import ExportQueue, ExportRequest
 from sparkjet.core.jobs.lifecycle import (
     Action,
@@ -100,16 +101,6 @@ def _sparkjet_version() -> str:
         return "0.0.0"
 
 
-#: Answers to requests from other processes that a job record keeps (newest).
-KEPT_ANSWERS = 20
-
-
-def _request_id(payload: Any) -> str | None:
-    """The id a control request's asker waits for an answer under (None: nobody waits)."""
-    request = payload.get("request") if isinstance(payload, dict) else None
-    return request if isinstance(request, str) else None
-
-
 class JobRunner:
     """Runs one job in this process; holds its lease while the job lives here."""
 
@@ -145,6 +136,9 @@ class JobRunner:
         self.thread: threading.Thread | None = None
         #: Snapshot exports waiting for a cut or reading beside the loop.
         self.exports = ExportQueue(job.id, job.label)
+        #: Requests from other processes, taken by the watcher thread.
+        self.control = ControlDesk(services.records, self.lease, job.label, services.redact,
+                                   self.act, self.export_snapshot)
         #: The micro-batch loop running (or last run) here.
         self._loop: StreamLoop | None = None
         self.watcher = threading.Thread(
@@ -222,10 +216,7 @@ class JobRunner:
                     # Engines that cancel only running work: repeat until the runner
                     # sees the flag, so work started meanwhile stops too.
                     self.cancel()
-                for action, payload in self.services.records.take_requests_with_payload(
-                    self.job.id
-                ):
-                    self._handle_request(action, payload)
+                self.control.take()
             except Exception:
                 log.exception("job %s: taking control requests failed", self.job.label)
             if time.monotonic() - last_beat >= HEARTBEAT_SECONDS:
@@ -247,51 +238,6 @@ class JobRunner:
         self.services.engine.cancel(self.job.id)  # and running Spark work stops now
         self.done.set()
 
-    def _handle_request(self, action: str, payload: Any) -> None:
-        """Carry out a control request from another process and answer it in the record.
-
-        A request carries an id (``payload["request"]``); the asking handle
-        waits for the answer under ``answers`` in the job record: ``{}`` when
-        done, ``{"error": ...}`` when the job's status refused it. An export
-        is answered by its own thread when it ends.
-        """
-        try:
-            chosen = Action(action)
-        except ValueError:
-            log.warning("job %s: ignoring unknown request %r", self.job.label, action)
-            return
-        request = _request_id(payload)
-        try:
-            self.act(chosen, payload)
-        except JobStateError as exc:
-            log.warning("job %s: %s", self.job.label, exc)
-            self._answer(request, error=str(exc))
-            return
-        except Exception as exc:  # e.g. a configuration the driver cannot read
-            log.exception("job %s: the %s request failed", self.job.label, chosen.value)
-            self._answer(request, error=f"{type(exc).__name__}: {exc}")
-            return
-        if chosen is not Action.EXPORT_SNAPSHOT:
-            self._answer(request)
-
-    def _answer(self, request: str | None, error: str | None = None, **result: Any) -> None:
-        """Record the answer to request ``request`` (None: nobody waits for one)."""
-        if request is None:
-            return
-        entry: dict[str, Any] = {"time": now_ms(), **result}
-        if error is not None:
-            entry["error"] = self.services.redact(error)
-        def answered(record: JobRecord) -> JobRecord:
-            answers = {**record.answers, request: entry}
-            kept = sorted(answers, key=lambda r: answers[r].get("time", 0))[-KEPT_ANSWERS:]
-            return replace(record, answers={r: answers[r] for r in kept})
-
-        try:
-            self.lease.write(answered)  # read and written under the lease's lock
-        except Exception:
-            log.exception("job %s: recording the answer to request %s failed",
-                          self.job.label, request)
-
     def act(self, action: Action, payload: Any = None) -> None:
         """Carry out ``action`` here; JobStateError if the job's status does not allow it."""
         if action is Action.UPDATE_CONFIG:
@@ -306,12 +252,10 @@ class JobRunner:
             self.suspend()
         elif action is Action.RESUME:
             self.resume()
-        elif action is Action.EXPORT_SNAPSHOT:
-            # Not on the watcher's thread: it must go on beating while the export runs.
-            threading.Thread(target=self._export_for_request, args=(payload,), daemon=True,
-                             name=f"sparkjet-export-{self.job.id}").start()
-        else:
+        elif action is Action.RESTART:
             self.restart()
+        else:  # an export is not an act: export_snapshot() returns its manifest
+            raise JobStateError(f"job {self.job.label}: {action.value} is not carried out by act()")
 
     @property
     def running_here(self) -> bool:
@@ -547,26 +491,6 @@ class JobRunner:
     def _serve_exports(self) -> None:
         """Take the cuts of the exports asked meanwhile (see :meth:`ExportQueue.serve`)."""
         self.exports.serve(self._take_cut, self._export_cut, self.cancel_requested.set)
-
-    def _export_for_request(self, payload: Any) -> None:
-        """An export asked by another process; its result goes into the job record."""
-        request = _request_id(payload)
-        try:
-            name, cancel_job = payload["name"], bool(payload["cancel_job"])
-        except (TypeError, KeyError):
-            log.warning("job %s: ignoring a malformed export request %r", self.job.label,
-                        payload)
-            self._answer(request, error=f"malformed export request {payload!r}")
-            return
-        try:
-            batch = self.export_snapshot(str(name), cancel_job).batch_id
-        except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
-            log.warning("job %s: export of snapshot %r asked by another process failed: %s",
-                        self.job.label, name, self.services.redact(error))
-            self._answer(request, error=error)
-        else:
-            self._answer(request, batch=batch)
 
     # --- the micro-batch loop's host (core.microbatch_loop.LoopHost) -------------
 
