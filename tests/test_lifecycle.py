@@ -494,6 +494,29 @@ def test_a_job_whose_driver_died_is_suspended_and_resumes_elsewhere(
         orphan.join(timeout=10)
 
 
+def test_a_handle_that_saw_the_dead_driver_is_refused_once_another_took_the_job_over(
+    store_url: str, fake_client: Client
+) -> None:
+    fake_client.get_stream("events", partitions=1)
+    job = submit_stream(fake_client, "seen-dead")
+    job.suspend()
+    job.wait_for_status(S.SUSPENDED, timeout=10)
+    kill_driver(fake_client, job)
+    late = make_client(store_url, FakeEngine()).get_jet().get_job(job.id)
+    first = make_client(store_url, FakeEngine()).get_jet().get_job(job.id)
+    assert late is not None and first is not None
+    assert not late.is_driver_alive()  # `late` saw the dead driver at epoch 0 ...
+    first.resume()  # ... then another process took the job over (epoch 1) and drives it
+    assert first.wait_for_status(S.RUNNING, timeout=10) is S.RUNNING
+    with pytest.raises(JobStateError, match="another process took it over already"):
+        late._take_over()  # what resume() does when it finds the driver dead
+    record = fake_client.get_jet().records.read(job.id) or {}
+    assert record["epoch"] == 1  # no second take-over
+    first.cancel()
+    with pytest.raises(JobCancelledError):
+        first.join(timeout=10)
+
+
 def test_a_driver_that_died_while_running_reads_suspended_and_only_one_process_takes_over(
     store_url: str, fake_client: Client
 ) -> None:

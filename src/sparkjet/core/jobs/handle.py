@@ -117,7 +117,9 @@ class Job:
 
     def _take_over(self, then: Callable[[DrivenJob], object] | None = None) -> DrivenJob:
         """Adopt the job here (its driver died); this handle then reads the runner's record."""
-        runner = self._service.runners.take_over(self.id, then)
+        # The epoch whose driver this handle saw dead: a newer driver means another
+        # process took the job over meanwhile, and this one is refused.
+        runner = self._service.runners.take_over(self.id, then, self._record.epoch)
         self._record = runner.lease.record
         return runner
 

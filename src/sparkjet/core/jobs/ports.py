@@ -64,9 +64,10 @@ class Runners(Protocol):
         """The runner driving the job here, or None."""
 
     def take_over(
-        self, job_id: str, then: Callable[[DrivenJob], object] | None = None
+        self, job_id: str, then: Callable[[DrivenJob], object] | None = None,
+        seen_epoch: int | None = None,
     ) -> DrivenJob:
-        """Adopt the job, whose driver died, so it can be resumed or cancelled here."""
+        """Adopt the job, whose driver (at ``seen_epoch``) died, to resume or cancel it here."""
 
 
 class JobHost(Protocol):

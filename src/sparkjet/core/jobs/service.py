@@ -61,9 +61,15 @@ class RunnerRegistry:
             self._runners[runner.job.id] = runner
 
     def take_over(
-        self, job_id: str, then: Callable[[JobRunner], object] | None = None
+        self, job_id: str, then: Callable[[JobRunner], object] | None = None,
+        seen_epoch: int | None = None,
     ) -> JobRunner:
         """Adopt a job whose driver died, so it can be resumed or cancelled here.
+
+        ``seen_epoch`` is the epoch the caller saw the dead driver hold: if
+        the record shows a newer one, another process took the job over
+        meanwhile and this one is refused (JobStateError), as it is when
+        another process wins the claim on the next epoch.
 
         ``then`` acts on the adopted runner before it takes control requests,
         so a request another process sends to the new driver meanwhile (seeing
@@ -73,7 +79,7 @@ class RunnerRegistry:
             runner = self._runners.get(job_id)
             adopted = runner is None
             if runner is None:
-                runner = self._adopt(job_id)
+                runner = self._adopt(job_id, seen_epoch)
                 self._runners[job_id] = runner
         try:
             if then is not None:
@@ -83,13 +89,15 @@ class RunnerRegistry:
                 runner.watcher.start()
         return runner
 
-    def _adopt(self, job_id: str) -> JobRunner:
+    def _adopt(self, job_id: str, seen_epoch: int | None) -> JobRunner:
         """Claim the next epoch of the job and make its runner here, SUSPENDED (under the lock)."""
         service = self._service
         record = read_record(service.records, job_id)
         if record is None:
             raise JobStateError(f"job {job_id} cannot continue here: it has no record")
         job = Job(service, record)
+        if seen_epoch is not None and record.epoch != seen_epoch:
+            raise JobStateError(f"job {job.label}: another process took it over already")
         try:
             pipeline = cloudpickle.loads(
                 service.services.store.read_bytes(service.records.layout.pipeline(job.id))
