@@ -34,7 +34,7 @@ from sparkjet.core.jobs.lifecycle import (
     check_transition,
 )
 from sparkjet.core.jobs.policy import ClusterWatch
-from sparkjet.core.jobs.record import this_driver
+from sparkjet.core.jobs.record import Answer, Driver, Failure, JobRecord, this_driver
 from sparkjet.errors import (
     JobCancelledError,
     JobFailedError,
@@ -374,7 +374,7 @@ def test_a_request_the_driver_refuses_raises_in_the_asking_process(
         other._ask(Action.RESUME)
     assert job.status is S.RUNNING
     answers = (fake_client.get_jet().records.read(job.id) or {})["answers"]
-    assert [a.get("error", "") for a in answers.values()] == [
+    assert [Answer.from_json(a).error for a in answers.values()] == [
         f"cannot resume job 'answered' ({job.id}): it is RUNNING, not SUSPENDED"
     ]
     other.suspend()  # accepted: answered without an error
@@ -568,6 +568,34 @@ def test_a_driver_that_died_while_running_reads_suspended_and_only_one_process_t
     winner.cancel()
     with pytest.raises(JobCancelledError):
         winner.join(timeout=10)
+
+
+def test_a_job_record_as_earlier_releases_wrote_it_reads_and_writes_back_the_same() -> None:
+    """``job.json`` keeps its keys: JobRecord reads what the dict-based writer wrote."""
+    stored: dict[str, Any] = {
+        "id": "ab12-cd34-ef56-7890", "name": "old", "status": "FAILED",
+        "config": {"name": "old", "arguments": []}, "submission_time": 1, "completion_time": 3,
+        "execution_start_time": 2, "user_cancelled": True, "kind": "stream",
+        "driver": {"host": "h", "pid": 42}, "stages": ["numbers", "out"], "heartbeat": 1.5,
+        "epoch": 2, "restore": {"snapshot": "s", "batch": 4, "stages": {"count": "restored"}},
+        "suspension_cause": "Requested by user",
+        "failure": {"message": "cancelled", "stage": None, "cancelled": True},
+        "answers": {"r1": {"time": 5}, "r2": {"time": 6, "error": "no"},
+                    "r3": {"time": 7, "batch": 4}},
+        "checkpoint": "scratch-0a1b2c3d", "progress": {"lastCommittedBatch": 4},
+        "metrics": {"stages": {}}, "written_by_a_newer_release": [1],
+    }
+    record = JobRecord.from_json(stored)
+    assert (record.status, record.driver, record.failure) == (
+        S.FAILED, Driver("h", 42), Failure("cancelled", None, cancelled=True))
+    assert record.answers == {"r1": Answer(5), "r2": Answer(6, error="no"),
+                              "r3": Answer(7, batch=4)}
+    assert record.to_json() == stored
+    bare = {"id": "j", "status": "RUNNING"}  # the least a record holds
+    assert JobRecord.from_json(bare).to_json() == {
+        **bare, "name": None, "config": {}, "submission_time": -1, "completion_time": -1,
+        "execution_start_time": -1, "user_cancelled": False, "kind": "batch", "driver": None,
+        "stages": [], "heartbeat": 0.0, "epoch": 0}
 
 
 # --- the cluster policy through the runner ---------------------------------------------

@@ -4,8 +4,8 @@ A handle in another process asks the job's driver to act by writing a
 request into the job's control folder (``JobRecords.request``) with an id;
 the driver's watcher thread takes the requests every poll
 (:meth:`ControlDesk.take`), carries each out through the runner, and answers
-under ``answers`` in the job record: ``{}`` when done, ``{"error": ...}``
-when the job's status refused it or it failed. An export is answered by its
+under ``answers`` in the job record (an :class:`~.record.Answer`, with an
+error when the job's status refused it or it failed). An export is answered by its
 own thread when it ends, so the watcher goes on beating meanwhile. Answers
 are written under the lease's lock, through the lease.
 """
@@ -20,7 +20,7 @@ from typing import Any
 
 from sparkjet.core.errors import JobStateError
 from sparkjet.core.jobs.lifecycle import Action
-from sparkjet.core.jobs.record import JobRecord, Lease, now_ms
+from sparkjet.core.jobs.record import Answer, JobRecord, Lease, now_ms
 from sparkjet.core.snapshots import Manifest
 from sparkjet.core.store.job_records import JobRecords
 
@@ -104,17 +104,16 @@ class ControlDesk:
         else:
             self.answer(request, batch=batch)
 
-    def answer(self, request: str | None, error: str | None = None, **result: Any) -> None:
+    def answer(self, request: str | None, error: str | None = None,
+               batch: int | None = None) -> None:
         """Record the answer to request ``request`` (None: nobody waits for one)."""
         if request is None:
             return
-        entry: dict[str, Any] = {"time": now_ms(), **result}
-        if error is not None:
-            entry["error"] = self.redact(error)
+        entry = Answer(now_ms(), self.redact(error) if error is not None else None, batch)
 
         def answered(record: JobRecord) -> JobRecord:
             answers = {**record.answers, request: entry}
-            kept = sorted(answers, key=lambda r: answers[r].get("time", 0))[-KEPT_ANSWERS:]
+            kept = sorted(answers, key=lambda r: answers[r].time)[-KEPT_ANSWERS:]
             return replace(record, answers={r: answers[r] for r in kept})
 
         try:

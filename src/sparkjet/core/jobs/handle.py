@@ -26,7 +26,7 @@ from sparkjet.core.errors import (
 )
 from sparkjet.core.jobs.lifecycle import Action, JobStatusEvent, check_action
 from sparkjet.core.jobs.ports import DrivenJob, JobHost
-from sparkjet.core.jobs.record import JobRecord, driver_alive, read_record
+from sparkjet.core.jobs.record import Answer, JobRecord, driver_alive, now_ms, read_record
 from sparkjet.core.model import JobConfig, JobStatus
 
 if TYPE_CHECKING:
@@ -289,7 +289,7 @@ class Job:
 
     def _ask(self, action: Action, payload: dict[str, Any] | None = None,
              timeout: float | None = None, what: str | None = None,
-             refused: Callable[[str], Exception] = JobStateError) -> dict[str, Any] | None:
+             refused: Callable[[str], Exception] = JobStateError) -> Answer | None:
         """Ask the job's live driver in another process to act; returns its answer.
 
         The request goes into the job's control folder with an id, and the
@@ -314,9 +314,9 @@ class Job:
             record = self._refresh()
             answer = record.answers.get(request)
             if answer is not None:
-                if "error" in answer:
-                    raise refused(str(answer["error"]))
-                return dict(answer)
+                if answer.error is not None:
+                    raise refused(answer.error)
+                return answer
             if record.epoch != epoch:
                 raise JobStateError(
                     f"job {self.label}: another process took the job over before its driver "
@@ -327,7 +327,7 @@ class Job:
                 ended_at = ended_at or time.monotonic()
                 if time.monotonic() - ended_at > ANSWER_AFTER_END_SECONDS:
                     if action is Action.CANCEL:
-                        return {}
+                        return Answer(now_ms())
                     raise JobStateError(
                         f"job {self.label} ended ({status.value}) before its driver answered "
                         f"{what}")

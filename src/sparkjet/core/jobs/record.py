@@ -87,6 +87,33 @@ class Failure:
                        bool(data.get("cancelled", False)))
 
 
+@dataclass(frozen=True)
+class Answer:
+    """A driver's answer to a control request from another process (kept under ``answers``)."""
+
+    #: When it was answered, in milliseconds since the epoch (the newest answers are kept).
+    time: int
+    #: Why the request was refused or failed (secrets masked); None: carried out.
+    error: str | None = None
+    #: The batch an export's cut was taken at (an export's answer).
+    batch: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"time": self.time}
+        if self.batch is not None:
+            data["batch"] = self.batch
+        if self.error is not None:
+            data["error"] = self.error
+        return data
+
+    @staticmethod
+    def from_json(data: Any) -> Answer:
+        data = data if isinstance(data, Mapping) else {}
+        error, batch = data.get("error"), data.get("batch")
+        return Answer(int(data.get("time", 0)), str(error) if error is not None else None,
+                      int(batch) if batch is not None else None)
+
+
 #: The record's JSON keys, in the order they are written.
 _KEYS = (
     "id", "name", "status", "config", "submission_time", "completion_time",
@@ -128,7 +155,7 @@ class JobRecord:
     suspension_cause: str | None = None
     failure: Failure | None = None
     #: Answers to control requests from other processes, by request id (the newest).
-    answers: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    answers: Mapping[str, Answer] = field(default_factory=dict)
     #: The checkpoint folder in the job's folder (None: none).
     checkpoint: str | None = None
     #: A streaming job's progress metrics, as of its last committed batch.
@@ -168,7 +195,7 @@ class JobRecord:
             "restore": dict(self.restore) if self.restore is not None else None,
             "suspension_cause": self.suspension_cause,
             "failure": self.failure.to_json() if self.failure is not None else None,
-            "answers": {k: dict(v) for k, v in self.answers.items()} or None,
+            "answers": {k: v.to_json() for k, v in self.answers.items()} or None,
             "checkpoint": self.checkpoint,
             "progress": dict(self.progress) or None,
             "metrics": dict(self.metrics) if self.metrics is not None else None,
@@ -198,7 +225,7 @@ class JobRecord:
             restore=data.get("restore") or None,
             suspension_cause=data.get("suspension_cause"),
             failure=Failure.from_json(data.get("failure")),
-            answers=dict(data.get("answers") or {}),
+            answers={str(k): Answer.from_json(v) for k, v in (data.get("answers") or {}).items()},
             checkpoint=data.get("checkpoint"),
             progress=dict(data.get("progress") or {}),
             metrics=data.get("metrics"),
