@@ -6,6 +6,15 @@ lease until the job is terminal. A streaming job's thread ends when it is
 suspended and a new one starts on resume, in this process or, after a driver
 died, in the process that resumes it. Every status change goes through the
 transition table (:mod:`.lifecycle`).
+
+Threads and the locks between them: the job thread, the watcher, the export
+threads beside the loop (:mod:`.exporting`) and those of exports other
+processes ask for (:mod:`.control`). The lease's lock orders every change
+and write of the record; ``status_lock`` orders a status write with the
+listeners registered; ``_park_lock`` guards whether a job thread runs the
+work, so a cancel racing a suspend ends the job once; the export queue's lock
+guards the exports waiting for a cut and the pins. The service's registry
+(:mod:`.service`) has its own.
 """
 
 from __future__ import annotations
@@ -108,7 +117,7 @@ class JobRunner:
         self.services = services
         self.job = job
         self.plan = plan
-        #: The job's record, driven from here: the handle made with it reads the same dict.
+        #: The job's record, driven from here: handles of the job here read ``lease.record``.
         self.lease = Lease(services.records, record)
         self.cancel_requested = threading.Event()
         self.done = threading.Event()
