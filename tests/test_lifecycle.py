@@ -517,6 +517,26 @@ def test_a_handle_that_saw_the_dead_driver_is_refused_once_another_took_the_job_
         first.join(timeout=10)
 
 
+def test_a_job_its_driver_ended_after_a_handle_saw_it_dead_is_not_taken_over(
+    store_url: str, fake_client: Client
+) -> None:
+    fake_client.get_stream("events", partitions=1)
+    job = submit_stream(fake_client, "slow-not-dead")
+    job.suspend()
+    job.wait_for_status(S.SUSPENDED, timeout=10)
+    kill_driver(fake_client, job)
+    late = make_client(store_url, FakeEngine()).get_jet().get_job(job.id)
+    assert late is not None and not late.is_driver_alive()  # seen dead at epoch 0 ...
+    records = fake_client.get_jet().records
+    ended = {**(records.read(job.id) or {}), "status": S.FAILED.value}
+    records.write(ended)  # ... but it was only slow, and ended the job (at epoch 0)
+    with pytest.raises(JobStateError, match=r"ended \(FAILED\) meanwhile"):
+        late._take_over()  # what cancel() does when it finds the driver dead
+    assert records.read(job.id) == ended  # not made SUSPENDED again
+    assert not any(p.name.startswith("owner-")
+                   for p in (Path(fake_client.store.root) / "jobs" / job.id).iterdir())
+
+
 def test_a_driver_that_died_while_running_reads_suspended_and_only_one_process_takes_over(
     store_url: str, fake_client: Client
 ) -> None:
@@ -550,15 +570,16 @@ def test_a_driver_that_died_while_running_reads_suspended_and_only_one_process_t
     for thread in threads:
         thread.join(timeout=10)
     # One process wins the claim, drives the job and resumes it; the other loses
-    # the claim, or finds the job already STARTING or RUNNING, or asks the new
-    # driver through the control folder, which refuses: it resumed the job already.
+    # the claim, or finds the winner's epoch in the record when it adopts, or finds
+    # the job already STARTING or RUNNING, or asks the new driver through the
+    # control folder, which refuses: it resumed the job already.
     assert len(outcomes) == 2 and outcomes.count("took over") == 1, outcomes
     assert [v.is_driven_here() for v in views if v is not None].count(True) == 1
     claims = sorted(p.name for p in (Path(fake_client.store.root) / "jobs" / job.id).iterdir()
                     if p.name.startswith("owner-"))
     assert claims == ["owner-000001"]
     refused = re.compile(
-        rf"(job 'contested' \({job.id}\): another process is taking it over already"
+        rf"(job 'contested' \({job.id}\): another process (is taking|took) it over already"
         rf"|cannot resume job 'contested' \({job.id}\): it is (STARTING|RUNNING), not SUSPENDED)$"
     )
     for outcome in outcomes:

@@ -98,6 +98,10 @@ class RunnerRegistry:
         job = Job(service, record)
         if seen_epoch is not None and record.epoch != seen_epoch:
             raise JobStateError(f"job {job.label}: another process took it over already")
+        if record.status.is_terminal():
+            # Its driver ended it after the caller saw it dead (it was only slow):
+            # adopting it would make a finished job SUSPENDED again.
+            raise JobStateError(f"job {job.label} ended ({record.status.value}) meanwhile")
         try:
             pipeline = cloudpickle.loads(
                 service.services.store.read_bytes(service.records.layout.pipeline(job.id))
