@@ -14,7 +14,14 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from sparkjet.core import graph
-from sparkjet.core.graph import GroupedStage, SinkStage, Stage
+from sparkjet.core.graph import (
+    GroupedStage,
+    SinkStage,
+    Stage,
+    WindowedGroupedStage,
+    WindowedStage,
+)
+from sparkjet.core.windows import KeyedWindowResult, WindowDefinition, WindowResult
 from sparkjet.plugins.lists import ListSink, ListSource
 from sparkjet.plugins.logger import LoggerSink
 from sparkjet.plugins.maps import MapSink, MapSource
@@ -22,6 +29,7 @@ from sparkjet.plugins.streams import StreamSink, StreamSource
 
 __all__ = [
     "GroupedStage",
+    "KeyedWindowResult",
     "ListSink",
     "ListSource",
     "LoggerSink",
@@ -32,6 +40,10 @@ __all__ = [
     "Stage",
     "StreamSink",
     "StreamSource",
+    "WindowDefinition",
+    "WindowResult",
+    "WindowedGroupedStage",
+    "WindowedStage",
 ]
 
 

@@ -54,6 +54,7 @@ from sparkjet.core.contracts import (
 from sparkjet.core.hookspecs import JobView, ManifestView, StageView, hookimpl
 from sparkjet.core.model import ProcessingGuarantee
 from sparkjet.core.plugin_manager import Category, PluginInfo, Registered
+from sparkjet.core.windows import KeyedWindowResult, WindowResult
 
 __all__ = [
     "ALL_GUARANTEES",
@@ -65,6 +66,7 @@ __all__ = [
     "FileStore",
     "JobContext",
     "JobView",
+    "KeyedWindowResult",
     "LogRecord",
     "ManifestView",
     "PluginInfo",
@@ -78,6 +80,7 @@ __all__ = [
     "StoreAccess",
     "StreamLogAccess",
     "TaskContext",
+    "WindowResult",
     "hookimpl",
     "open_file_store",
 ]

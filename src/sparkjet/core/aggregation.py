@@ -31,6 +31,11 @@ class AggregateOperation:
     #: runtime compiles into its loop instead of calling ``accumulate`` per item.
     #: Must mean exactly what ``accumulate`` does.
     inline: tuple[str, Callable[[Any], Any] | None] | None = None
+    #: ``deduct(acc, other)`` undoes ``combine(acc, other)`` (Jet's ``deductFn``):
+    #: a sliding window then moves from one window to the next by adding the
+    #: newest frame and deducting the oldest, instead of combining all its
+    #: frames. Optional; ``finish`` must not return the accumulator itself when set.
+    deduct: Callable[[Any, Any], Any] | None = None
 
     @classmethod
     def of(
@@ -73,6 +78,7 @@ def counting() -> AggregateOperation:
         combine=lambda a, b: a + b,
         name="counting",
         inline=("count", None),
+        deduct=lambda a, b: a - b,
     )
 
 
@@ -84,6 +90,7 @@ def summing(get_value: Callable[[Any], Any] = _identity) -> AggregateOperation:
         combine=lambda a, b: a + b,
         name="summing",
         inline=("sum", get_value),
+        deduct=lambda a, b: a - b,
     )
 
 
@@ -101,6 +108,7 @@ def averaging(get_value: Callable[[Any], Any] = _identity) -> AggregateOperation
         combine=lambda a, b: [a[0] + b[0], a[1] + b[1]],
         finish=lambda acc: acc[0] / acc[1] if acc[1] else None,
         name="averaging",
+        deduct=lambda a, b: [a[0] - b[0], a[1] - b[1]],
     )
 
 

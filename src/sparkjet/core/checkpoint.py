@@ -45,8 +45,10 @@ Layout (``jobs/<id>/checkpoint`` in the store; a throw-away
 ``jobs/<id>/scratch-<n>`` for NONE)::
 
     meta.json              {"format": 4, "key_groups": <n>, "stages": [<names>, sorted]}
-    offsets/<batch>.json   the plan (write-ahead): {"batch", "starts", "ends", "time", "tasks"}
-    commits/<batch>.json   committed batches: {"ends", "time", "duration_ms", "state"}
+    offsets/<batch>.json   the plan (write-ahead): {"batch", "starts", "ends", "time", "tasks",
+                           "watermarks", "early"}
+    commits/<batch>.json   committed batches: {"ends", "time", "duration_ms", "state",
+                           "event_time"}
     pins/<token>.json      a snapshot export reading a batch's state: {"batch", "time"}
     state/<stage>/<batch>-<lo>-<hi>-<keys>-<bytes>-<attempt>.state   a full copy of [lo, hi)
     state/<stage>/<batch>-<lo>-<hi>-<keys>-<bytes>-<attempt>.delta   one batch's changelog
@@ -62,6 +64,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkjet.core.errors import StoreError
+from sparkjet.core.event_time import EventTime
 from sparkjet.core.state_files import Counted, StateFiles, StatePaths, StateRange
 from sparkjet.core.store.fs import Store
 
@@ -101,6 +104,11 @@ class BatchPlan:
     #: How many state tasks share the key groups; None in a plan written before
     #: that was planned (it ran one task per key group).
     tasks: int | None
+    #: Per windowed stage, the watermark the batch emits up to and judges late
+    #: items by (:mod:`sparkjet.core.event_time`); None in older plans.
+    watermarks: dict[str, int] | None = None
+    #: The windowed stages that emit early results in this batch.
+    early: tuple[str, ...] = ()
 
     def source_ranges(self) -> dict[str, tuple[Any, Any]]:
         """Per source stage, the ``(start, end)`` offsets the batch reads."""
@@ -116,14 +124,22 @@ class BatchPlan:
                                 "ends": self.ends, "time": self.time_ms}
         if self.tasks is not None:
             data["tasks"] = self.tasks
+        if self.watermarks is not None:
+            data["watermarks"] = dict(self.watermarks)
+        if self.early:
+            data["early"] = list(self.early)
         return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> BatchPlan:
         """The record ``offsets/<batch>.json`` holds (those of older versions too)."""
         tasks = data.get("tasks")
+        watermarks = data.get("watermarks")
         return cls(int(data["batch"]), dict(data.get("starts", {})), dict(data.get("ends", {})),
-                   int(data.get("time", 0)), None if tasks is None else int(tasks))
+                   int(data.get("time", 0)), None if tasks is None else int(tasks),
+                   None if watermarks is None else {str(k): int(v) for k, v in
+                                                    dict(watermarks).items()},
+                   tuple(str(s) for s in data.get("early", ())))
 
 
 @dataclass(frozen=True)
@@ -173,6 +189,8 @@ class CommitRecord:
     state: StateFiles | None = None
     #: The snapshot the checkpoint was seeded from (its batch-0 record only).
     restored_from: RestoredFrom | None = None
+    #: Event time after the batch: what the sources saw, the watermarks emitted up to.
+    event_time: EventTime | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The record as ``commits/<batch>.json`` holds it."""
@@ -183,6 +201,8 @@ class CommitRecord:
         if self.restored_from is not None:
             r = self.restored_from
             data["restored_from"] = {"snapshot": r.snapshot, "batch": r.batch, "job_id": r.job_id}
+        if self.event_time is not None and not self.event_time.empty():
+            data["event_time"] = self.event_time.to_json()
         return data
 
     @classmethod
@@ -195,6 +215,7 @@ class CommitRecord:
             _state_from_json(state) if isinstance(state, dict) else None,
             RestoredFrom(str(restored["snapshot"]), int(restored["batch"]),
                          str(restored["job_id"])) if isinstance(restored, dict) else None,
+            EventTime.from_json(data.get("event_time")),
         )
 
 

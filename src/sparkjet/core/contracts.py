@@ -372,6 +372,16 @@ class Source(_Participant):
         """Runs on the driver: partition descriptors for the items in ``[start, end)``."""
         raise NotImplementedError(f"{type(self).__qualname__} is not a streaming source")
 
+    def watermark_partition(self, descriptor: Any) -> str:
+        """Runs on the driver: which of the source's partitions ``descriptor`` reads.
+
+        The watermark is the lowest of the partitions' highest timestamps, so a
+        streaming source whose partitions are out of step with one another
+        names them here (a stream's partition number, a Kafka partition). The
+        default treats the whole source as one partition.
+        """
+        return "0"
+
 
 class Sink(_Participant):
     """A sink: executors write partitions, the driver commits once.

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from sparkjet.core.contracts import JobContext
+from sparkjet.core.event_time import WindowClock
 from sparkjet.core.graph import Transform
 from sparkjet.core.planner import Plan
 from sparkjet.core.state_files import StatePaths, StateRange
@@ -69,6 +70,8 @@ class MicroBatchSpec:
     checkpoint_id: str
     #: Called just before the sinks commit (the runner's fence check).
     on_commit: Callable[[], None] | None = None
+    #: Per windowed stage, its event time in this batch (the plan's watermarks).
+    windows: Mapping[str, WindowClock] = field(default_factory=dict)
 
 
 class StateSize(NamedTuple):
@@ -90,6 +93,9 @@ class BatchResult:
     #: (``""``: none); the batch's commit record keeps it (see
     #: :meth:`sparkjet.core.state_files.StatePaths.counts`). Empty for batch jobs.
     state_files: Mapping[StateRange, str] = field(default_factory=dict)
+    #: Per timestamped source stage, per source partition (its watermark key),
+    #: the highest timestamp the batch read there. Empty for batch jobs.
+    event_times: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 class Execution(Protocol):

@@ -55,10 +55,41 @@ class TerminalKind(enum.StrEnum):
     GROUP = "group"
     FOLD = "fold"
     DISTINCT = "distinct"
+    FRAMES = "frames"
+    SESSIONS = "sessions"
 
 
 #: Terminals that fold the partition into ``state`` and yield nothing themselves.
-FOLDING = frozenset({TerminalKind.GROUP, TerminalKind.FOLD, TerminalKind.DISTINCT})
+FOLDING = frozenset({TerminalKind.GROUP, TerminalKind.FOLD, TerminalKind.DISTINCT,
+                     TerminalKind.FRAMES, TerminalKind.SESSIONS})
+
+
+class StampKind(enum.StrEnum):
+    """Where a pass's items get their timestamp ``t`` from; see :class:`Stamp`."""
+
+    FN = "fn"
+    NOW = "now"
+    PAIRED = "paired"
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """How the items entering a fused pass carry event time.
+
+    - ``fn``: the pass reads a source's items and computes ``t = fn(x)``
+      (errors name ``stage``, the source);
+    - ``now``: the pass reads a source's items, all stamped ``now_ms``
+      (ingestion time: the micro-batch's planned time);
+    - ``paired``: the items are ``(t, x)`` pairs a pass before made.
+
+    A pass that computes timestamps keeps the partition's highest in
+    ``state["hi"]`` (None: no item), for the watermark.
+    """
+
+    kind: StampKind
+    stage: str | None = None
+    fn: Callable[[Any], Any] | None = None
+    now_ms: int = 0
 
 
 @dataclass
@@ -72,7 +103,13 @@ class Terminal:
     - ``group``: fold into per-key accumulators (``state["accs"]``, first
       positions in ``state["firsts"]``) with ``fn`` as key function;
     - ``fold``: fold everything into ``state["acc"]``;
-    - ``distinct``: keep the first item per key in ``state["seen"]``.
+    - ``distinct``: keep the first item per key in ``state["seen"]``;
+    - ``frames``: drop late items (frame end at or before ``state["wm"]``,
+      counted in ``state["late"]``), fold the rest into per ``(key, frame
+      end)`` accumulators in ``state["accs"]`` (first positions in
+      ``state["firsts"]``); ``fn`` is the key function (None: one key, 0);
+    - ``sessions``: drop late items (timestamp below ``state["wm"]``), gather
+      the rest as ``(t, item)`` per key in ``state["accs"]``.
 
     Positions are the item's index in this partition's terminal input; the
     partition index comes from ``state["pidx"]``.
@@ -86,6 +123,8 @@ class Terminal:
     reverse: bool = False
     #: An AggregateOperation's ``inline`` form, compiled in place of ``accumulate``.
     inline: tuple[str, Callable[[Any], Any] | None] | None = None
+    #: ``frames``: the slide; ``sessions``: the timeout (milliseconds).
+    span: int = 0
 
 
 @dataclass
@@ -95,10 +134,15 @@ class FusedPass:
     ops: list[Op]
     terminal: Terminal = field(default_factory=lambda: Terminal(TerminalKind.YIELD))
     metrics: bool = True
+    #: How the items carry event time (None: they have none).
+    stamp: Stamp | None = None
+    #: A ``yield`` terminal yields ``(t, item)`` pairs (for a later pass to window).
+    pairs_out: bool = False
     _compiled: Any = field(default=None, repr=False, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"ops": self.ops, "terminal": self.terminal, "metrics": self.metrics}
+        return {"ops": self.ops, "terminal": self.terminal, "metrics": self.metrics,
+                "stamp": self.stamp, "pairs_out": self.pairs_out}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(**state)  # type: ignore[misc]
@@ -131,8 +175,23 @@ class FusedPass:
             env.update(_key=t.fn)
         elif t.kind == TerminalKind.SORTKEY:
             env.update(_key=t.fn, _SK=SortKey, _rev=bool(t.reverse))
+        elif t.kind in (TerminalKind.FRAMES, TerminalKind.SESSIONS):
+            env.update(_key=t.fn, _create=t.create, _acc=t.accumulate, _span=t.span)
+            if t.inline is not None:
+                env["_get"] = t.inline[1]
+            lines.append("    accs = state['accs']; firsts = state['firsts']; get = accs.get")
+            lines.append("    wm = state['wm']; late = 0")
+        stamp = self.stamp
+        computes = stamp is not None and stamp.kind != StampKind.PAIRED
+        if computes:
+            lines.append("    hi = None")
+        if stamp is not None and stamp.kind == StampKind.NOW:
+            env["_now"] = stamp.now_ms
         lines.append("    try:")
-        lines.append("        for x in it:")
+        if stamp is not None and stamp.kind == StampKind.PAIRED:
+            lines.append("        for t, x in it:")
+        else:
+            lines.append("        for x in it:")
         depth = 3
         if self.metrics:
             lines.append("    " * depth + "n_in += 1")
@@ -141,6 +200,16 @@ class FusedPass:
             lines.append("    " * depth + text)
             if stage is not None:
                 line_stage[len(lines)] = stage
+
+        if computes:
+            assert stamp is not None
+            if stamp.kind == StampKind.FN:
+                env["_ts"] = stamp.fn
+                emit("t = _ts(x)", stamp.stage)
+            else:
+                emit("t = _now", None)
+            # Compared with an int: a timestamp of another type fails here, naming the source.
+            emit("if hi is None or t > hi: hi = t + 0", stamp.stage)
 
         for i, op in enumerate(self.ops):
             env[f"f{i}"] = op.fn
@@ -160,7 +229,7 @@ class FusedPass:
         emit("pos += 1", None)
         stage = t.stage
         if t.kind == TerminalKind.YIELD:
-            emit("yield x", None)
+            emit("yield (t, x)" if self.pairs_out else "yield x", None)
         elif t.kind == TerminalKind.KEYED:
             emit("k = _key(x)", stage)
             emit("hash(k)", stage)  # fail here, naming the stage, not in Spark's shuffle
@@ -193,9 +262,42 @@ class FusedPass:
             emit("except TypeError:", None)
             emit("    k = _freeze(k); new = k not in seen", stage)
             emit("if new: seen[k] = (pos, x)", stage)
+        elif t.kind == TerminalKind.FRAMES:
+            # The frame an item lies in ends at the first multiple of the slide above t.
+            emit("f = t - t % _span + _span", stage)
+            emit("if f <= wm:", None)
+            emit("    late += 1; continue", None)
+            emit("k = (0 if _key is None else _key(x), f)", stage)
+            emit("a = get(k, _MISSING)", stage)
+            emit("if a is _MISSING:", None)
+            depth += 1
+            emit("firsts[k] = pos", stage)
+            emit("a = _create()", stage)
+            depth -= 1
+            if t.inline is None:
+                emit("accs[k] = _acc(a, x)", stage)
+            elif t.inline[0] == "count":
+                emit("accs[k] = a + 1", stage)
+            elif t.inline[0] == "sum":
+                emit("accs[k] = a + _get(x)", stage)
+            else:  # pragma: no cover - only the built-ins set inline
+                raise ValueError(t.inline[0])
+        elif t.kind == TerminalKind.SESSIONS:
+            emit("if t < wm:", None)
+            emit("    late += 1; continue", None)
+            emit("k = 0 if _key is None else _key(x)", stage)
+            emit("evs = get(k)", stage)
+            emit("if evs is None:", None)
+            emit("    firsts[k] = pos; accs[k] = evs = []", None)
+            emit("evs.append((t, x))", None)
         else:  # pragma: no cover
             raise ValueError(t.kind)
         lines.append("    finally:")
+        if computes:
+            lines.append("        state['hi'] = hi if state.get('hi') is None or (")
+            lines.append("            hi is not None and hi > state['hi']) else state['hi']")
+        if t.kind in (TerminalKind.FRAMES, TerminalKind.SESSIONS):
+            lines.append("        state['late'] = state.get('late', 0) + late")
         if t.kind == TerminalKind.FOLD:
             lines.append("        state['acc'] = acc")
         if self.metrics:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from sparkjet.core.aggregation import AggregateOperation
 from sparkjet.core.errors import PipelineDefinitionError
+from sparkjet.core.windows import DEFAULT_IDLE_TIMEOUT_MS, Timestamps, WindowDefinition
 
 if TYPE_CHECKING:
     from sparkjet.core.contracts import Sink, Source, StatefulTransform
@@ -39,13 +40,15 @@ class OpKind(enum.StrEnum):
     DISTINCT = "distinct"
     AGGREGATE = "aggregate"
     SORT = "sort"
+    WINDOW = "window_aggregate"
 
 
 #: Operations that keep no state: fused into one Python pass per partition.
 STATELESS = frozenset({OpKind.MAP, OpKind.FILTER, OpKind.FLAT_MAP, OpKind.PEEK})
 #: Operations that group items by key: map side, shuffle by key, reduce side per key.
 KEYED = frozenset(
-    {OpKind.GROUP_AGGREGATE, OpKind.GROUP_APPLY, OpKind.MAP_STATEFUL, OpKind.DISTINCT}
+    {OpKind.GROUP_AGGREGATE, OpKind.GROUP_APPLY, OpKind.MAP_STATEFUL, OpKind.DISTINCT,
+     OpKind.WINDOW}
 )
 
 _MAX_NAME = 200
@@ -199,6 +202,70 @@ class Stage(_Handle):
     def peek(self, fn: Callable[[Any], Any] = repr) -> Stage:
         """Log ``fn(item)`` for each item (logger ``sparkjet.peek``) and pass it on."""
         return Stage(self._add(OpKind.PEEK, fn=self._fn("peek", fn)))
+
+    def with_timestamps(
+        self,
+        fn: Callable[[Any], int],
+        allowed_lag_ms: int,
+        *,
+        idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS,
+    ) -> Stage:
+        """Give the source's items event time: ``fn(item)``, an int of milliseconds.
+
+        The watermark stays ``allowed_lag_ms`` behind the highest timestamp
+        seen (the lowest over the source's partitions; a partition without
+        events for ``idle_timeout_ms`` stops holding it back). Only a source
+        stage takes timestamps; windowed stages downstream need them.
+        """
+        if not callable(fn):
+            raise PipelineDefinitionError(
+                f"with_timestamps() on stage '{self.name}' takes a function, got {fn!r}",
+                self.name,
+            )
+        self._timestamps(Timestamps(fn, _lag(allowed_lag_ms), _idle(idle_timeout_ms)))
+        return self
+
+    def with_ingestion_timestamps(
+        self, allowed_lag_ms: int = 0, *, idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS
+    ) -> Stage:
+        """Give the source's items the time they were read as their event time.
+
+        In a streaming job that is the micro-batch's planned time, the same
+        when a batch is replayed, so results stay exact.
+        """
+        self._timestamps(Timestamps(None, _lag(allowed_lag_ms), _idle(idle_timeout_ms)))
+        return self
+
+    def without_timestamps(self) -> Stage:
+        """The source's items have no event time (the default): no windows downstream."""
+        self._timestamps(None)
+        return self
+
+    def _timestamps(self, timestamps: Timestamps | None) -> None:
+        if self._node.op != OpKind.SOURCE:
+            raise PipelineDefinitionError(
+                f"stage '{self.name}' is a {self._node.op} stage: timestamps are given to a "
+                "source stage (right after read_from()), as Jet's withTimestamps()",
+                self.name,
+            )
+        if timestamps is None:
+            self._node.params.pop("timestamps", None)
+        else:
+            self._node.params["timestamps"] = timestamps
+
+    def window(self, definition: WindowDefinition) -> WindowedStage:
+        """Cut the items' event time into windows.
+
+        Chain ``group_by(...).aggregate()`` or ``aggregate()``. The items need
+        timestamps from their source (``with_timestamps()``).
+        """
+        if not isinstance(definition, WindowDefinition):
+            raise PipelineDefinitionError(
+                f"window() after stage '{self.name}' takes a WindowDefinition "
+                f"(WindowDefinition.tumbling/sliding/session), got {definition!r}",
+                self.name,
+            )
+        return WindowedStage(self, definition)
 
     def group_by(self, key_fn: Callable[[Any], Any]) -> GroupedStage:
         """Group items by ``key_fn(item)``.
@@ -387,6 +454,88 @@ class GroupedStage(Stage):
             default_name=transform.kind,
         )
         return Stage(self._named(node))
+
+
+class WindowedStage:
+    """Items cut into windows: ``group_by(key_fn).aggregate(op)`` or ``aggregate(op)``."""
+
+    def __init__(self, upstream: Stage, definition: WindowDefinition) -> None:
+        self._upstream = upstream
+        self.definition = definition
+
+    def group_by(self, key_fn: Callable[[Any], Any]) -> WindowedGroupedStage:
+        """Aggregate each key's items per window (emits ``KeyedWindowResult``)."""
+        return WindowedGroupedStage(self, self._upstream._fn("group_by", key_fn))
+
+    def aggregate(
+        self,
+        operation: AggregateOperation | None = None,
+        *,
+        accumulator: Callable[[Any, Any], Any] | None = None,
+        initial: Any = None,
+        combiner: Callable[[Any, Any], Any] | None = None,
+        finisher: Callable[[Any], Any] | None = None,
+    ) -> Stage:
+        """Aggregate all items per window (emits ``WindowResult``)."""
+        op = _operation(self._upstream.name, operation, accumulator, initial, combiner, finisher)
+        return Stage(self._node(None, op, None))
+
+    def _node(
+        self, key_fn: Callable[[Any], Any] | None, op: AggregateOperation, name: str | None
+    ) -> Transform:
+        node = self._upstream._add(
+            OpKind.WINDOW, fn=key_fn,
+            params={"operation": op, "window": self.definition, "keyed": key_fn is not None},
+            default_name=f"{self.definition.kind}-window",
+        )
+        if name is not None:
+            node.explicit_name = name
+        return node
+
+
+class WindowedGroupedStage:
+    """Windowed items grouped by key: ``aggregate(op)`` emits ``KeyedWindowResult``."""
+
+    def __init__(self, windowed: WindowedStage, key_fn: Callable[[Any], Any]) -> None:
+        self._windowed = windowed
+        self._key_fn = key_fn
+        self._name: str | None = None
+
+    def set_name(self, name: str) -> WindowedGroupedStage:
+        """Name the stage ``aggregate()`` makes (its state is matched by it on upgrades)."""
+        self._name = validate_stage_name(name)
+        return self
+
+    def aggregate(
+        self,
+        operation: AggregateOperation | None = None,
+        *,
+        accumulator: Callable[[Any, Any], Any] | None = None,
+        initial: Any = None,
+        combiner: Callable[[Any, Any], Any] | None = None,
+        finisher: Callable[[Any], Any] | None = None,
+    ) -> Stage:
+        """Aggregate each key's items per window.
+
+        Emits ``KeyedWindowResult(start, end, key, result, is_early)``.
+        """
+        upstream = self._windowed._upstream
+        op = _operation(upstream.name, operation, accumulator, initial, combiner, finisher)
+        return Stage(self._windowed._node(self._key_fn, op, self._name))
+
+
+def _lag(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise PipelineDefinitionError(
+            f"allowed_lag_ms must be an int of milliseconds >= 0, got {value!r}")
+    return value
+
+
+def _idle(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise PipelineDefinitionError(
+            f"idle_timeout_ms must be a positive int of milliseconds, got {value!r}")
+    return value
 
 
 def _ttl(ttl_millis: Any) -> int | None:

@@ -110,6 +110,22 @@ class KeyedFold(ABC):
         """The outputs of a batch job whose input had no items."""
         return []
 
+    #: Whether the fold has work of its own as event time advances (windows):
+    #: :meth:`advance` runs after every batch's fold, for every key.
+    timed = False
+
+    def advance(
+        self, values: dict[Any, Any], out: list[tuple[Any, Any]], changed: list[Any],
+        removed: list[Any],
+    ) -> None:
+        """Emit and purge what event time made due, over all keys' ``values``.
+
+        Appends ``(position, output)`` pairs to ``out``, the keys changed to
+        ``changed`` and the keys dropped (deleted from ``values``) to ``removed``.
+        Only timed folds have any.
+        """
+        return None
+
 
 def _accumulated(operation: AggregateOperation, acc: Any, parts: list[Any]) -> Any:
     accumulate = operation.accumulate
@@ -286,34 +302,83 @@ def keyed_fold(kind: OpKind, params: dict[str, Any]) -> KeyedFold:
 
 
 def folded_records(
-    fused: FusedPass, pidx: int, items: Iterator[Any], counts: dict[str, int]
+    fused: FusedPass, state: dict[str, Any], items: Iterator[Any], counts: dict[str, int]
 ) -> Iterator[tuple[Any, Any]]:
     """Run ``fused``, which ends in a folding terminal, over one partition; its records.
 
-    The pass folds the whole partition (group, distinct or fold terminal), then
-    yields one ``(shuffle key, part)`` record per key (one in all for fold).
+    The pass folds the whole partition (group, distinct, fold, frames or
+    sessions terminal) into ``state``, which holds ``"pidx"`` (and ``"wm"``
+    for a windowed terminal) and keeps what the pass leaves there (the
+    highest timestamp, the late items) for the caller; then it yields one
+    ``(shuffle key, part)`` record per key (one in all for fold).
     """
     kind = fused.terminal.kind
-    state: dict[str, Any] = {"pidx": pidx}
+    pidx = state["pidx"]
     if kind == TerminalKind.GROUP:
         state.update(accs={}, firsts={})
         fused.consume(items, counts, state)
         firsts = state["firsts"]
-        for key, acc in state["accs"].items():
+        for key, acc in state.pop("accs").items():
             yield (key, (pidx, firsts[key], key, acc))  # PARTIAL
     elif kind == TerminalKind.DISTINCT:
         state["seen"] = {}
         fused.consume(items, counts, state)
-        for key, (pos, item) in state["seen"].items():
+        for key, (pos, item) in state.pop("seen").items():
             yield (key, (pidx, pos, item))  # FIRST
     elif kind == TerminalKind.FOLD:
         create = fused.terminal.create
         assert create is not None
         state["acc"] = create()
         fused.consume(items, counts, state)
-        yield (0, (pidx, 0, 0, state["acc"]))  # PARTIAL of the global aggregate
+        yield (0, (pidx, 0, 0, state.pop("acc")))  # PARTIAL of the global aggregate
+    elif kind == TerminalKind.FRAMES:
+        state.update(accs={}, firsts={})
+        fused.consume(items, counts, state)
+        firsts = state.pop("firsts")
+        keys: dict[Any, tuple[int, dict[Any, Any]]] = {}
+        for (key, frame), acc in state.pop("accs").items():
+            had = keys.get(key)
+            if had is None:  # the key's first frame holds its first item
+                keys[key] = (firsts[(key, frame)], {frame: acc})
+            else:
+                had[1][frame] = acc
+        for key, (pos, frames) in keys.items():
+            yield (key, (pidx, pos, key, frames))  # PARTIAL of frames
+    elif kind == TerminalKind.SESSIONS:
+        state.update(accs={}, firsts={})
+        fused.consume(items, counts, state)
+        terminal = fused.terminal
+        firsts = state.pop("firsts")
+        for key, events in state.pop("accs").items():
+            sessions = sessions_of(events, terminal.span, terminal.create, terminal.accumulate)
+            yield (key, (pidx, firsts[key], key, sessions))  # PARTIAL of sessions
     else:  # pragma: no cover - callers run other terminals themselves
         raise AssertionError(f"{kind} is not a folding terminal")
+
+
+def sessions_of(
+    events: list[tuple[Any, Any]], timeout: int, create: Any, accumulate: Any
+) -> list[list[Any]]:
+    """One key's ``(t, item)`` events as sessions ``[start, last timestamp, acc]``.
+
+    Sorted by timestamp (stable: encounter order among equal ones), each
+    event folded into the session its span ``[t, t + timeout)`` overlaps.
+    """
+    events.sort(key=_timestamp)
+    sessions: list[list[Any]] = []
+    current: list[Any] | None = None
+    for t, item in events:
+        if current is not None and t < current[1] + timeout:
+            if t > current[1]:
+                current[1] = t
+            current[2] = accumulate(current[2], item)
+        else:
+            current = [t, t, accumulate(create(), item)]
+            sessions.append(current)
+    return sessions
+
+
+_timestamp = itemgetter(0)
 
 
 # --- reduce side -------------------------------------------------------------
@@ -336,13 +401,19 @@ def reduce_batch(fold: KeyedFold, records: Iterable[tuple[Any, Any]]) -> Iterato
     groups = group_parts(records)
     out: list[tuple[Any, Any]] = []
     fold_key = fold.fold
+    timed = fold.timed
+    values: dict[Any, Any] = {}
     for group_key, parts in groups.items():
         if len(parts) > 1:
             parts.sort(key=position)
-        fold_key(group_key, parts, MISSING, out)
+        _key, entry = fold_key(group_key, parts, MISSING, out)
+        if timed:
+            values[group_key] = entry
         if len(out) >= _FLUSH:
             yield from out
             out.clear()
+    if timed:  # the end of a batch job's input: event time's end, every window due
+        fold.advance(values, out, [], [])
     yield from out
     if not groups:
         yield from fold.empty()
@@ -386,4 +457,13 @@ def fold_into(
             touched[key] = now_ms
         if changed is not None:
             changed.append(key)
+    if fold.timed:
+        timed_changed: list[Any] = []
+        timed_removed: list[Any] = []
+        fold.advance(values, out, timed_changed, timed_removed)
+        if changed is not None:
+            # A key folded in and then emitted to nothing is removed, not set.
+            changed[:] = [k for k in dict.fromkeys([*changed, *timed_changed]) if k in values]
+        if removed is not None:
+            removed.extend(timed_removed)
     return [output for _, output in out]

@@ -25,7 +25,8 @@ from typing import Any, Protocol
 from sparkjet.core.checkpoint import KEEP_LOG, BatchPlan, Checkpoint, CommitRecord
 from sparkjet.core.contracts import JobContext
 from sparkjet.core.engine import BatchResult, Engine, MicroBatchSpec
-from sparkjet.core.graph import Transform
+from sparkjet.core.event_time import NO_WATERMARK, EventTime, WindowClock, stage_watermark
+from sparkjet.core.graph import OpKind, Transform
 from sparkjet.core.model import DEFAULT_KEY_GROUPS
 from sparkjet.core.planner import Plan
 
@@ -53,6 +54,8 @@ class StreamProgress:
     state: dict[str, tuple[int, int]] = field(default_factory=dict)  # stage -> (keys, bytes)
     last_batch_end_ms: int = -1
     previous_batch_end_ms: int = -1
+    #: Per windowed stage, the watermark its last batch emitted up to.
+    watermarks: dict[str, int] = field(default_factory=dict)
 
     def as_metrics(self) -> dict[str, Any]:
         """Jet-style names: rates are items per second of the last micro-batch.
@@ -147,6 +150,45 @@ class StreamLoop:
         #: The sources' offsets the loop goes on from: the end offsets of its
         #: last committed batch (before the first, where it started).
         self.ends: dict[str, Any] = {}
+        #: The windowed stages' definitions, by name.
+        self.windows = {plan.name(n): n.params["window"] for n in plan.nodes
+                        if n.op == OpKind.WINDOW}
+        #: Event time as of the last committed batch.
+        self.event_time = EventTime()
+
+    def _watermarks(self, now_ms: int) -> dict[str, int]:
+        """Each windowed stage's watermark for a batch planned at ``now_ms``."""
+        return {stage: stage_watermark(self.event_time, stage, self.plan.event_sources[stage],
+                                       now_ms) for stage in self.windows}
+
+    def _early(self, now_ms: int) -> tuple[str, ...]:
+        """The windowed stages whose early-results period turned since the last batch."""
+        last = self.event_time.time_ms
+        return tuple(stage for stage, d in self.windows.items()
+                     if d.early_period and last and now_ms // d.early_period
+                     != last // d.early_period)
+
+    def _time_due(self, now_ms: int) -> bool:
+        """Whether a batch without input has work: a watermark moved, or early results are due."""
+        if not self.windows:
+            return False
+        had = self.event_time.watermarks
+        moved = any(w > had.get(stage, NO_WATERMARK) for stage, w in
+                    self._watermarks(now_ms).items())
+        return moved or bool(self._early(now_ms))
+
+    def _clocks(self, planned: BatchPlan) -> dict[str, WindowClock]:
+        """Each windowed stage's event time in the batch of ``planned``."""
+        if not self.windows:
+            return {}
+        watermarks = planned.watermarks
+        if watermarks is None:  # planned by a version without windows
+            watermarks = self._watermarks(planned.time_ms)
+        had = self.event_time.watermarks
+        return {stage: WindowClock(had.get(stage, NO_WATERMARK),
+                                   watermarks.get(stage, had.get(stage, NO_WATERMARK)),
+                                   stage in planned.early)
+                for stage in self.windows}
 
     def _stop_asked(self) -> StopReason | None:
         self.host.between_batches()
@@ -159,7 +201,9 @@ class StreamLoop:
                                             list(self.plan.names.values()))
         committed = self.checkpoint.last_commit()
         if committed >= 0:
-            ends = self.checkpoint.commit_record(committed).ends
+            record = self.checkpoint.commit_record(committed)
+            ends = record.ends
+            self.event_time = record.event_time or EventTime()
         else:
             ends = initial_offsets(self.plan, self.job_context)
         self.ends = ends
@@ -180,17 +224,21 @@ class StreamLoop:
                     self.plan.name(n): n.params["source"].latest_offsets(self.job_context(n))
                     for n in self.sources
                 }
-                if latest == ends:
+                now_ms = int(time.time() * 1000)
+                if latest == ends and not self._time_due(now_ms):
                     time.sleep(IDLE_POLL_SECONDS)
                     continue
                 # As many state tasks as the cluster runs at once, at most one
                 # per key group; the plan fixes it so a replay runs the same.
-                planned = BatchPlan(batch, ends, latest, int(time.time() * 1000),
-                                    max(1, min(self.engine.parallelism(), groups)))
+                planned = BatchPlan(batch, ends, latest, now_ms,
+                                    max(1, min(self.engine.parallelism(), groups)),
+                                    self._watermarks(now_ms) if self.windows else None,
+                                    self._early(now_ms))
                 host.check_fence()
                 planned = self.checkpoint.write_plan(planned)
             else:
                 log.info("replaying micro-batch %d with its recorded offsets", batch)
+            clocks = self._clocks(planned)
             result = self.engine.micro_batch(MicroBatchSpec(
                 self.plan, self.job_context, metrics=self.settings.metrics,
                 cancelled=host.cancelled, batch=batch, committed=batch - 1,
@@ -198,18 +246,25 @@ class StreamLoop:
                 state=state.with_counted(counted).with_pin(host.pinned_batch()),
                 tasks=planned.state_tasks(groups), now_ms=planned.time_ms,
                 checkpoint_id=self.checkpoint.id, on_commit=host.check_fence,
+                windows=clocks,
             )).run()
             duration_ms = int((time.monotonic() - started) * 1000)
             files = dict(result.state_files)
             counted[batch] = files
+            event_time = self.event_time.after(
+                result.event_times, planned.time_ms,
+                {stage: clock.current for stage, clock in clocks.items()})
             host.check_fence()
             if not self.checkpoint.write_commit(
-                CommitRecord(batch, planned.ends, int(time.time() * 1000), duration_ms, files),
+                CommitRecord(batch, planned.ends, int(time.time() * 1000), duration_ms, files,
+                             event_time=event_time),
                 state.with_counted(counted),
             ):
                 host.check_fence()  # committed by another driver: this one was replaced
                 log.warning("micro-batch %d was committed already; going on after it", batch)
                 counted = self.checkpoint.counted()  # its record names the files that count
+                event_time = self.checkpoint.commit_record(batch).event_time or EventTime()
+            self.event_time = event_time
             for old in [b for b in counted if b <= batch - 2 * KEEP_LOG]:
                 del counted[old]  # its record is gone, and the files that did not count
             self._record(result, batch, duration_ms)
@@ -239,3 +294,4 @@ class StreamLoop:
             p.state[stage] = (size.keys, size.bytes)
         p.previous_batch_end_ms = p.last_batch_end_ms
         p.last_batch_end_ms = int(time.time() * 1000)
+        p.watermarks = dict(self.event_time.watermarks)

@@ -7,15 +7,16 @@ before any Spark work starts. No JVM is needed here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import cloudpickle
 
 from sparkjet.core.errors import PipelineDefinitionError, ProcessingGuaranteeError
-from sparkjet.core.graph import OpKind, PipelineGraph, Transform
+from sparkjet.core.graph import STATELESS, OpKind, PipelineGraph, Transform
 from sparkjet.core.model import ProcessingGuarantee
 from sparkjet.core.plugin_manager import PluginHost, Registered
+from sparkjet.core.windows import Timestamps
 
 #: Operations a streaming job cannot run, with the reason shown to the user.
 _NOT_IN_STREAMS = {
@@ -34,6 +35,8 @@ class Plan:
     streaming: bool
     #: The registration of each source, sink and stateful-transform node.
     participants: dict[Transform, Registered]
+    #: Per windowed stage, the source stages its items come from and their timestamps.
+    event_sources: dict[str, dict[str, Timestamps]] = field(default_factory=dict)
 
     def name(self, node: Transform) -> str:
         return self.names[node]
@@ -59,6 +62,7 @@ def plan(pipeline: Any, host: PluginHost, guarantee: ProcessingGuarantee) -> Pla
     streaming = any(node.params["source"].streaming for node in nodes if node.op == OpKind.SOURCE)
     for node in nodes:
         _check_picklable(node, names[node])
+    event_sources = {names[n]: _event_sources(n, names) for n in nodes if n.op == OpKind.WINDOW}
     if streaming:
         _check_streaming_sources(nodes, names)
         for node in nodes:
@@ -69,7 +73,36 @@ def plan(pipeline: Any, host: PluginHost, guarantee: ProcessingGuarantee) -> Pla
                     names[node],
                 )
         _check_guarantee(participants, names, guarantee)
-    return Plan(pipeline, names, nodes, streaming, participants)
+    return Plan(pipeline, names, nodes, streaming, participants, event_sources)
+
+
+def _event_sources(window: Transform, names: dict[Transform, str]) -> dict[str, Timestamps]:
+    """The timestamped sources a windowed stage's items come from; refuses a stage without."""
+    found: dict[str, Timestamps] = {}
+    missing: list[str] = []
+    todo = list(window.inputs)
+    while todo:
+        node = todo.pop()
+        if node.op == OpKind.SOURCE:
+            timestamps = node.params.get("timestamps")
+            if timestamps is None:
+                missing.append(names[node])
+            else:
+                found[names[node]] = timestamps
+        elif node.op in STATELESS or node.op == OpKind.MERGE:
+            todo.extend(node.inputs)
+        else:
+            missing.append(names[node])
+    if missing:
+        culprit = ", ".join(f"'{m}'" for m in sorted(set(missing)))
+        raise PipelineDefinitionError(
+            f"stage '{names[window]}' windows items that have no timestamps: they come from "
+            f"{culprit}, which gives none; call with_timestamps(fn, allowed_lag_ms) (or "
+            "with_ingestion_timestamps()) on the source stage (a stateful stage's output has "
+            "no timestamps)",
+            names[window],
+        )
+    return found
 
 
 def _check_streaming_sources(nodes: list[Transform], names: dict[Transform, str]) -> None:
@@ -134,10 +167,12 @@ def _check_picklable(node: Transform, name: str) -> None:
         if key == "operation":
             things.extend(
                 (f"aggregate operation's {part}", getattr(value, part))
-                for part in ("create", "accumulate", "combine", "finish")
+                for part in ("create", "accumulate", "combine", "finish", "deduct")
             )
         elif key in ("source", "sink", "transform", "create_fn", "map_fn"):
             things.append((key, value))
+        elif key == "timestamps" and value.fn is not None:
+            things.append(("timestamp function", value.fn))
     for label, thing in things:
         try:
             cloudpickle.dumps(thing)

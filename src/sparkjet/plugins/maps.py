@@ -10,6 +10,7 @@ from sparkjet.plugin import (
     CommitLogAccess,
     CommitLogSink,
     JobContext,
+    KeyedWindowResult,
     LogRecord,
     Source,
     StoreAccess,
@@ -49,6 +50,8 @@ class MapSource(Source):
 class MapSink(CommitLogSink):
     """Upserts ``(key, value)`` items into the store's map ``name`` in one commit.
 
+    A ``KeyedWindowResult`` is stored as ``key -> result``.
+
     When a key occurs more than once, the last one in encounter order wins.
     """
 
@@ -64,6 +67,8 @@ class MapSink(CommitLogSink):
         """Runs on an executor: check and stage this partition's pairs."""
         pairs = []
         for item in items:
+            if isinstance(item, KeyedWindowResult):  # a map entry, as in Jet
+                item = item.entry()
             if not isinstance(item, tuple | list) or len(item) != 2:
                 raise TypeError(
                     f"map sink '{self.name}' takes (key, value) pairs, got {item!r}"

@@ -63,6 +63,10 @@ class StreamSource(Source):
         """Runs on the driver: ``(partition, start, end)`` for each partition with new items."""
         return [(p, s, e) for p, (s, e) in enumerate(zip(start, end, strict=True)) if e > s]
 
+    def watermark_partition(self, descriptor: Any) -> str:
+        """The stream partition a descriptor ``(partition, start, end)`` reads."""
+        return str(descriptor[0])
+
     def partitions(self, context: JobContext) -> Sequence[Any]:
         """A stream has no batch plan: streaming jobs call :meth:`plan_range`."""
         raise NotImplementedError("StreamSource is read by streaming jobs only")

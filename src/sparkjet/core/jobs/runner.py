@@ -36,6 +36,7 @@ from sparkjet.core.errors import (
     JobFencedError,
     JobStateError,
 )
+from sparkjet.core.event_time import NO_WATERMARK, late_counter
 from sparkjet.core.exports import (
     ExportCut,
     cut_export,
@@ -43,7 +44,7 @@ from sparkjet.core.exports import (
     release_cut,
     seed_checkpoint,
 )
-from sparkjet.core.graph import Transform
+from sparkjet.core.graph import OpKind, Transform
 from sparkjet.core.jobs.control import ControlDesk
 from sparkjet.core.jobs.exporting import ExportQueue, ExportRequest
 from sparkjet.core.jobs.lifecycle import (
@@ -668,6 +669,11 @@ class JobRunner:
                 if streaming and names[node] in self.progress.state:
                     keys, size = self.progress.state[names[node]]
                     stage.update(snapshotKeys=keys, snapshotBytes=size)
+                if node.op == OpKind.WINDOW:
+                    stage["lateEventsDropped"] = counts.get(late_counter(names[node]), 0)
+                    if streaming:
+                        stage["watermark"] = self.progress.watermarks.get(names[node],
+                                                                          NO_WATERMARK)
                 stages[names[node]] = stage
         metrics: dict[str, Any] = {
             "executionStartTime": self.execution_start,

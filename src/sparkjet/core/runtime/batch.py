@@ -28,23 +28,42 @@ from typing import Any
 from sparkjet.core.contracts import JobContext, TaskContext
 from sparkjet.core.engine import BatchResult, BatchSpec
 from sparkjet.core.errors import JobFailedError
+from sparkjet.core.event_time import late_counter
 from sparkjet.core.fusion import (
     FOLDING,
     FusedPass,
     Op,
     SortKey,
     StageFailure,
+    Stamp,
+    StampKind,
     Terminal,
     TerminalKind,
     decode_failure,
 )
 from sparkjet.core.graph import KEYED, STATELESS, OpKind, Transform
-from sparkjet.core.keyed import KeyedFold, folded_records, keyed_fold, reduce_batch
+from sparkjet.core.keyed import KeyedFold, folded_records, reduce_batch
 from sparkjet.core.planner import Plan
+from sparkjet.core.windowing import stage_fold
 
 log = logging.getLogger("sparkjet.batch")
 
 _first = itemgetter(0)
+
+
+class EventTimesParam:
+    """Accumulator of ``{(source stage, partition index): highest timestamp}`` (the max wins)."""
+
+    def zero(self, value: dict[tuple[str, int], Any]) -> dict[tuple[str, int], Any]:
+        return {}
+
+    def addInPlace(
+        self, left: dict[tuple[str, int], Any], right: dict[tuple[str, int], Any]
+    ) -> dict[tuple[str, int], Any]:
+        for key, value in right.items():
+            had = left.get(key)
+            left[key] = value if had is None or value > had else had
+        return left
 
 
 class CountsParam:
@@ -71,6 +90,8 @@ class Flow:
     rdd: Any
     ops: list[Op] = field(default_factory=list)
     reader: ReadTask | None = None
+    #: How the items carry event time (None: they have none); see :class:`Stamp`.
+    stamp: Stamp | None = None
 
 
 # --- executor-side tasks -------------------------------------------------------
@@ -119,6 +140,23 @@ class Task:
         if self.counts is not None and self.fused is not None:
             stages = self.fused.stage_counts(raw)
             self.count({stage: out for stage, (_, out) in stages.items()})
+
+    #: The batch's :class:`EventTimesParam` accumulator (None: not reported).
+    event_times: Any = None
+
+    def report_time(self, pidx: int, state: dict[str, Any]) -> None:
+        """Report the partition's highest timestamp and late items the pass left in ``state``."""
+        fused = self.fused
+        if fused is None:
+            return
+        stamp = fused.stamp
+        highest = state.get("hi")
+        if (self.event_times is not None and highest is not None and stamp is not None
+                and stamp.stage is not None):
+            self.event_times.add({(stamp.stage, pidx): highest})
+        late = state.get("late")
+        if late:
+            self.count({late_counter(self.stage): late})
 
 
 class _Attributing:
@@ -180,21 +218,33 @@ class PassTask(Task):
     fused: FusedPass
 
     def __init__(
-        self, fused: FusedPass, stage: str, counts: Any, reader: ReadTask | None = None
+        self,
+        fused: FusedPass,
+        stage: str,
+        counts: Any,
+        reader: ReadTask | None = None,
+        *,
+        watermark: Any = None,
+        event_times: Any = None,
     ) -> None:
         self.fused, self.stage, self.counts, self.reader = fused, stage, counts, reader
+        #: A windowed terminal's watermark: items before it are late.
+        self.watermark = watermark
+        self.event_times = event_times
 
     def __call__(self, pidx: int, items: Iterator[Any]) -> Iterator[Any]:
         fused = self.fused
         counts: dict[str, int] = {}
+        state: dict[str, Any] = {"pidx": pidx, "wm": self.watermark}
         with self.attributing():
             if self.reader is not None:
                 items = iter(self.reader.items(pidx, items))
             if fused.terminal.kind in FOLDING:
-                yield from folded_records(fused, pidx, items, counts)
+                yield from folded_records(fused, state, items, counts)
             else:
-                yield from fused.run(items, counts, {"pidx": pidx})
+                yield from fused.run(items, counts, state)
         self.count_pass(counts)
+        self.report_time(pidx, state)
 
 
 class ReduceTask(Task):
@@ -302,21 +352,25 @@ class SinkTask(Task):
         context: TaskContext,
         counts: Any,
         reader: ReadTask | None = None,
+        event_times: Any = None,
     ) -> None:
         self.fused, self.sink, self.state, self.stage = fused, sink, state, stage
         self.context, self.counts, self.reader = context, counts, reader
+        self.event_times = event_times
 
     def __call__(self, pidx: int, items: Iterator[Any]) -> Iterator[Any]:
         counts: dict[str, int] = {}
+        state: dict[str, Any] = {"pidx": pidx}
         ctx = TaskContext(self.context.job_id, pidx, self.context.store, self.context.options)
         with self.attributing():
             source: Any = items
             if self.reader is not None:
                 source = self.reader.items(pidx, items)
-            if self.fused.ops or self.reader is None:
-                source = self.fused.run(iter(source), counts, {"pidx": pidx})
+            if self.fused.ops or self.reader is None or self.fused.stamp is not None:
+                source = self.fused.run(iter(source), counts, state)
             message = self.sink.write(self.state, source, ctx)
         self.count_pass(counts)
+        self.report_time(pidx, state)
         yield message
 
 
@@ -334,8 +388,11 @@ class BatchRun:
         self.cancelled = spec.cancelled
         self.on_commit = spec.on_commit
         self.counts = sc.accumulator({}, CountsParam()) if spec.metrics else None
+        #: Highest timestamps by source partition (streaming jobs set it: the watermark).
+        self.event_times: Any = None
         self.parallelism = max(1, int(sc.defaultParallelism))
         self._persisted: list[Any] = []
+        self._started_ms = int(time.time() * 1000)
         self._written: list[tuple[Transform, Any, Any, list[Any]]] = []
 
     def stage_counts(self) -> dict[str, int]:
@@ -377,10 +434,13 @@ class BatchRun:
         if node.op in STATELESS:
             upstream = flows[node.inputs[0]]
             assert node.fn is not None
-            return Flow(upstream.rdd, [*upstream.ops, Op(node.op, name, node.fn)], upstream.reader)
+            return Flow(upstream.rdd, [*upstream.ops, Op(node.op, name, node.fn)],
+                        upstream.reader, upstream.stamp)
         if node.op == OpKind.MERGE:
-            rdds = [self._materialize(flows[i], name) for i in node.inputs]
-            return Flow(self.sc.union(rdds))
+            # Items keep their timestamps through a merge of timestamped branches only.
+            paired = all(flows[i].stamp is not None for i in node.inputs)
+            rdds = [self._materialize(flows[i], name, paired) for i in node.inputs]
+            return Flow(self.sc.union(rdds), stamp=Stamp(StampKind.PAIRED) if paired else None)
         if node.op == OpKind.SINK:
             self._sink(node, name, flows[node.inputs[0]])
             return None
@@ -405,29 +465,53 @@ class BatchRun:
             ) from exc
         task_ctx = TaskContext(ctx.job_id, 0, ctx.store, ctx.options)
         rdd = self.sc.parallelize(descriptors, max(1, len(descriptors)))
-        return Flow(rdd, reader=ReadTask(source, name, task_ctx, self.counts))
+        return Flow(rdd, reader=ReadTask(source, name, task_ctx, self.counts),
+                    stamp=self._stamp(node, name))
+
+    def _stamp(self, node: Transform, name: str) -> Stamp | None:
+        """How a source's items get their timestamps (None: they have none)."""
+        timestamps = node.params.get("timestamps")
+        if timestamps is None:
+            return None
+        if timestamps.fn is None:
+            return Stamp(StampKind.NOW, name, now_ms=self._now_ms())
+        return Stamp(StampKind.FN, name, timestamps.fn)
+
+    def _now_ms(self) -> int:
+        """Ingestion time: when the batch job started."""
+        return self._started_ms
 
     def _descriptors(self, node: Transform, source: Any, ctx: JobContext) -> Iterable[Any]:
         return source.partitions(ctx)  # type: ignore[no-any-return]
 
-    def _pass(self, flow: Flow, stage: str, terminal: Terminal | None = None) -> FusedPass:
-        return FusedPass(list(flow.ops), terminal or Terminal(TerminalKind.YIELD), self.metrics)
+    def _pass(
+        self, flow: Flow, stage: str, terminal: Terminal | None = None, pairs_out: bool = False
+    ) -> FusedPass:
+        return FusedPass(list(flow.ops), terminal or Terminal(TerminalKind.YIELD), self.metrics,
+                         flow.stamp, pairs_out and flow.stamp is not None)
 
-    def _materialize(self, flow: Flow, stage: str) -> Any:
-        if not flow.ops:
+    def _materialize(self, flow: Flow, stage: str, pairs: bool = False) -> Any:
+        """The flow's items as an RDD: ``(t, item)`` pairs with ``pairs`` (timestamped flows)."""
+        pairs = pairs and flow.stamp is not None
+        computes = flow.stamp is not None and flow.stamp.kind != StampKind.PAIRED
+        if not flow.ops and not computes and (pairs or flow.stamp is None):
             if flow.reader is not None:
                 return flow.rdd.mapPartitionsWithIndex(flow.reader, True)
             return flow.rdd
         return flow.rdd.mapPartitionsWithIndex(
-            PassTask(self._pass(flow, stage), stage, self.counts, flow.reader), True
+            PassTask(self._pass(flow, stage, pairs_out=pairs), stage, self.counts, flow.reader,
+                     event_times=self.event_times),
+            True,
         )
 
     def _materialize_shared(self, node: Transform, flow: Flow) -> Flow:
         from pyspark import StorageLevel
 
-        rdd = self._materialize(flow, self.plan.name(node)).persist(StorageLevel.MEMORY_AND_DISK)
+        paired = flow.stamp is not None
+        rdd = self._materialize(flow, self.plan.name(node), paired)
+        rdd = rdd.persist(StorageLevel.MEMORY_AND_DISK)
         self._persisted.append(rdd)
-        return Flow(rdd)
+        return Flow(rdd, stamp=Stamp(StampKind.PAIRED) if paired else None)
 
     def _map_side(self, fold: KeyedFold, node: Transform, name: str, flow: Flow) -> Any:
         """The map side of a keyed stage, fused into the pass that feeds it.
@@ -438,17 +522,23 @@ class BatchRun:
         stateful transforms).
         """
         terminal = fold.terminal(name, node.fn)
+        clock = getattr(fold, "clock", None)
         return flow.rdd.mapPartitionsWithIndex(
-            PassTask(self._pass(flow, name, terminal), name, self.counts, flow.reader), True
+            PassTask(self._pass(flow, name, terminal), name, self.counts, flow.reader,
+                     watermark=None if clock is None else clock.late_before,
+                     event_times=self.event_times),
+            True,
         )
 
     def _keyed(self, node: Transform, name: str, flow: Flow) -> Flow:
-        fold = keyed_fold(node.op, node.params)
+        fold = stage_fold(node.op, node.params)
         mapped = self._map_side(fold, node, name, flow)
         task = ReduceTask(fold, name, self.counts)
-        return Flow(self._reduce(mapped, task, self.parallelism))
+        return Flow(self._reduce(mapped, task, self.parallelism, node.op == OpKind.WINDOW))
 
-    def _reduce(self, mapped: Any, task: ReduceTask, partitions: int) -> Any:
+    def _reduce(
+        self, mapped: Any, task: ReduceTask, partitions: int, by_position: bool = False
+    ) -> Any:
         """Reduce map-side partials keyed by key; the result RDD is in encounter order.
 
         The map side runs once, cached. When its partials are few (the usual
@@ -466,6 +556,8 @@ class BatchRun:
             slices = self.parallelism if len(items) > DRIVER_REDUCE_LIMIT // 10 else 1
             return self.sc.parallelize(items, slices)
         reduced = mapped.partitionBy(partitions).mapPartitions(task)
+        if by_position:  # positions that are not (pidx, pos, j): a sort by them
+            return reduced.sortByKey(numPartitions=partitions).values()
         return self._reorder(reduced, mapped.getNumPartitions())
 
     def _reorder(self, tagged: Any, partitions: int) -> Any:
@@ -477,7 +569,7 @@ class BatchRun:
         )
 
     def _global_aggregate(self, node: Transform, name: str, flow: Flow) -> Flow:
-        fold = keyed_fold(OpKind.AGGREGATE, node.params)
+        fold = stage_fold(OpKind.AGGREGATE, node.params)
         mapped = self._map_side(fold, node, name, flow)
         task = ReduceTask(fold, name, self.counts)
         return Flow(self._reduce(mapped, task, 1))
@@ -487,7 +579,9 @@ class BatchRun:
 
         terminal = Terminal(TerminalKind.SORTKEY, name, node.fn, reverse=node.params["reverse"])
         keyed = flow.rdd.mapPartitionsWithIndex(
-            PassTask(self._pass(flow, name, terminal), name, self.counts, flow.reader), True
+            PassTask(self._pass(flow, name, terminal), name, self.counts, flow.reader,
+                     event_times=self.event_times),
+            True,
         ).persist(StorageLevel.MEMORY_AND_DISK)
         self._persisted.append(keyed)
         partitions = self.parallelism
@@ -515,7 +609,8 @@ class BatchRun:
             raise StageFailure(name, exc) from None
         task_ctx = TaskContext(ctx.job_id, 0, ctx.store, ctx.options)
         task = SinkTask(
-            self._pass(flow, name), sink, state, name, task_ctx, self.counts, flow.reader
+            self._pass(flow, name), sink, state, name, task_ctx, self.counts, flow.reader,
+            self.event_times,
         )
         entry: tuple[Transform, Any, Any, list[Any]] = (node, sink, state, [])
         self._written.append(entry)

@@ -29,10 +29,11 @@ from sparkjet.core import compaction
 from sparkjet.core.contracts import JobContext
 from sparkjet.core.engine import BatchResult, BatchSpec, MicroBatchSpec, StateSize
 from sparkjet.core.graph import Transform
-from sparkjet.core.keyed import KeyedFold, fold_into, group_parts, keyed_fold
+from sparkjet.core.keyed import KeyedFold, fold_into, group_parts
 from sparkjet.core.keygroups import KeyGroupPartition, task_range
-from sparkjet.core.runtime.batch import BatchRun, Flow, Task
+from sparkjet.core.runtime.batch import BatchRun, EventTimesParam, Flow, Task
 from sparkjet.core.state_files import RangeState, StatePaths, StateRange, StateVersion
+from sparkjet.core.windowing import stage_fold
 
 __all__ = ["MicroBatch", "StateTask"]
 
@@ -118,6 +119,11 @@ class StateTask(Task):
             self.reports.add({StateRange(self.stage, lo, hi): RangeReport(keys, size, written)})
         yield from outputs
 
+    def _timed_work(self) -> bool:
+        """Whether event time gives the fold work this batch (a window may be due)."""
+        clock = getattr(self.fold, "clock", None) if self.fold.timed else None
+        return clock is not None and (clock.current > clock.previous or clock.early)
+
     def _state(self, lo: int, hi: int, chain: list[StateVersion]) -> RangeState:
         """Key groups ``[lo, hi)`` as of the last committed batch (made of ``chain``).
 
@@ -144,7 +150,8 @@ class StateTask(Task):
         # Files written by tasks of other ranges (the batch before ran with
         # another number of tasks): this batch writes a full copy of its own.
         own = all(v.lo == lo and v.hi == hi for v in chain)
-        if not groups and not self.ttl_ms and own:  # nothing to fold in, expire or rewrite
+        # Nothing to fold in, expire, emit or rewrite:
+        if not groups and not self.ttl_ms and own and not self._timed_work():
             if not chain:
                 return [], 0, 0, ""
             return [], chain[-1].keys, sum(paths.size(stage, v) for v in chain), ""
@@ -190,6 +197,14 @@ class MicroBatch(BatchRun):
         # The batch's planned time, so a replay expires exactly what the first run did.
         self.now_ms = spec.now_ms
         self.reports = sc.accumulator({}, RangeReportsParam())
+        self.windows = dict(spec.windows)
+        self.event_times = sc.accumulator({}, EventTimesParam())
+        #: Per source stage, the partition each Spark partition read (for the watermark).
+        self._partitions: dict[str, list[str]] = {}
+
+    def _now_ms(self) -> int:
+        """Ingestion time: the batch's planned time, the same on a replay."""
+        return self.now_ms
 
     def _result(self) -> BatchResult:
         """The batch's counts, and per stage its state and the files that count."""
@@ -198,17 +213,27 @@ class MicroBatch(BatchRun):
         for key, report in reports.items():
             keys, size = state.get(key.stage, (0, 0))
             state[key.stage] = StateSize(keys + report.keys, size + report.bytes)
+        seen: dict[str, dict[str, Any]] = {}
+        for (stage, pidx), highest in self.event_times.value.items():
+            partition = self._partitions[stage][pidx]
+            had = seen.setdefault(stage, {}).get(partition)
+            seen[stage][partition] = highest if had is None or highest > had else had
         return BatchResult(
             items=self.stage_counts(), state=state,
             state_files={key: report.file for key, report in reports.items()},
+            event_times=seen,
         )
 
     def _descriptors(self, node: Transform, source: Any, ctx: JobContext) -> Iterable[Any]:
-        start, end = self.source_ranges[self.plan.name(node)]
-        return source.plan_range(start, end, ctx)  # type: ignore[no-any-return]
+        name = self.plan.name(node)
+        start, end = self.source_ranges[name]
+        descriptors = list(source.plan_range(start, end, ctx))
+        if node.params.get("timestamps") is not None:
+            self._partitions[name] = [str(source.watermark_partition(d)) for d in descriptors]
+        return descriptors
 
     def _keyed(self, node: Transform, name: str, flow: Flow) -> Flow:
-        fold = keyed_fold(node.op, node.params)
+        fold = stage_fold(node.op, node.params, self.windows.get(name))
         mapped = self._map_side(fold, node, name, flow)
         task = StateTask(
             fold, name, node.params.get("ttl_ms"), self.state, self.batch, self.committed,
