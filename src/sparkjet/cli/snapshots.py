@@ -141,6 +141,14 @@ def inspect_snapshot(args: argparse.Namespace, client: Client) -> int:
             "Sources" if index == 0 else "",
             f"{source}: {json.dumps(offsets, sort_keys=True, default=repr)}",
         ))
+    event_time = snapshot.event_time()
+    if event_time is not None:
+        for index, (stage, mark) in enumerate(sorted(event_time.watermarks.items())):
+            fields.append(("Watermarks" if index == 0 else "", f"{stage}: {_millis(mark)}"))
+        for index, (source, parts) in enumerate(sorted(event_time.partitions.items())):
+            highest = ", ".join(f"{p}: {_millis(v[0])}" for p, v in sorted(parts.items()))
+            fields.append(("Event time" if index == 0 else "",
+                           f"{source}: highest timestamp by partition: {highest}"))
     width = max(len(label) for label, _ in fields) + 2
     for label, value in fields:
         out(f"{(label + ':') if label else '':<{width}}{value}".rstrip())
@@ -168,6 +176,15 @@ def inspect_snapshot(args: argparse.Namespace, client: Client) -> int:
         out(f"Verified: {_plural(len(files), 'file')}, every size and sha256 as the manifest "
             "says")
     return EXIT_OK
+
+
+def _millis(value: int) -> str:
+    """A watermark or timestamp: the number, and the local time it is when it looks like one."""
+    if value <= -(2**62):
+        return "none yet"
+    if 10**11 < value < 10**14:  # 1973 to 5138: epoch milliseconds
+        return f"{value} ({format_time_millis(value)})"
+    return str(value)
 
 
 # --- check-upgrade -------------------------------------------------------------------------
@@ -202,6 +219,23 @@ def check_upgrade(args: argparse.Namespace, client: Client) -> int:
     ]
     for line in table(header, cells):
         out(line)
+    windowed = [r for r in rows if r.old_window is not None or r.new_window is not None]
+    if windowed:
+        out()
+        out("Windows:")
+    for r in windowed:
+        before = r.old_window.describe() if r.old_window else "(none)"
+        after = r.new_window.describe() if r.new_window else "(none)"
+        change = f"{after}, unchanged" if before == after else f"{before} -> {after}"
+        text = f"  '{r.stage}': {change}"
+        if r.status == "incompatible":
+            text += ": refused (a sliding or tumbling window cannot become a session window, " \
+                    "nor the other way; nor can the accumulator change)"
+        elif r.note:
+            text += f": {r.note}"
+        elif r.status == "new":
+            text += ": starts empty, at the sources' watermark"
+        out(text)
     counts = {status: sum(r.status == status for r in rows) for status in _STATUS_TEXT}
     summary = ", ".join(
         f"{count} {_STATUS_TEXT[status]}" for status, count in counts.items() if count

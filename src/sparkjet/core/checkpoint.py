@@ -215,7 +215,7 @@ class CommitRecord:
             _state_from_json(state) if isinstance(state, dict) else None,
             RestoredFrom(str(restored["snapshot"]), int(restored["batch"]),
                          str(restored["job_id"])) if isinstance(restored, dict) else None,
-            EventTime.from_json(data.get("event_time")),
+            EventTime.from_json(data["event_time"]) if "event_time" in data else None,
         )
 
 

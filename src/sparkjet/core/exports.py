@@ -33,7 +33,7 @@ import contextlib
 import json
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import cloudpickle
@@ -46,11 +46,13 @@ from sparkjet.core.errors import (
     StateIncompatibleError,
     StoreError,
 )
+from sparkjet.core.event_time import EventTime
 from sparkjet.core.graph import OpKind
 from sparkjet.core.keygroups import task_range
 from sparkjet.core.model import DEFAULT_KEY_GROUPS
 from sparkjet.core.planner import Plan
 from sparkjet.core.snapshots.format import (
+    EVENT_TIME_FILE,
     parse_state_file,
     pipeline_fingerprint,
     state_file_path,
@@ -61,6 +63,7 @@ from sparkjet.core.snapshots.manifest import Manifest, ManifestFields, StageFiel
 from sparkjet.core.snapshots.reader import Snapshot
 from sparkjet.core.snapshots.storage import SnapshotStore
 from sparkjet.core.state_files import Counted, StatePaths, StateRange, StateVersion
+from sparkjet.core.windows import WindowDefinition
 
 __all__ = [
     "ExportCut",
@@ -71,6 +74,7 @@ __all__ = [
     "release_cut",
     "require_compatible",
     "seed_checkpoint",
+    "window_transition",
 ]
 
 
@@ -87,22 +91,85 @@ class UpgradeRow:
     #: The state signature in the snapshot, and in the new pipeline.
     old_signature: Any = None
     new_signature: Any = None
+    #: What the restore does to a windowed stage whose definition changed ("": nothing).
+    note: str = ""
+
+    @property
+    def old_window(self) -> WindowDefinition | None:
+        """The window definition in the snapshot (windowed stages)."""
+        return _definition(self.old_signature)
+
+    @property
+    def new_window(self) -> WindowDefinition | None:
+        """The window definition in the new pipeline (windowed stages)."""
+        return _definition(self.new_signature)
+
+
+def _definition(signature: Any) -> WindowDefinition | None:
+    if isinstance(signature, dict):
+        return WindowDefinition.from_json(signature.get("definition"))
+    return None
+
+
+def _shape(signature: Any) -> Any:
+    """What must match for state to be restored: the signature but a window's definition."""
+    if isinstance(signature, dict) and signature.get("op") == "window":
+        return {k: v for k, v in signature.items() if k != "definition"}
+    return signature
+
+
+def window_transition(old: WindowDefinition, new: WindowDefinition) -> str:
+    """What starting ``new`` from state kept by ``old`` does, in a sentence or two ("": nothing).
+
+    Jet's rules (``003``): sizes, slides and timeouts may change, frames being
+    reassigned by their end; early results may be switched on or off.
+    """
+    notes = []
+    if old.is_session:
+        if new.timeout != old.timeout:
+            notes.append(f"open sessions are merged anew with the new timeout "
+                         f"({old.timeout} -> {new.timeout} ms)")
+    else:
+        if new.slide != old.slide:
+            notes.append(f"frames are reassigned to the new slide by their end "
+                         f"({old.slide} -> {new.slide} ms); where the slides do not divide "
+                         "each other, a frame's events count in the new frame its end falls in")
+        if new.size > old.size:
+            notes.append(f"the window grows ({old.size} -> {new.size} ms): frames purged under "
+                         "the old size are gone, so results miss them until one full new "
+                         "window has passed")
+        elif new.size < old.size:
+            notes.append(f"the window shrinks ({old.size} -> {new.size} ms): frames older "
+                         "than the new size are purged at the next emission")
+    if bool(new.early_period) != bool(old.early_period):
+        notes.append("early results are switched " + ("on" if new.early_period else "off"))
+    elif new.early_period != old.early_period:
+        notes.append(f"early results every {new.early_period} ms (was {old.early_period})")
+    return "; ".join(notes)
 
 
 def check_upgrade(plan: Plan, manifest: Manifest) -> list[UpgradeRow]:
-    """Per stateful stage of the pipeline and of the snapshot: what a restore would do."""
+    """Per stateful stage of the pipeline and of the snapshot: what a restore would do.
+
+    A windowed stage may change its window's size, slide or session timeout
+    and switch early results (the row's ``note`` says what that does); it
+    may not change between sliding (or tumbling) and session windows, nor its
+    accumulator: those rows are ``incompatible``.
+    """
     rows = []
     new = {name: state_signature(node) for name, node in stateful_stages(plan).items()}
     for name, signature in new.items():
         old = manifest.stage(name)
         if old is None:
             rows.append(UpgradeRow(name, "new", 0, None, signature))
-        elif old.state_signature != signature:
+        elif _shape(old.state_signature) != _shape(signature):
             rows.append(UpgradeRow(name, "incompatible", old.key_count, old.state_signature,
                                    signature))
         else:
-            rows.append(UpgradeRow(name, "restored", old.key_count, old.state_signature,
-                                   signature))
+            row = UpgradeRow(name, "restored", old.key_count, old.state_signature, signature)
+            before, after = row.old_window, row.new_window
+            note = window_transition(before, after) if before and after else ""
+            rows.append(replace(row, note=note))
     rows.extend(UpgradeRow(s.name, "dropped", s.key_count, s.state_signature, None)
                 for s in manifest.stages if s.name not in new)
     return rows
@@ -147,6 +214,8 @@ class ExportCut:
     counted: Counted
     #: The pin's token, for :func:`release_cut` ("": nothing pinned).
     pin: str
+    #: Event time as of the batch (None: the job has none).
+    event_time: EventTime | None = None
 
 
 def cut_export(
@@ -193,7 +262,8 @@ def cut_export(
         listed = paths.versions(stage)
         chains[stage] = {(lo, hi): StatePaths.chain(listed, batch, lo, hi) for lo, hi in ranges}
     pin = checkpoint.pin(batch)
-    return ExportCut(batch, dict(record.ends), tasks, groups, chains, counted, pin)
+    return ExportCut(batch, dict(record.ends), tasks, groups, chains, counted, pin,
+                     record.event_time)
 
 
 def release_cut(checkpoint: Checkpoint, cut: ExportCut) -> None:
@@ -240,10 +310,15 @@ def export_state(
             total += keys
         stages.append(StageFields(stage, node.op.value, state_signature(node), total, groups,
                                   stage_files))
+    extra: list[str] = []
+    if cut.event_time is not None and not cut.event_time.empty():
+        encoded = json.dumps(cut.event_time.to_json(), sort_keys=True).encode()
+        files.append((EVENT_TIME_FILE, [encoded]))  # type: ignore[arg-type]
+        extra.append(EVENT_TIME_FILE)
     fields = ManifestFields(
         job_id=job_id, job_name=job_name, sparkjet_version=versions[0],
         spark_version=versions[1], pipeline_fingerprint=pipeline_fingerprint(plan),
-        batch_id=batch, sources=dict(cut.ends), stages=stages,
+        batch_id=batch, sources=dict(cut.ends), stages=stages, files=extra,
     )
     return snapshots.write(name, fields, files)
 
@@ -392,8 +467,12 @@ def seed_checkpoint(
             source = plan.name(node)
             ends[source] = (manifest.sources[source] if source in manifest.sources
                             else initial_offsets(source))
+    carried_time = snapshot.event_time()
+    if carried_time is not None:
+        windows = {r.stage for r in rows if r.status == "restored" and r.new_window}
+        carried_time = carried_time.restricted(set(ends), windows)
     checkpoint.write_commit(CommitRecord(
         0, ends, int(time.time() * 1000), 0, counted,
-        RestoredFrom(manifest.name, manifest.batch_id, manifest.job_id),
+        RestoredFrom(manifest.name, manifest.batch_id, manifest.job_id), carried_time,
     ))
     return rows

@@ -19,6 +19,10 @@ from sparkjet.core.graph import KEYED, OpKind, Transform
 from sparkjet.core.naming import encode_name as encode_store_name
 from sparkjet.core.planner import Plan
 
+#: The snapshot's data file holding event time at the cut (sources' highest
+#: timestamps, windowed stages' watermarks), when the job had any.
+EVENT_TIME_FILE = "event_time.json"
+
 
 def state_file_path(stage: str, lo: int, hi: int, keys: int) -> str:
     """Where a snapshot keeps key groups ``[lo, hi)`` of ``stage``'s state (``keys`` keys).
@@ -64,6 +68,15 @@ def state_signature(node: Transform) -> dict[str, Any]:
     stateless stage keeps the signature.
     """
     params = node.params
+    if node.op is OpKind.WINDOW:
+        # The definition is shown and compared by the upgrade rules, not matched exactly:
+        # a window's size, slide or timeout may change between versions.
+        operation = params["operation"]
+        definition = params["window"]
+        return {"op": "window", "window": "session" if definition.is_session else "frames",
+                "accumulator": _type_name(operation.create()),
+                "combiner": operation.combine is not None,
+                "definition": definition.to_json()}
     if node.op is OpKind.GROUP_AGGREGATE:
         operation = params["operation"]
         return {"op": "aggregate", "accumulator": _type_name(operation.create()),

@@ -6,6 +6,7 @@ import builtins
 import contextlib
 import hashlib
 import hmac
+import json
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -18,6 +19,8 @@ from sparkjet.core.errors import (
     SnapshotNotFoundError,
     SnapshotReplacedError,
 )
+from sparkjet.core.event_time import EventTime
+from sparkjet.core.snapshots.format import EVENT_TIME_FILE
 from sparkjet.core.snapshots.manifest import FileEntry, Manifest
 from sparkjet.core.snapshots.names import MANIFEST, snapshot_folder
 
@@ -142,6 +145,22 @@ class Snapshot:
                 f"{where} does not match its checksum (sha256 {sha256}, manifest says "
                 f"{entry.sha256})", self.name, entry.path,
             )
+
+    def event_time(self) -> EventTime | None:
+        """Event time at the cut: sources' highest timestamps, windowed stages' watermarks.
+
+        None when the job had none (no timestamped source).
+        """
+        if self.manifest.file(EVENT_TIME_FILE) is None:
+            return None
+        data = self.read_file(EVENT_TIME_FILE)
+        try:
+            return EventTime.from_json(json.loads(data))
+        except (ValueError, TypeError, KeyError, IndexError) as exc:
+            raise SnapshotCorruptedError(
+                f"snapshot {self.name!r}: {EVENT_TIME_FILE} cannot be read "
+                f"({type(exc).__name__}: {exc})", self.name, EVENT_TIME_FILE,
+            ) from None
 
     def read_file(self, relpath: str) -> bytes:
         """The data file ``relpath``, after checking its size and sha256 against the manifest."""
