@@ -34,7 +34,7 @@ def map_side(fold: KeyedFold, key_fn: Any, partitions: list[list[Any]]) -> list[
     records: list[Any] = []
     for pidx, items in enumerate(partitions):
         if fused.terminal.kind in FOLDING:
-            records.extend(folded_records(fused, pidx, iter(items), {}))
+            records.extend(folded_records(fused, {"pidx": pidx}, iter(items), {}))
         else:
             records.extend(fused.run(iter(items), {}, {"pidx": pidx}))
     return records

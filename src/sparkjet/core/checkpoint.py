@@ -21,6 +21,11 @@ start with ``z``), so attempts never overwrite one another. A commit record's
 attempt that counts (``""``: none); other attempts' files of that batch are
 ignored, and removed before the record is (see
 :meth:`sparkjet.core.state_files.StatePaths.counts`).
+A job with windowed stages also keeps event time (:mod:`sparkjet.core.event_time`):
+its plans hold ``"watermarks"`` (per windowed stage, the watermark the batch
+emits up to) and ``"early"`` (the stages emitting early results), its commit
+records ``"event_time"`` (per source partition the highest timestamp and when
+it was last seen; per windowed stage its watermark).
 A *pin* names a batch whose state a snapshot export is reading while the job
 goes on: no state file of that batch or an older one is removed while it
 stands (see :meth:`Checkpoint.pin`).
@@ -45,10 +50,8 @@ Layout (``jobs/<id>/checkpoint`` in the store; a throw-away
 ``jobs/<id>/scratch-<n>`` for NONE)::
 
     meta.json              {"format": 4, "key_groups": <n>, "stages": [<names>, sorted]}
-    offsets/<batch>.json   the plan (write-ahead): {"batch", "starts", "ends", "time", "tasks",
-                           "watermarks", "early"}
-    commits/<batch>.json   committed batches: {"ends", "time", "duration_ms", "state",
-                           "event_time"}
+    offsets/<batch>.json   the plan (write-ahead): {"batch", "starts", "ends", "time", "tasks"}
+    commits/<batch>.json   committed batches: {"ends", "time", "duration_ms", "state"}
     pins/<token>.json      a snapshot export reading a batch's state: {"batch", "time"}
     state/<stage>/<batch>-<lo>-<hi>-<keys>-<bytes>-<attempt>.state   a full copy of [lo, hi)
     state/<stage>/<batch>-<lo>-<hi>-<keys>-<bytes>-<attempt>.delta   one batch's changelog
