@@ -364,6 +364,25 @@ def test_exactly_once_survives_sigkilled_drivers(
         kills=["committed", "window", "early", "committed"], marker=Path(f"{store_url}.paused"),
     )
     assert_exactly_once(seqs, counts, log)
+    assert_windows_once(StoreLocation(store_url))
+
+
+def assert_windows_once(location: StoreLocation) -> None:
+    """Every complete tumbling window of the driver's windowed stage in list ``windows`` once.
+
+    The windows up to the watermark after the last item: their ends at most
+    ``N_ITEMS - 1 - lag``; each holds ``WINDOW`` items.
+    """
+    from tests.faults.stream_driver import WINDOW, WINDOW_LAG
+
+    client = sparkjet.connect(store=location.connect_overrides())
+    due = (N_ITEMS - 1 - WINDOW_LAG) // WINDOW
+    windows = client.get_list("windows")
+    # The last windows are emitted by a batch without input, after the last data.
+    wait_until(lambda: windows.size() >= due, 120, f"{due} windows")
+    got = Counter((w.start, w.end, w.result, w.is_early) for w in windows.get_all())
+    want = Counter((i * WINDOW, (i + 1) * WINDOW, WINDOW, False) for i in range(due))
+    assert got == want, (f"windows not each once: extra {got - want}, missing {want - got}")
 
 
 def assert_exactly_once(seqs: list[int], counts: dict[str, int], log: str) -> None:
@@ -384,11 +403,13 @@ def test_exactly_once_survives_sigkilled_drivers_on_s3(
     producers: list[Producer],
 ) -> None:
     """The store on S3 (moto): the job's driver in one process, the publisher in this one."""
+    location = s3_location.fresh()
     seqs, counts, log = run_crash_scenario(
-        "EXACTLY_ONCE", s3_location.fresh(), drivers, producers,
+        "EXACTLY_ONCE", location, drivers, producers,
         kills=["committed", "window", "committed"], marker=tmp_path / "paused",
     )
     assert_exactly_once(seqs, counts, log)
+    assert_windows_once(location)
 
 
 @pytest.mark.slow

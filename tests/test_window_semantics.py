@@ -164,7 +164,7 @@ def test_empty_windows_emit_nothing_and_state_is_purged() -> None:
     sim.batch([(0, 1, "k", 5)])
     out = sim.batch([(0, 100, "k", 1)])
     out += sim.batch([])
-    # [−2, 2) and [0, 4) hold the event; the 47 windows between them and 100 hold nothing.
+    # [-2, 2) and [0, 4) hold the event; the 47 windows between them and 100 hold nothing.
     assert [(r.start, r.end, r.result) for r in out] == [(-2, 2, 5), (0, 4, 5)]
     (_key, state), = sim.values.values()
     assert sorted(state.frames) == [102]  # only the frame of the event at 100 is kept
@@ -194,7 +194,7 @@ def test_negative_timestamps_floor_toward_minus_infinity() -> None:
     assert _rows(out) == [(-20, -10, "a", 1), (-10, 0, "a", 2)]
 
 
-@pytest.mark.parametrize("make, message", [
+@pytest.mark.parametrize(("make", "message"), [
     (lambda: WindowDefinition.sliding(10, 3), "must be a multiple of its slide"),
     (lambda: WindowDefinition.tumbling(0), "tumbling window's size must be a positive int"),
     (lambda: WindowDefinition.tumbling(1.5), "got 1.5"),

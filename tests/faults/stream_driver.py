@@ -4,7 +4,8 @@
         [--store-options JSON] [--marker PATH]
 
 The first run submits the job (``events`` stream -> counts per key into map
-``counts``, and every raw item into list ``seen``); a later run finds the job by
+``counts``, every raw item into list ``seen``, and a count per tumbling window
+of event time, the item's ``seq``, into list ``windows``); a later run finds the job by
 name and resumes it (its previous driver died, so the job reads SUSPENDED and
 ``resume()`` takes it over). Then it joins until killed.
 
@@ -46,17 +47,28 @@ SPARK = {
 }
 
 
+#: The tumbling window of the windowed stage, and its source's allowed lag.
+WINDOW = 1000
+WINDOW_LAG = 100
+
+
 def build_pipeline():  # type: ignore[no-untyped-def]
     from sparkjet.aggregate import counting
-    from sparkjet.pipeline import Pipeline, StreamSource
+    from sparkjet.pipeline import Pipeline, StreamSource, WindowDefinition
 
     p = Pipeline.create()
-    events = p.read_from(StreamSource("events")).set_name("events")
+    # Event time is the sequence number: each window of 1000 holds 1000 items.
+    events = (p.read_from(StreamSource("events")).set_name("events")
+              .with_timestamps(lambda e: e["seq"], allowed_lag_ms=WINDOW_LAG))
     (
         events.group_by(lambda e: e["key"]).aggregate(counting())
         .set_name("count-per-key").write_to(Pipeline.to_map("counts"))
     )
     events.map(lambda e: e).set_name("raw").write_to(Pipeline.to_list("seen"))
+    (
+        events.window(WindowDefinition.tumbling(WINDOW)).aggregate(counting())
+        .set_name("count-per-window").write_to(Pipeline.to_list("windows"))
+    )
     return p
 
 

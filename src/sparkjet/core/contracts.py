@@ -382,6 +382,17 @@ class Source(_Participant):
         """
         return "0"
 
+    def watermark_partitions(self, offsets: Any) -> Sequence[str]:
+        """Runs on the driver: every partition the source has at ``offsets`` (its latest).
+
+        A partition named here holds the watermark back until it sends an
+        event or has been idle for the idle timeout (as in Jet), so a
+        partition whose first events come late does not find them dropped.
+        Must agree with :meth:`watermark_partition`; the default is its one
+        partition.
+        """
+        return ["0"]
+
 
 class Sink(_Participant):
     """A sink: executors write partitions, the driver commits once.

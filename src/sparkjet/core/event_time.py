@@ -20,15 +20,16 @@ items fell into batches within the allowed lag:
   them (``lateEventsDropped``), folds in the rest, and emits each window
   whose end lies in ``(W(b-1), W(b)]``: each window once, in order of end.
 
-Partitions that never had an event do not hold the watermark back (a source
-plugin's partitions are known only by what they send). With no new data, the
+Every partition the source names (``Source.watermark_partitions``: a
+stream's partitions) holds the watermark back from the first batch planned
+after it appeared, until it sends an event or is idle for the timeout. With no new data, the
 loop runs a batch without input when a window is due (the watermark moved
 past it, by an idle timeout or by the last batch's data) or early results are.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,6 +102,23 @@ class EventTime:
         merged.update(watermarks)
         return EventTime(partitions, merged, time_ms)
 
+    def knowing(self, known: Mapping[str, Sequence[str]], time_ms: int) -> EventTime:
+        """The record with every partition in ``known`` (by source) it lacks added.
+
+        A partition known but without events yet holds the watermark back
+        (its highest timestamp is :data:`NO_WATERMARK`) until it has been idle,
+        counted from ``time_ms``, for its source's idle timeout.
+        """
+        missing = {source: [key for key in keys if key not in self.partitions.get(source, {})]
+                   for source, keys in known.items()}
+        if not any(missing.values()):
+            return self
+        partitions = {source: dict(parts) for source, parts in self.partitions.items()}
+        for source, keys in missing.items():
+            for key in keys:
+                partitions.setdefault(source, {})[key] = (NO_WATERMARK, time_ms)
+        return EventTime(partitions, self.watermarks, self.time_ms)
+
     def restricted(self, sources: set[str], stages: set[str]) -> EventTime:
         """Only what a pipeline with these source and windowed stages carries over."""
         return EventTime({s: p for s, p in self.partitions.items() if s in sources},
@@ -141,6 +159,8 @@ def source_watermark(
     horizon = now_ms - timestamps.idle_timeout_ms
     active = [highest for highest, seen in partitions.values() if seen > horizon]
     highest = min(active) if active else max(h for h, _ in partitions.values())
+    if highest == NO_WATERMARK:  # a partition without events yet holds it back
+        return NO_WATERMARK
     return highest - timestamps.allowed_lag_ms
 
 

@@ -156,6 +156,14 @@ class StreamLoop:
         #: Event time as of the last committed batch.
         self.event_time = EventTime()
 
+    def _know_partitions(self, latest: dict[str, Any], now_ms: int) -> None:
+        """Add the timestamped sources' partitions at ``latest`` to the event-time record."""
+        if not self.windows:
+            return
+        known = {self.plan.name(n): list(n.params["source"].watermark_partitions(
+            latest[self.plan.name(n)])) for n in self.sources if "timestamps" in n.params}
+        self.event_time = self.event_time.knowing(known, now_ms)
+
     def _watermarks(self, now_ms: int) -> dict[str, int]:
         """Each windowed stage's watermark for a batch planned at ``now_ms``."""
         return {stage: stage_watermark(self.event_time, stage, self.plan.event_sources[stage],
@@ -225,6 +233,7 @@ class StreamLoop:
                     for n in self.sources
                 }
                 now_ms = int(time.time() * 1000)
+                self._know_partitions(latest, now_ms)
                 if latest == ends and not self._time_due(now_ms):
                     time.sleep(IDLE_POLL_SECONDS)
                     continue

@@ -67,6 +67,10 @@ class StreamSource(Source):
         """The stream partition a descriptor ``(partition, start, end)`` reads."""
         return str(descriptor[0])
 
+    def watermark_partitions(self, offsets: Any) -> Sequence[str]:
+        """Every partition of the stream (its offsets are one per partition)."""
+        return [str(p) for p in range(len(offsets))]
+
     def partitions(self, context: JobContext) -> Sequence[Any]:
         """A stream has no batch plan: streaming jobs call :meth:`plan_range`."""
         raise NotImplementedError("StreamSource is read by streaming jobs only")
