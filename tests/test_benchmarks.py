@@ -37,6 +37,11 @@ RUNS = {
         ["fsspec copy", "export:", "restore: both", "longest gap during the export",
          "a snapshot every 1,000 ms"],
     ),
+    "windows": (
+        ["-n", "3000", "--auctions", "20", "--rate", "1000", "--latency-seconds", "3",
+         "--queries", "sliding"],
+        ["sparkjet EXACTLY_ONCE", "native structured streaming", "vs native"],
+    ),
     "state_scaling": (
         ["--sizes", "100,2000", "--probes", "2", "--increment", "20"],
         ["sparkjet", "native", "vs smallest", "targets:"],
