@@ -195,7 +195,7 @@ class Native(Contender):
         self.query: Any = None
 
     def start(self, size: int, slide: int, lag: int) -> None:
-        from pyspark.sql import functions as F  # noqa: N812
+        from pyspark.sql import functions as F
 
         self.spark.conf.set("spark.sql.shuffle.partitions",
                             str(max(1, int(self.spark.sparkContext.defaultParallelism))))
@@ -314,8 +314,8 @@ def run(contender: Contender, args: argparse.Namespace, size: int, slide: int
             sent = time.perf_counter()
             contender.publish(contender.encode(probe))
             if holds_bids and end > event_time - SECOND - lag:
-                arrived = wait_for(contender, lambda e=end: any(
-                    w[0] == e for w in contender.windows()[count_before:]), "a probe's window")
+                arrived = wait_for(contender, lambda e=end, c=count_before: any(
+                    w[0] == e for w in contender.windows()[c:]), "a probe's window")
                 latencies.append(arrived - sent)
             time.sleep(max(0.0, args.probe_every_ms / 1000 - (time.perf_counter() - sent)))
         median = statistics.median(latencies) * 1000 if latencies else float("nan")
