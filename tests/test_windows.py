@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 import time
 from collections import Counter
 from typing import Any
@@ -357,3 +358,51 @@ def test_sliding_to_session_is_refused_naming_the_stage_and_both_signatures(
     with pytest.raises(StateIncompatibleError, match=r"stage 'per-user' keeps state .*\"window\": "
                        r"\"frames\".* in the snapshot but .*\"window\": \"session\""):
         jet.submit(v2, config)
+
+
+# --- the command line -------------------------------------------------------------------------
+
+WINDOWED = """
+    from sparkjet import aggregate as agg
+    from sparkjet.pipeline import Pipeline, StreamSource, WindowDefinition
+
+    pipeline = Pipeline.create()
+    (pipeline.read_from(StreamSource("events")).with_timestamps(lambda e: e["ts"], 0)
+     .window(WindowDefinition.{definition}).group_by(lambda e: e["k"])
+     .aggregate(agg.summing(lambda e: e["v"])).set_name("w").write_to(Pipeline.to_list("out")))
+"""
+
+
+def test_check_upgrade_and_inspect_snapshot_show_windows_and_the_watermark(
+    capsys: pytest.CaptureFixture[str], jet: Any, client: sparkjet.Client
+) -> None:
+    from sparkjet.cli import main
+    from tests.test_cli import write_config, write_file
+
+    write_config(client)
+    stream = client.get_stream("events", partitions=1)
+    job = _start(jet, _windowed(StreamSource("events"), WindowDefinition.tumbling(10), "w",
+                                "out"), "v1")
+    stream.publish_all([{"ts": t, "k": 0, "v": 1} for t in range(35)])
+    wait_until(lambda: client.get_list("out").size() >= 3, what="three windows")
+    job.cancel_and_export_snapshot("wv1")
+
+    assert main(["inspect-snapshot", "wv1"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^Watermarks: +w: 34$", out, re.M), out
+    assert re.search(r"^Event time: +from-stream\(events\): highest timestamp by partition: "
+                     r"0: 34$", out, re.M), out
+
+    write_file("v2.py", WINDOWED.format(definition="sliding(20, 5).early_results(1000)"))
+    assert main(["check-upgrade", "-s", "wv1", "v2.py"]) == 0
+    out = capsys.readouterr().out
+    assert ("  'w': tumbling(size=10) -> sliding(size=20, slide=5, early=1000): frames are "
+            "reassigned to the new slide by their end (10 -> 5 ms)") in out
+    assert "the window grows (10 -> 20 ms)" in out and "early results are switched on" in out
+
+    write_file("v3.py", WINDOWED.format(definition="session(10)"))
+    assert main(["check-upgrade", "-s", "wv1", "v3.py"]) == 2
+    captured = capsys.readouterr()
+    assert "  'w': tumbling(size=10) -> session(timeout=10): refused" in captured.out
+    assert captured.err.startswith("ERROR: v3.py cannot start from snapshot 'wv1': 1 stage "
+                                   "incompatible: 'w' keeps state {")
