@@ -8,7 +8,9 @@ one warm-up run each) with the ratios against the baselines.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -59,3 +61,31 @@ def report(n: int, timings: dict[str, float], subject: str = "sparkjet") -> None
         ratio = seconds / timings[subject]
         print(f"{label:<36}{n / seconds / 1e6:>11.2f} M/s{ratio:>13.2f}x")
     print(f"\n(ratio = contender time / {subject} time; above 1.00x means {subject} is faster)")
+
+
+class JsonLinesFolder:
+    """A folder Spark's file source reads: a producer writes each JSON-lines file aside,
+    then moves it in whole."""
+
+    def __init__(self, prefix: str) -> None:
+        self.root = tempfile.mkdtemp(prefix=prefix)
+        self.folder = os.path.join(self.root, "in")
+        self.staging = os.path.join(self.root, "staging")
+        os.makedirs(self.folder)
+        os.makedirs(self.staging)
+        self.files = 0
+
+    @staticmethod
+    def encode(events: list[Any]) -> bytes:
+        return "".join(json.dumps(e) + "\n" for e in events).encode()
+
+    def publish(self, payload: bytes) -> None:
+        name = f"part-{self.files:06d}.json"
+        self.files += 1
+        staged = os.path.join(self.staging, name)
+        with open(staged, "wb") as f:
+            f.write(payload)
+        os.rename(staged, os.path.join(self.folder, name))
+
+    def remove(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)

@@ -25,10 +25,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import random
-import shutil
 import statistics
 import tempfile
 import time
@@ -36,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _harness import connect
+from _harness import JsonLinesFolder, connect
 
 from sparkjet.aggregate import counting
 from sparkjet.errors import JobCancelledError
@@ -169,13 +167,8 @@ class NativeQuery(Contender):
         self.label = "native structured streaming"
         self.sink = client.get_map("native-counts")
         self._writer = client.get_map("native-counts")  # used by foreachBatch's thread
-        self.root = root = tempfile.mkdtemp(prefix="sparkjet-bench-native-")
-        self.folder = os.path.join(root, "in")
-        self.staging = os.path.join(root, "staging")
-        self.checkpoint = os.path.join(root, "checkpoint")
-        os.makedirs(self.folder)
-        os.makedirs(self.staging)
-        self.files = 0
+        self.input = JsonLinesFolder("sparkjet-bench-native-")
+        self.checkpoint = os.path.join(self.input.root, "checkpoint")
         self.calls = 0  # micro-batches that reached the sink
         self.query: Any = None
 
@@ -189,23 +182,17 @@ class NativeQuery(Contender):
             writer.put_all([(row["user"], row["count"]) for row in batch.collect()])
             self.calls += 1
 
-        counts = (self.spark.readStream.schema("user STRING").json(self.folder)
+        counts = (self.spark.readStream.schema("user STRING").json(self.input.folder)
                   .groupBy("user").count())
         self.query = (counts.writeStream.outputMode("update").foreachBatch(upsert)
                       .trigger(processingTime=f"{self.interval_ms} milliseconds")
                       .option("checkpointLocation", self.checkpoint).start())
 
-    def encode(self, events: list[dict[str, str]]) -> Any:
-        return "".join(json.dumps(e) + "\n" for e in events).encode()
+    def encode(self, events: list[Any]) -> Any:
+        return self.input.encode(events)
 
     def publish(self, payload: Any) -> None:
-        # A producer writes a JSON-lines file, then moves it in whole.
-        name = f"part-{self.files:06d}.json"
-        self.files += 1
-        staged = os.path.join(self.staging, name)
-        with open(staged, "wb") as f:
-            f.write(payload)
-        os.rename(staged, os.path.join(self.folder, name))
+        self.input.publish(payload)
 
     def batches(self) -> int:
         return self.calls
@@ -230,7 +217,7 @@ class NativeQuery(Contender):
 
     def stop(self) -> None:
         self.query.stop()
-        shutil.rmtree(self.root, ignore_errors=True)
+        self.input.remove()
 
 
 def wait_for(

@@ -35,18 +35,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import random
-import shutil
 import statistics
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from _harness import connect
+from _harness import JsonLinesFolder, connect
 
 from sparkjet.aggregate import counting
 from sparkjet.errors import JobCancelledError
@@ -186,12 +183,7 @@ class Native(Contender):
         self.sink = client.get_list(f"native-windows-{query}")
         self.sink.clear()
         self._writer = client.get_list(f"native-windows-{query}")
-        self.root = root = tempfile.mkdtemp(prefix="sparkjet-bench-windows-")
-        self.folder = os.path.join(root, "in")
-        self.staging = os.path.join(root, "staging")
-        os.makedirs(self.folder)
-        os.makedirs(self.staging)
-        self.files = 0
+        self.input = JsonLinesFolder("sparkjet-bench-windows-")
         self.query: Any = None
 
     def start(self, size: int, slide: int, lag: int) -> None:
@@ -211,25 +203,20 @@ class Native(Contender):
                                  r["count"]) for r in rows])
 
         events = (self.spark.readStream.schema("auction INT, price INT, ts LONG")
-                  .json(self.folder)
+                  .json(self.input.folder)
                   .withColumn("et", F.timestamp_millis("ts"))
                   .withWatermark("et", f"{lag} milliseconds"))
         counts = events.groupBy(F.window("et", f"{size} milliseconds", f"{slide} milliseconds"),
                                 "auction").count()
         self.query = (counts.writeStream.outputMode("append").foreachBatch(append)
                       .trigger(processingTime=f"{self.interval_ms} milliseconds")
-                      .option("checkpointLocation", os.path.join(self.root, "cp")).start())
+                      .option("checkpointLocation", os.path.join(self.input.root, "cp")).start())
 
-    def encode(self, events: list[dict[str, int]]) -> Any:
-        return "".join(json.dumps(e) + "\n" for e in events).encode()
+    def encode(self, events: list[Any]) -> Any:
+        return self.input.encode(events)
 
     def publish(self, payload: Any) -> None:
-        name = f"part-{self.files:06d}.json"
-        self.files += 1
-        staged = os.path.join(self.staging, name)
-        with open(staged, "wb") as f:
-            f.write(payload)
-        os.rename(staged, os.path.join(self.folder, name))
+        self.input.publish(payload)
 
     def windows(self) -> list[tuple[int, int, int]]:
         return [tuple(r) for r in self.sink.get_all()]  # type: ignore[misc]
@@ -245,7 +232,7 @@ class Native(Contender):
 
     def stop(self) -> None:
         self.query.stop()
-        shutil.rmtree(self.root, ignore_errors=True)
+        self.input.remove()
 
 
 def wait_for(contender: Contender, condition: Callable[[], bool], what: str,

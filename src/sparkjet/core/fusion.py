@@ -237,8 +237,15 @@ class FusedPass:
             emit("yield (k, (pidx, pos, k, x))", None)
         elif t.kind == TerminalKind.SORTKEY:
             emit(f"yield (_SK({'x' if t.fn is None else '_key(x)'}, (pidx, pos), _rev), x)", stage)
-        elif t.kind == TerminalKind.GROUP:
-            emit("k = _key(x)", stage)
+        elif t.kind in (TerminalKind.GROUP, TerminalKind.FRAMES):
+            if t.kind == TerminalKind.FRAMES:
+                # The frame an item lies in ends at the first multiple of the slide above t.
+                emit("f = t - t % _span + _span", stage)
+                emit("if f <= wm:", None)
+                emit("    late += 1; continue", None)
+                emit("k = (0 if _key is None else _key(x), f)", stage)
+            else:
+                emit("k = _key(x)", stage)
             emit("a = get(k, _MISSING)", stage)
             emit("if a is _MISSING:", None)
             depth += 1
@@ -262,26 +269,6 @@ class FusedPass:
             emit("except TypeError:", None)
             emit("    k = _freeze(k); new = k not in seen", stage)
             emit("if new: seen[k] = (pos, x)", stage)
-        elif t.kind == TerminalKind.FRAMES:
-            # The frame an item lies in ends at the first multiple of the slide above t.
-            emit("f = t - t % _span + _span", stage)
-            emit("if f <= wm:", None)
-            emit("    late += 1; continue", None)
-            emit("k = (0 if _key is None else _key(x), f)", stage)
-            emit("a = get(k, _MISSING)", stage)
-            emit("if a is _MISSING:", None)
-            depth += 1
-            emit("firsts[k] = pos", stage)
-            emit("a = _create()", stage)
-            depth -= 1
-            if t.inline is None:
-                emit("accs[k] = _acc(a, x)", stage)
-            elif t.inline[0] == "count":
-                emit("accs[k] = a + 1", stage)
-            elif t.inline[0] == "sum":
-                emit("accs[k] = a + _get(x)", stage)
-            else:  # pragma: no cover - only the built-ins set inline
-                raise ValueError(t.inline[0])
         elif t.kind == TerminalKind.SESSIONS:
             emit("if t < wm:", None)
             emit("    late += 1; continue", None)

@@ -32,9 +32,10 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, NamedTuple
 
-from sparkjet.core.aggregation import AggregateOperation
+from sparkjet.core.aggregation import AggregateOperation, to_list
 from sparkjet.core.event_time import WindowClock
 from sparkjet.core.fusion import Terminal, TerminalKind
 from sparkjet.core.graph import OpKind
@@ -58,16 +59,6 @@ class Sessions(NamedTuple):
     sessions: list[list[Any]]
 
 
-def _append(items: list[Any], item: Any) -> list[Any]:
-    items.append(item)
-    return items
-
-
-def _concat(left: list[Any], right: list[Any]) -> list[Any]:
-    left.extend(right)
-    return left
-
-
 def listing(operation: AggregateOperation) -> AggregateOperation:
     """``operation`` made combinable: the accumulator is the items, folded at ``finish``."""
     create, accumulate, finish = operation.create, operation.accumulate, operation.finish
@@ -78,8 +69,7 @@ def listing(operation: AggregateOperation) -> AggregateOperation:
             acc = accumulate(acc, item)
         return finish(acc)
 
-    return AggregateOperation(create=list, accumulate=_append, combine=_concat,
-                              finish=finished, name=operation.name)
+    return replace(to_list(), finish=finished, name=operation.name)
 
 
 def window_operation(operation: AggregateOperation) -> AggregateOperation:
