@@ -145,15 +145,18 @@ class StreamLog:
 
     # --- writing --------------------------------------------------------------
 
-    def append(self, partition: int, items: list[Any], token: str = "") -> int:
+    def append(self, partition: int, items: list[Any], token: str = "",
+               payload: bytes | None = None) -> int:
         """Append ``items`` as one chunk; returns its first offset.
 
         ``token`` names an exactly-once writer's batch (see :meth:`find_token`);
-        without one the chunk gets a random token of its own.
+        without one the chunk gets a random token of its own. ``payload`` is
+        ``items`` pickled already (see :meth:`publish_all`).
         """
         if not items:
             return self.end_offset(partition)
-        payload = pickle.dumps(items, protocol=PICKLE_PROTOCOL)
+        if payload is None:
+            payload = self._pickled(items, range(len(items)))
         encoded = (token or f"~{secrets.token_hex(8)}").encode()
         data = _HEADER.pack(len(items), len(encoded)) + encoded + payload
         while True:
@@ -171,16 +174,40 @@ class StreamLog:
         batch = list(items)
         n = self.partitions
         buckets: list[list[Any]] = [[] for _ in range(n)]
-        if partition_of is None:
-            first = random.randrange(n)
-            for i, item in enumerate(batch):
-                buckets[(first + i) % n].append(item)
-        else:
-            for item in batch:
-                buckets[partition_of(item) % n].append(item)
+        places: list[list[int]] = [[] for _ in range(n)]
+        first = random.randrange(n)
+        for i, item in enumerate(batch):
+            p = (first + i) % n if partition_of is None else partition_of(item) % n
+            buckets[p].append(item)
+            places[p].append(i)
+        # Every chunk pickled before the first is written: an item that cannot
+        # be pickled fails the call having written nothing.
+        payloads = [self._pickled(bucket, places[p]) if bucket else b""
+                    for p, bucket in enumerate(buckets)]
         for partition, bucket in enumerate(buckets):
             if bucket:
-                self.append(partition, bucket)
+                self.append(partition, bucket, payload=payloads[partition])
+
+    def _pickled(self, items: list[Any], indexes: Iterable[int]) -> bytes:
+        """``items`` pickled; an item that cannot be is named by its index and type.
+
+        ``indexes`` are the items' places in what the caller passed.
+        """
+        try:
+            return pickle.dumps(items, protocol=PICKLE_PROTOCOL)
+        except Exception as exc:
+            for place, item in zip(indexes, items, strict=False):
+                try:
+                    pickle.dumps(item, protocol=PICKLE_PROTOCOL)
+                except Exception as item_exc:
+                    kind = type(item)
+                    raise TypeError(
+                        f"stream {self.name!r}: nothing was published: item {place} (of type "
+                        f"{kind.__module__}.{kind.__qualname__}) cannot be pickled: "
+                        f"{type(item_exc).__name__}: {item_exc}"
+                    ) from item_exc
+            raise TypeError(f"stream {self.name!r}: nothing was published: the items cannot "
+                            f"be pickled: {type(exc).__name__}: {exc}") from exc
 
     def writer_starts(self, writer: str) -> list[int]:
         """The end offsets ``writer`` recorded before its last batch (zeros if none).
