@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 import sparkjet
+from sparkjet.core.store.fs import Store
+from sparkjet.errors import JobAlreadyExistsError
+from sparkjet.job import JobConfig
+from sparkjet.pipeline import Pipeline, StreamSource
+from tests.conftest import TEST_SPARK
 
 
 def test_publish_all_with_an_unpicklable_item_publishes_nothing_and_names_it(
@@ -12,9 +25,9 @@ def test_publish_all_with_an_unpicklable_item_publishes_nothing_and_names_it(
 ) -> None:
     stream = client.get_stream("events", partitions=4)
     stream.publish_all(range(3))
-    for attempt in range(16):  # the first partition is chosen at random: every place
+    for _ in range(16):  # the first partition is chosen at random: every place
         items: list[object] = list(range(16))
-        items[9] = lambda: attempt  # a local function: pickle cannot
+        items[9] = lambda: None  # a local function: pickle cannot
         with pytest.raises(TypeError, match=r"stream 'events': nothing was published: item 9 "
                            r"\(of type builtins.function\) cannot be pickled"):
             stream.publish_all(items)
@@ -23,3 +36,136 @@ def test_publish_all_with_an_unpicklable_item_publishes_nothing_and_names_it(
     with pytest.raises(TypeError, match="item 1 "):
         by_key._log.publish_all([1, lambda: 0, 3], partition_of=lambda x: 0)  # type: ignore[attr-defined]
     assert by_key.size() == 0
+
+
+def _stream_pipeline() -> Pipeline:
+    p = Pipeline.create()
+    p.read_from(StreamSource("events")).write_to(Pipeline.to_list("out"))
+    return p
+
+
+def test_two_submitters_racing_for_a_name_one_wins(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first submitter's record is slow to land; the second must not take the name too."""
+    clients = [sparkjet.connect(store={"url": store_url}, spark=TEST_SPARK) for _ in range(2)]
+    clients[0].get_stream("events", partitions=1)
+    original = Store.write_bytes
+    slowed = threading.Event()
+
+    def slow_first_record(self: Store, path: str, data: bytes) -> None:
+        if path.endswith("/job.json") and not slowed.is_set():
+            slowed.set()
+            time.sleep(1.5)  # the name is taken, the record not written yet
+        original(self, path, data)
+
+    monkeypatch.setattr(Store, "write_bytes", slow_first_record)
+    outcomes: list[Any] = []
+
+    def submit(client: sparkjet.Client) -> None:
+        try:
+            outcomes.append(client.get_jet().submit(_stream_pipeline(), JobConfig(name="dup")))
+        except JobAlreadyExistsError as exc:
+            outcomes.append(exc)
+
+    first = threading.Thread(target=submit, args=(clients[0],))
+    first.start()
+    assert slowed.wait(60)
+    second = threading.Thread(target=submit, args=(clients[1],))
+    second.start()
+    first.join(60)
+    second.join(60)
+    jobs = [o for o in outcomes if not isinstance(o, BaseException)]
+    refused = [o for o in outcomes if isinstance(o, JobAlreadyExistsError)]
+    assert len(jobs) == 1 and len(refused) == 1, outcomes
+    assert "'dup' is already active" in str(refused[0])
+    try:
+        active = [j for j in clients[1].get_jet().get_jobs()
+                  if j.name == "dup" and not j.is_terminal()]
+        assert [j.id for j in active] == [jobs[0].id]
+        # The loser left nothing behind: one job folder in the store.
+        assert len(list((Path(store_url) / "jobs").iterdir())) == 1
+    finally:
+        jobs[0].cancel()
+
+
+def test_a_name_held_by_a_submitter_that_died_before_its_record_is_taken(
+    client: sparkjet.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sparkjet.core.jobs import service
+
+    monkeypatch.setattr(service, "NAME_PENDING_SECONDS", 0.5)
+    client.get_stream("events", partitions=1)
+    # A lock whose job never got a record: its submitter died between the two writes.
+    assert client.store.create_exclusive(client.store.layout.name_lock("orphan"), b"dead-job")
+    job = client.get_jet().submit(_stream_pipeline(), JobConfig(name="orphan"))
+    try:
+        assert job.name == "orphan"
+    finally:
+        job.cancel()
+
+
+RACING_PIPELINE = """
+    import time
+
+    from sparkjet.core.store.fs import Store
+    from sparkjet.pipeline import Pipeline, StreamSource
+
+    # Each submitter's first job record is slow to land: the window in which the
+    # other submitter finds the name taken and no record for it.
+    _write = Store.write_bytes
+    _slowed = []
+
+    def _slow_record(self, path, data):
+        if path.endswith("/job.json") and not _slowed:
+            _slowed.append(path)
+            time.sleep(3)
+        _write(self, path, data)
+
+    Store.write_bytes = _slow_record
+
+    pipeline = Pipeline.create()
+    pipeline.read_from(StreamSource("events")).write_to(Pipeline.to_list("out"))
+"""
+
+
+@pytest.mark.slow
+def test_two_cli_processes_racing_for_a_name_one_wins(
+    client: sparkjet.Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.test_cli import wait_for, write_config, write_file
+
+    monkeypatch.chdir(tmp_path)
+    write_config(client)
+    write_file("racing.py", RACING_PIPELINE)
+    client.get_stream("events", partitions=1)
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    procs: list[tuple[subprocess.Popen[bytes], Path]] = []
+    try:
+        for index in range(2):
+            err = tmp_path / f"submit-{index}.err"
+            with err.open("wb") as err_fh:
+                procs.append((subprocess.Popen(
+                    [sys.executable, "-m", "sparkjet.cli", "submit", "-n", "dup", "racing.py"],
+                    stdout=subprocess.DEVNULL, stderr=err_fh, env=env,
+                ), err))
+        # The loser exits; the winner runs its streaming job until it is cancelled.
+        wait_for(lambda: any(p.poll() is not None for p, _ in procs), 240,
+                 "one submitter to be refused")
+        loser, loser_err = next((p, e) for p, e in procs if p.poll() is not None)
+        assert loser.returncode == 1, loser_err.read_text()
+        assert "a job named 'dup' is already active" in loser_err.read_text()
+        winner = next(p for p, _ in procs if p is not loser)
+        assert winner.poll() is None
+        jet = client.get_jet()
+        wait_for(lambda: any(j.name == "dup" for j in jet.get_jobs()), 60, "the winner's record")
+        active = [j for j in jet.get_jobs() if j.name == "dup" and not j.is_terminal()]
+        assert len(active) == 1, active
+        assert len(list((Path(client.config.store_url) / "jobs").iterdir())) == 1
+        active[0].cancel()
+        assert winner.wait(timeout=90) == 1
+    finally:
+        for proc, _ in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)

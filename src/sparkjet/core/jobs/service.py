@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -35,6 +37,11 @@ from sparkjet.core.snapshots import Manifest, Snapshot
 log = logging.getLogger("sparkjet.jobs")
 
 
+#: How long a submit waits for the record of a job that holds the name it wants
+#: but has no record yet, before taking the name (its submitter died).
+NAME_PENDING_SECONDS = 30.0
+
+
 class RunnerRegistry:
     """The runners of this process, by job id; adopts jobs whose driver died.
 
@@ -59,6 +66,11 @@ class RunnerRegistry:
         """Register the runner of a job submitted here."""
         with self._lock:
             self._runners[runner.job.id] = runner
+
+    def remove(self, job_id: str) -> None:
+        """Forget the runner of a job whose submit failed before it started."""
+        with self._lock:
+            self._runners.pop(job_id, None)
 
     def take_over(
         self, job_id: str, then: Callable[[JobRunner], object] | None = None,
@@ -198,15 +210,6 @@ class JetService:
         frozen = cloudpickle.dumps(pipeline) if validated.streaming else None
         with self._submit_lock:
             job_id = new_job_id()
-            if config.name:
-                active = self._claim_name(config.name, job_id)
-                if active is not None:
-                    if if_absent:
-                        return active
-                    raise JobAlreadyExistsError(
-                        f"a job named '{config.name}' is already active: {active.id} "
-                        f"({active.status.value}); cancel it or use new_job_if_absent()"
-                    )
             record = JobRecord(
                 id=job_id,
                 name=config.name,
@@ -220,20 +223,40 @@ class JetService:
             )
             job = Job(self, record)
             runner = JobRunner(self.services, job, validated, record)
+            # The slow writes (a snapshot's state, the pipeline) come before the name is
+            # taken: between taking it and writing the record there is one write, so
+            # another submitter finding the name held without a record waits briefly
+            # for it (see _claim_name) instead of taking the name too.
             if snapshot is not None:
-                try:
-                    runner.seed(snapshot)
-                except BaseException:
-                    if config.name:
-                        self.records.release_name(config.name, job_id)
-                    raise
-            self.runners.add(runner)
+                runner.seed(snapshot)
             if frozen is not None:
                 # A streaming job outlives its driver: resume() elsewhere needs the pipeline.
                 self.services.store.write_bytes(self.records.layout.pipeline(job.id), frozen)
-            runner.lease.write()
+            if config.name:
+                active = self._claim_name(config.name, job_id)
+                if active is not None:
+                    self._discard(job_id)
+                    if if_absent:
+                        return active
+                    raise JobAlreadyExistsError(
+                        f"a job named '{config.name}' is already active: {active.id} "
+                        f"({active.status.value}); cancel it or use new_job_if_absent()"
+                    )
+            self.runners.add(runner)
+            try:
+                runner.lease.write()
+            except BaseException:
+                self.runners.remove(job_id)
+                if config.name:
+                    self.records.release_name(config.name, job_id)
+                raise
         runner.start()
         return job
+
+    def _discard(self, job_id: str) -> None:
+        """Remove what a submit that lost its name wrote (a seeded checkpoint, the pipeline)."""
+        with contextlib.suppress(FileNotFoundError):
+            self.services.store.remove(self.records.layout.job(job_id), recursive=True)
 
     def _stored_config(self, config: JobConfig) -> dict[str, Any]:
         """The configuration as the job record keeps it: configured secrets masked.
@@ -253,13 +276,21 @@ class JetService:
         """Take ``name`` for a new job, or return the active job that holds it.
 
         The lock file is created only if absent, so two processes cannot both
-        take a name; a holder that ended (or whose driver died) is replaced.
+        take a name; a holder that ended is replaced. A holder without a record
+        is a submit between taking the name and writing its record (one
+        write): it is waited for, :data:`NAME_PENDING_SECONDS` on this
+        process's own clock, and replaced only if its record never comes (its
+        process died in between).
         """
         for _ in range(3):
             holder_id = self.records.claim_name(name, job_id)
             if holder_id is None:
                 return None
             holder = self.get_job(holder_id)
+            deadline = time.monotonic() + NAME_PENDING_SECONDS
+            while holder is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+                holder = self.get_job(holder_id)
             if holder is not None and not holder.is_terminal():
                 return holder
             self.records.release_name(name, holder_id)
