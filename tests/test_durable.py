@@ -340,7 +340,7 @@ def test_a_driver_taken_over_while_alive_is_fenced_and_stops_writing(
     wait_until(lambda: (checkpoint / "offsets" / f"{1:020d}.json").exists(), timeout=10,
                what="A to plan batch 1 and run it")
     # B judges A dead (its heartbeat looked stale from where B stands).
-    monkeypatch.setattr(handle_module, "driver_alive", lambda record: False)
+    monkeypatch.setattr(handle_module, "driver_alive", lambda records, record: False)
     job_b.resume()
     assert job_b.is_driven_here()
     assert job_b.wait_for_status(S.RUNNING, timeout=10) is S.RUNNING

@@ -14,8 +14,8 @@ import pytest
 
 import sparkjet
 from sparkjet.core.store.fs import Store
-from sparkjet.errors import JobAlreadyExistsError
-from sparkjet.job import JobConfig
+from sparkjet.errors import JobAlreadyExistsError, JobStateError
+from sparkjet.job import JobConfig, JobStatus
 from sparkjet.pipeline import Pipeline, StreamSource
 from tests.conftest import TEST_SPARK
 
@@ -169,3 +169,105 @@ def test_two_cli_processes_racing_for_a_name_one_wins(
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=30)
+
+
+SKEWED_DRIVER = """
+    import socket
+    import sys
+    import time
+
+    from sparkjet.pipeline import Pipeline, StreamSource
+
+    # This driver runs on "another machine" whose clock is off by SKEW seconds.
+    SKEW = float(sys.argv[1])
+    _time = time.time
+    time.time = lambda: _time() + SKEW
+    socket.gethostname = lambda: "skewed-host"
+
+    pipeline = Pipeline.create()
+    pipeline.read_from(StreamSource("events")).write_to(Pipeline.to_list("out"))
+"""
+
+
+def _skewed_driver(
+    client: sparkjet.Client, tmp_path: Path, skew_seconds: float
+) -> tuple[subprocess.Popen[bytes], Path, Any]:
+    """A CLI process driving streaming job 'skewed' with its clock off by ``skew_seconds``."""
+    from tests.test_cli import wait_for, write_config, write_file
+
+    write_config(client)
+    write_file("skewed.py", SKEWED_DRIVER)
+    client.get_stream("events", partitions=1).publish_all(range(5))
+    err = tmp_path / "driver.err"
+    with err.open("wb") as err_fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sparkjet.cli", "submit", "-n", "skewed", "-g",
+             "exactly_once", "--snapshot-interval", "200", "skewed.py", str(skew_seconds)],
+            stdout=subprocess.DEVNULL, stderr=err_fh,
+            env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+        )
+
+    def running() -> bool:
+        if proc.poll() is not None:
+            pytest.fail(f"the driver exited ({proc.returncode}):\n{err.read_text()}")
+        return sorted(client.get_list("out").get_all()) == list(range(5))
+
+    wait_for(running, 180, "the skewed driver to process the first items")
+    job = client.get_jet().get_job_by_name("skewed")
+    assert job is not None
+    return proc, err, job
+
+
+@pytest.mark.slow
+def test_a_driver_whose_clock_is_minutes_ahead_can_be_taken_over_when_it_dies(
+    client: sparkjet.Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sparkjet.core.jobs import record
+    from tests.test_cli import wait_for
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(record, "STALE_AFTER_SECONDS", 6.0)
+    proc, _, job = _skewed_driver(client, tmp_path, +300.0)
+    try:
+        assert job.is_driver_alive() and job.status is JobStatus.RUNNING
+        proc.kill()
+        proc.wait(timeout=30)
+        killed = time.monotonic()
+        wait_for(lambda: not job.is_driver_alive(), 60, "the dead driver to be seen dead")
+        assert time.monotonic() - killed < 30
+        assert job.status is JobStatus.SUSPENDED
+        job.resume()  # continues here
+        assert job.is_driven_here()
+        client.get_stream("events").publish_all(range(5, 8))
+        wait_for(lambda: sorted(client.get_list("out").get_all()) == list(range(8)), 120,
+                 "the resumed job to process the rest exactly once")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if not job.is_terminal():
+            job.cancel()
+
+
+@pytest.mark.slow
+def test_a_live_driver_whose_clock_is_minutes_behind_is_not_taken_for_dead(
+    client: sparkjet.Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sparkjet.core.jobs import record
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(record, "STALE_AFTER_SECONDS", 6.0)
+    proc, err, job = _skewed_driver(client, tmp_path, -120.0)
+    try:
+        deadline = time.monotonic() + 10  # well past the stale time
+        while time.monotonic() < deadline:
+            assert job.is_driver_alive()
+            assert job.status is JobStatus.RUNNING
+            time.sleep(0.5)
+        with pytest.raises(JobStateError):
+            job.resume()  # a running job, driven elsewhere: not taken over
+        job.cancel()  # asks the live driver, which answers
+        assert proc.wait(timeout=90) == 1, err.read_text()
+        assert job.is_user_cancelled()
+    finally:
+        if proc.poll() is None:
+            proc.kill()

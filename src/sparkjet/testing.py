@@ -447,6 +447,33 @@ class StoreConformance:
         for writer in range(4):  # each publisher's own items stay in its order
             assert [i for w, i, _ in items if w == writer] == [0, 1, 2]
 
+    def test_the_stores_clock_dates_writes(self, location: StoreLocation) -> None:
+        """Modification times and the store's clock agree: a driver's liveness rests on them.
+
+        A record written ``age`` seconds ago must read as about that old on the
+        store's clock, whatever this machine's clock says.
+        """
+        store = location.store()
+        path = store.path("clock", "record")
+        store.write_bytes(path, b"1")
+        now = store.now()
+        written = store.modified(path)
+        no_times = f"{location.url} keeps no modification times: liveness falls back to clocks"
+        assert now is not None, no_times
+        assert written is not None, no_times
+        assert -2.0 <= now - written <= 5.0, (now, written)  # S3 stamps whole seconds
+        time.sleep(1.1)
+        store.write_bytes(path, b"2")
+        rewritten = store.modified(path)
+        assert rewritten is not None
+        assert rewritten > written
+        later = store.now()
+        assert later is not None
+        assert later - now >= 1.0
+        with pytest.raises(FileNotFoundError):
+            store.modified(store.path("clock", "absent"))
+        assert store.listdir(store.layout.probes) == []  # the clock's probe files are gone
+
 
 # --- snapshot backends ------------------------------------------------------------------
 

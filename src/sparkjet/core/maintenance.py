@@ -213,7 +213,10 @@ def collect_garbage(
     """Remove what the store no longer needs (see the module docstring); returns what went."""
     if grace_seconds < 0 or retention_seconds < 0:
         raise ValueError("grace_seconds and retention_seconds must not be negative")
-    collector = _Collector(store, grace_seconds, retention_seconds, dry_run, time.time())
+    now = store.now()  # files are dated by the store's clock: compare with that
+    collector = _Collector(
+        store, grace_seconds, retention_seconds, dry_run, time.time() if now is None else now
+    )
     collector.segments()
     collector.jobs()
     collector.probes()

@@ -130,7 +130,7 @@ class Job:
         """The current status (a driver that stopped sending heartbeats counts as FAILED)."""
         record = self._refresh()
         status = record.status
-        if self._runner is None and not status.is_terminal() and not driver_alive(record):
+        if self._runner is None and not status.is_terminal() and not self._driver_alive(record):
             # The driver died. A streaming job can be resumed from its checkpoint.
             return JobStatus.SUSPENDED if record.streaming else JobStatus.FAILED
         return status
@@ -150,10 +150,14 @@ class Job:
     def is_driver_alive(self) -> bool:
         """Whether the process that drives the job still does (True in that process).
 
-        Another process's driver counts as dead when it stopped sending
-        heartbeats, or at once when it ran on this host and its process is gone.
+        Another process's driver counts as dead when the store saw no heartbeat
+        from it for 20 seconds (by the store's clock, not the machines'), or at
+        once when it ran on this host and its process is gone.
         """
-        return self._runner is not None or driver_alive(self._refresh())
+        return self._runner is not None or self._driver_alive(self._refresh())
+
+    def _driver_alive(self, record: JobRecord) -> bool:
+        return driver_alive(self._service.records, record)
 
     def wait_for_status(self, *wanted: JobStatus, timeout: float | None = None) -> JobStatus:
         """Wait until the job's status is one of ``wanted`` or terminal; return that status.
@@ -199,7 +203,7 @@ class Job:
             raise JobStateError(f"job {self.label} is not suspended (it is {status.value})")
         record = self._refresh()
         cause = record.suspension_cause or "Requested by user"
-        if self._runner is None and not driver_alive(record):
+        if self._runner is None and not self._driver_alive(record):
             if record.status is JobStatus.SUSPENDED:
                 return f"{cause}; the process that ran it has exited, resume() continues it here"
             return "the driver process running the job died; resume() continues it here"
@@ -272,7 +276,7 @@ class Job:
         runner = self._runner
         if runner is not None:
             runner.cancel()
-        elif not driver_alive(self._refresh()):
+        elif not self._driver_alive(self._refresh()):
             self._take_over(lambda runner: runner.cancel())
         elif self._ask(Action.CANCEL) is None:
             self.cancel()  # its driver died before it answered: once more, from here
@@ -282,7 +286,7 @@ class Job:
         runner = self._runner
         if runner is not None:
             runner.act(action)
-        elif action is Action.RESUME and not driver_alive(self._record):
+        elif action is Action.RESUME and not self._driver_alive(self._record):
             self._take_over(lambda runner: runner.resume())
         elif self._ask(action) is None and again:
             self._act(action, again=False)  # its driver died before it answered
@@ -331,7 +335,7 @@ class Job:
                     raise JobStateError(
                         f"job {self.label} ended ({status.value}) before its driver answered "
                         f"{what}")
-            elif not driver_alive(record):
+            elif not self._driver_alive(record):
                 return None
             if time.monotonic() > deadline:
                 raise TimeoutException(
@@ -398,7 +402,7 @@ class Job:
         check_action(Action.EXPORT_SNAPSHOT, self.status, streaming=self.is_streaming(),
                      label=self.label)
         runner = self._runner
-        if runner is None and not driver_alive(self._refresh()):
+        if runner is None and not self._driver_alive(self._refresh()):
             runner = self._take_over()  # its driver died: SUSPENDED, here
         if runner is not None:
             # The manifest the export wrote: no second listing of the backend.
@@ -442,7 +446,7 @@ class Job:
         runner = self._runner
         if runner is not None:
             runner.update_record(lambda r: replace(r, config=config.to_dict()))
-        elif not driver_alive(self._refresh()):
+        elif not self._driver_alive(self._refresh()):
             self._take_over().update_record(lambda r: replace(r, config=config.to_dict()))
         else:
             # The live driver owns the record: ask it, or its next heartbeat undoes this.

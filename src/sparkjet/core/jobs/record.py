@@ -6,10 +6,17 @@ reader and writer goes through it (the store's
 A job's record makes it visible to every process
 that shares the store. The process that drives the job holds a lease on it:
 every write refreshes the record's heartbeat and names the driver (host and
-pid). A record whose heartbeat is older than :data:`STALE_AFTER_SECONDS`, or
-whose driver ran on this host and is gone, belongs to a dead driver; another
-process may then take the job over by winning a create-only claim for the
-next epoch.
+pid). A record the store last saw written more than
+:data:`STALE_AFTER_SECONDS` ago, or whose driver ran on this host and is
+gone, belongs to a dead driver; another process may then take the job over
+by winning a create-only claim for the next epoch.
+
+Liveness trusts no machine's wall clock: the record's age is the store's own
+modification time of ``job.json`` against the store's current time
+(:meth:`~sparkjet.core.store.fs.Store.now`, measured with a probe file and
+this process's monotonic clock). Only a filesystem without modification
+times falls back to the heartbeat time the driver wrote, read against this
+machine's clock.
 """
 
 from __future__ import annotations
@@ -249,13 +256,31 @@ def checkpoint_path(records: JobRecords, record: JobRecord) -> str | None:
     return records.checkpoint_path({"id": record.id, "checkpoint": record.checkpoint})
 
 
-def is_stale(record: JobRecord) -> bool:
-    """Whether the record's heartbeat is older than :data:`STALE_AFTER_SECONDS`."""
-    return bool(time.time() - record.heartbeat > STALE_AFTER_SECONDS)
+def record_age(records: JobRecords, record: JobRecord) -> float:
+    """Seconds since the job's record was last written, by the store's own clock.
+
+    Where the filesystem keeps no modification times, the heartbeat time the
+    driver wrote, read against this machine's clock. A record that is gone
+    counts as infinitely old.
+    """
+    store = records.store
+    try:
+        written = store.modified(records.layout.job_record(record.id))
+    except FileNotFoundError:
+        return float("inf")
+    now = store.now() if written is not None else None
+    if written is None or now is None:
+        return time.time() - record.heartbeat
+    return now - written
 
 
-def driver_alive(record: JobRecord) -> bool:
-    """Whether the process that drives the job still does (heartbeat, and pid on this host)."""
+def is_stale(records: JobRecords, record: JobRecord) -> bool:
+    """Whether the record was last written more than :data:`STALE_AFTER_SECONDS` ago."""
+    return record_age(records, record) > STALE_AFTER_SECONDS
+
+
+def driver_alive(records: JobRecords, record: JobRecord) -> bool:
+    """Whether the process that drives the job still does (pid on this host, record's age)."""
     driver = record.driver
     if driver is not None and driver.host == socket.gethostname():
         try:
@@ -264,7 +289,7 @@ def driver_alive(record: JobRecord) -> bool:
             return False
         except PermissionError:
             pass
-    return not is_stale(record)
+    return not is_stale(records, record)
 
 
 #: A change to a record: ``lambda r: replace(r, status=...)`` (mypy checks the fields).

@@ -13,9 +13,11 @@ holds: lists and maps (:mod:`~sparkjet.core.store.commit_log`), streams
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
 import os
 import posixpath
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -32,6 +34,9 @@ from sparkjet.core.store.stream_log import StreamLog
 log = logging.getLogger("sparkjet.store")
 
 _T = TypeVar("_T")
+
+#: How often :meth:`Store.now` measures the store's clock again.
+CLOCK_PROBE_SECONDS = 60.0
 
 
 def _no_secrets(text: str) -> str:
@@ -58,6 +63,8 @@ class Store:
         self._fs: Any = None
         self._layout: StoreLayout | None = None
         self._conditional: bool | None = None
+        #: The store's time at a probe, and this process's monotonic time then.
+        self._clock: tuple[float, float] | None = None
 
     def _error(self, message: str) -> StoreError:
         return StoreError(self.redact(message))
@@ -278,6 +285,47 @@ class Store:
         except Exception as exc:
             raise self._error(f"cannot stat {path!r} in store {self.shown_url!r}: {exc}") from exc
 
+    def modified(self, path: str) -> float | None:
+        """When ``path`` was last written, in seconds since the epoch by the store's own clock.
+
+        None when the filesystem does not keep modification times;
+        FileNotFoundError if ``path`` does not exist.
+        """
+        self._fresh(path)
+        try:
+            stamp = self.fs.modified(path)
+        except (FileNotFoundError, NotImplementedError, IsADirectoryError) as exc:
+            if isinstance(exc, FileNotFoundError):
+                raise
+            return None
+        except Exception as exc:
+            raise self._error(f"cannot stat {path!r} in store {self.shown_url!r}: {exc}") from exc
+        return _seconds(stamp)
+
+    def now(self) -> float | None:
+        """The store's current time, in seconds since the epoch; None if it cannot tell.
+
+        Measured without trusting this machine's wall clock: a probe file is
+        written and its modification time (stamped by the store) read back,
+        then advanced by this process's monotonic clock; probed again every
+        :data:`CLOCK_PROBE_SECONDS`. The probe is taken after the write
+        returns, so the result may run behind the store by the write's latency
+        (never ahead of it).
+        """
+        anchored = self._clock
+        if anchored is None or time.monotonic() - anchored[1] > CLOCK_PROBE_SECONDS:
+            path = self.layout.new_probe("clock")
+            try:
+                self.write_bytes(path, b"")
+                stamp = self.modified(path)
+            finally:
+                with contextlib.suppress(Exception):
+                    self.fs.rm(path)
+            if stamp is None:
+                return None
+            anchored = self._clock = (stamp, time.monotonic())
+        return anchored[0] + (time.monotonic() - anchored[1])
+
     def exists(self, path: str) -> bool:
         """Whether ``path`` exists, asked afresh."""
         self._fresh(path)
@@ -361,6 +409,17 @@ class Store:
     def map_names(self) -> list[str]:
         """Names of the maps in the store."""
         return [self.layout.name_of(n) for n in self.listdir(self.layout.maps)]
+
+
+def _seconds(stamp: Any) -> float | None:
+    """A filesystem's modification time (a datetime, or seconds) as seconds since the epoch."""
+    if isinstance(stamp, datetime.datetime):
+        if stamp.tzinfo is None:  # fsspec's filesystems stamp in UTC
+            stamp = stamp.replace(tzinfo=datetime.UTC)
+        return float(stamp.timestamp())
+    if isinstance(stamp, (int, float)):
+        return float(stamp)
+    return None
 
 
 def _complete_temp_file(path: str, data: bytes) -> str:

@@ -315,16 +315,16 @@ class StoreLayout:
         """The lock on the job name ``name``, holding the id of the job that has it."""
         return self.under_root("job-names", encode_name("job name", name))
 
-    # --- the create-only probe ---------------------------------------------------
+    # --- probes: create-only writes, the store's clock ------------------------------
 
     @property
     def probes(self) -> str:
-        """The folder of the create-only probe's files."""
+        """The folder of the probe files (create-only writes, the store's clock)."""
         return self.under_root("_probe")
 
-    def new_probe(self) -> str:
-        """A fresh probe file."""
-        return _join(self.probes, f"create-only-{uuid.uuid4().hex}")
+    def new_probe(self, kind: str = "create-only") -> str:
+        """A fresh probe file of ``kind``."""
+        return _join(self.probes, f"{kind}-{uuid.uuid4().hex}")
 
     def probe(self, entry: str) -> str:
         """The probe file ``entry`` listed in :attr:`probes`."""
