@@ -7,17 +7,19 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import sparkjet
+import sparkjet.errors as sparkjet_errors
 from sparkjet.core.store.fs import Store
 from sparkjet.errors import JobAlreadyExistsError, JobStateError
 from sparkjet.job import JobConfig, JobStatus
 from sparkjet.pipeline import Pipeline, StreamSource
-from tests.conftest import TEST_SPARK
+from tests.conftest import TEST_SPARK, wait_until
 
 
 def test_publish_all_with_an_unpicklable_item_publishes_nothing_and_names_it(
@@ -271,3 +273,211 @@ def test_a_live_driver_whose_clock_is_minutes_behind_is_not_taken_for_dead(
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+class SmallDisk:
+    """A store folder on a 16 MB tmpfs that the test fills up and frees again.
+
+    Where tmpfs cannot be mounted (not root), a stand-in raising ENOSPC from
+    every store write outside the streams while "full" (publishing still works,
+    as it does on the real disk through its reserved page).
+    """
+
+    PAGE = 4096
+
+    def __init__(self, root: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+        self.root = root
+        root.mkdir()
+        self.mounted = kind == "tmpfs" and os.geteuid() == 0 and subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(root)],
+            capture_output=True, check=False,
+        ).returncode == 0
+        self.full = False
+        if not self.mounted:
+            self._stand_in(monkeypatch)
+
+    def _stand_in(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        disk = self
+
+        def failing(original: Any) -> Any:
+            def write(self: Store, path: str, data: bytes) -> Any:
+                if disk.full and "/streams/" not in path:
+                    raise sparkjet_errors.StoreError(
+                        f"cannot write {path!r}: [Errno 28] No space left on device")
+                return original(self, path, data)
+            return write
+
+        monkeypatch.setattr(Store, "write_bytes", failing(Store.write_bytes))
+        monkeypatch.setattr(Store, "create_exclusive", failing(Store.create_exclusive))
+
+    def fill(self, reserve_pages: int) -> None:
+        """Fill the disk, leaving ``reserve_pages`` that :meth:`publish` takes."""
+        self.full = True
+        if not self.mounted:
+            return
+        (self.root / "reserve").write_bytes(b"r" * self.PAGE * reserve_pages)
+        fd = os.open(self.root / "ballast", os.O_WRONLY | os.O_CREAT)
+        try:
+            with pytest.raises(OSError, match="No space left on device"):  # noqa: PT012
+                while True:
+                    os.write(fd, b"b" * self.PAGE)
+        finally:
+            os.close(fd)
+
+    def publish(self, client: sparkjet.Client, items: list[int]) -> None:
+        """Publish into the reserved page (a heartbeat may hold it for a moment)."""
+        if self.mounted:
+            (self.root / "reserve").unlink()
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.get_stream("events").publish_all(items)
+                return
+            except sparkjet_errors.StoreError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def free(self) -> None:
+        self.full = False
+        if self.mounted:
+            (self.root / "ballast").unlink()
+
+    def temp_files(self) -> list[Path]:
+        return sorted(self.root.rglob("*.tmp"))
+
+    def unmount(self) -> None:
+        if self.mounted:
+            subprocess.run(["umount", "-l", str(self.root)], check=False)
+
+
+@pytest.fixture(params=["tmpfs", "stand-in"])
+def small_disk(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[SmallDisk]:
+    """A real full disk where tmpfs can be mounted (root), and the stand-in everywhere."""
+    disk = SmallDisk(tmp_path / "disk", monkeypatch, request.param)
+    try:
+        yield disk
+    finally:
+        disk.unmount()
+
+
+def _filling_job(
+    disk: SmallDisk, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **config: Any
+) -> tuple[sparkjet.Client, Any]:
+    """A client in another 'process' (service) and the handle of the job its store fills under.
+
+    The job has processed items 0-4; items 5-9 are published into the last free
+    page, so the job's next write finds the disk full.
+    """
+    from sparkjet.core.jobs import record
+    from tests.test_cli import write_config
+
+    monkeypatch.setattr(record, "STALE_AFTER_SECONDS", 6.0)
+    monkeypatch.chdir(tmp_path)
+    url = str(disk.root / "store")
+    driver, other = (sparkjet.connect(store={"url": url}, spark=TEST_SPARK) for _ in range(2))
+    write_config(driver)
+    driver.get_stream("events", partitions=1).publish_all(list(range(5)))
+    job = driver.get_jet().submit(_stream_pipeline(), JobConfig(
+        name="filled", processing_guarantee="EXACTLY_ONCE", snapshot_interval_millis=100,
+        **config,
+    ))
+    out = driver.get_list("out")
+    wait_until(lambda: sorted(out.get_all()) == list(range(5)), 120, "the first items")
+    disk.fill(reserve_pages=1)
+    disk.publish(driver, list(range(5, 10)))
+    return other, job
+
+
+@pytest.mark.slow
+def test_a_store_that_fills_up_while_the_job_suspends_on_failure_leaves_it_resumable(
+    small_disk: SmallDisk, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from sparkjet.cli import main
+
+    other, job = _filling_job(small_disk, tmp_path, monkeypatch, suspend_on_failure=True)
+    out = other.get_list("out")
+    try:
+        # The driver keeps what it could not write: here the job is SUSPENDED, with the cause.
+        wait_until(lambda: job.status is JobStatus.SUSPENDED, 60, "the driver to suspend")
+        assert "No space left on device" in job.get_suspension_cause()
+        # Elsewhere the driver stops being seen: its record is not written any more.
+        seen = other.get_jet().get_job(job.id)
+        assert seen is not None
+        wait_until(lambda: seen.status is JobStatus.SUSPENDED, 60, "others to see it stopped")
+        assert "the driver process running the job died" in seen.get_suspension_cause()
+        assert small_disk.temp_files() == []  # failed writes took their temp files along
+
+        small_disk.free()
+        # Once the store takes writes again, the driver's record says why, to everyone.
+        wait_until(lambda: "No space left on device" in seen.get_suspension_cause(), 30,
+                   "the cause to reach the store")
+        capsys.readouterr()
+        assert main(["status", "filled"]) == 0
+        shown = capsys.readouterr().out
+        assert f"Job 'filled' ({job.id}) is SUSPENDED (" in shown
+        assert "No space left on device" in shown
+        seen.resume()
+        wait_until(lambda: sorted(out.get_all()) == list(range(10)), 120,
+                   "the resumed job to finish the items exactly once")
+        assert job.status is JobStatus.RUNNING
+    finally:
+        if not job.is_terminal():
+            job.cancel()
+    assert small_disk.temp_files() == []
+
+
+@pytest.mark.slow
+def test_a_store_that_fills_up_while_the_job_fails_ends_it_failed_for_everyone(
+    small_disk: SmallDisk, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from sparkjet.cli import main
+
+    other, job = _filling_job(small_disk, tmp_path, monkeypatch)
+    with pytest.raises(sparkjet_errors.JobFailedError, match="No space left on device"):
+        job.join(timeout=60)  # returns at once here, though the store took nothing
+    assert job.status is JobStatus.FAILED
+    seen = other.get_jet().get_job(job.id)
+    assert seen is not None
+    # Unwritten, the record still says RUNNING: others see a dead driver, not a live job.
+    wait_until(lambda: seen.status is JobStatus.SUSPENDED, 60, "others to see it stopped")
+    small_disk.free()
+    wait_until(lambda: seen.status is JobStatus.FAILED, 30, "the failure to reach the store")
+    with pytest.raises(sparkjet_errors.JobFailedError, match="No space left on device"):
+        seen.join(timeout=10)
+    capsys.readouterr()
+    assert main(["status", "filled"]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert shown[0] == f"Job 'filled' ({job.id}) finished: FAILED"
+    assert shown[1].startswith("Failure: job 'filled'")
+    assert "No space left on device" in shown[1]
+    # Its name is free again.
+    again = other.get_jet().submit(_stream_pipeline(), JobConfig(name="filled"))
+    again.cancel()
+    assert small_disk.temp_files() == []
+
+
+def test_gc_collects_temp_files_a_killed_writer_left(client: sparkjet.Client) -> None:
+    store = client.store
+    client.get_list("kept").add(1)
+    folder = Path(store.layout.job("ab12-cd34-ef56-7890"))
+    folder.mkdir(parents=True)
+    old = folder / f"job.json.{'a' * 32}.tmp"
+    young = folder / f"job.json.{'b' * 32}.tmp"
+    lookalike = folder / "notes.tmp"  # not one of ours
+    for path in (old, young, lookalike):
+        path.write_bytes(b"half a reco")
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    os.utime(lookalike, (time.time() - 7200, time.time() - 7200))
+    report = client.collect_garbage(dry_run=True)
+    assert report.removed.get("temp files of unfinished writes") == [str(old)]
+    assert old.exists()
+    client.collect_garbage()
+    assert not old.exists()
+    assert young.exists()
+    assert lookalike.exists()
+    assert client.get_list("kept").get_all() == [1]

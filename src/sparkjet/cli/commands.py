@@ -77,6 +77,17 @@ def list_jobs(args: argparse.Namespace, client: Client) -> int:
     return EXIT_OK
 
 
+def status(args: argparse.Namespace, client: Client) -> int:
+    """``status``: the job's status with why it is suspended or how it failed."""
+    job = find_job(client, args.job)
+    out(state_line(job, client))
+    if job.status is JobStatus.FAILED and not job.is_user_cancelled():
+        failure = job.get_failure()
+        if failure:
+            out(f"Failure: {client.redact(failure)}")
+    return EXIT_OK
+
+
 def find_job(client: Client, ref: str) -> Job:
     """The job with id ``ref``, else the one named ``ref``; CliError (exit 1) if none."""
     jet = client.get_jet()

@@ -168,6 +168,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     list_jobs.set_defaults(handler=commands.list_jobs)
 
+    status = subcommands.add_parser(
+        "status", help="show a job's status, why it is suspended or how it failed",
+        description="Show the status of the job with this id or name, as any process using "
+        "the store sees it: with the cause of a suspension, or the failure of a FAILED job.",
+    )
+    status.add_argument("job", metavar="JOB", help="the job's id or name")
+    status.set_defaults(handler=commands.status)
+
     _add_job_action(
         subcommands, "cancel", commands.cancel,
         "cancel a running job and wait until it stops",

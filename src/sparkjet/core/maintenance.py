@@ -10,7 +10,8 @@ here, by ``client.collect_garbage()`` or ``sparkjet gc``:
   away, or left by a batch job or a task attempt that died before its
   commit), and abort markers;
 - take-over claims older than a job's current epoch, quarantined control
-  requests, and files left by the create-only probe;
+  requests, files left by the store's probes, and temp files of local writes
+  whose process was killed mid-write;
 - scratch checkpoints a job's record does not name (NONE restarts), and
   state files of its checkpoint that no key group needs any more (a task
   removes its own older files as it goes; files written by another number of
@@ -202,6 +203,11 @@ class _Collector:
             if self.old(path):
                 self.remove("probe files", path)
 
+    def temp_files(self) -> None:
+        for path in self.store.temp_files():
+            if self.old(path):
+                self.remove("temp files of unfinished writes", path)
+
 
 def collect_garbage(
     store: Store,
@@ -220,4 +226,5 @@ def collect_garbage(
     collector.segments()
     collector.jobs()
     collector.probes()
+    collector.temp_files()
     return collector.report

@@ -317,6 +317,8 @@ class Lease:
         self._lock = threading.Lock()
         #: Set once this driver found itself fenced off; it never writes again.
         self.fenced: JobFencedError | None = None
+        #: Why the last write failed while :attr:`record` is ahead of the store (else None).
+        self.unwritten: Exception | None = None
 
     @property
     def status(self) -> JobStatus:
@@ -353,13 +355,21 @@ class Lease:
     def write(self, change: Change | None = None) -> None:
         """Apply ``change``, stamp the heartbeat and this driver, and store the record.
 
+        The change is applied here even when storing fails (the error is
+        raised, and kept in :attr:`unwritten`): the next write stores it.
+
         :raises JobFencedError: another driver took the job over; nothing was stored.
         """
         with self._lock:
             self.check_fence()
             record = change(self.record) if change is not None else self.record
             self.record = replace(record, heartbeat=time.time(), driver=this_driver())
-            self.records.write(self.record.to_json())
+            try:
+                self.records.write(self.record.to_json())
+            except Exception as exc:
+                self.unwritten = exc  # the next write stores the change along
+                raise
+            self.unwritten = None
 
     def stage(self, change: Change) -> None:
         """Apply ``change`` to the local copy only; the next :meth:`write` stores it."""

@@ -19,6 +19,7 @@ guards the exports waiting for a cut and the pins. The service's registry
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -161,13 +162,44 @@ class JobRunner:
         """Change the job's record (``lambda r: replace(r, ...)``) and write it."""
         self.lease.write(change)
 
+    def record_outcome(self, change: Change) -> None:
+        """Change the record for how the job ended or stopped, even if the store fails now.
+
+        A store that fails while the job is failing (a full disk, throttling,
+        expired credentials) must not leave the job half-stopped: the change
+        holds here at once (handles in this process see it), and the watcher
+        keeps writing the record until the store takes it. Meanwhile no
+        heartbeat lands, so other processes see the driver gone and may take
+        the job over (which fences this one off).
+        """
+        try:
+            self.lease.write(change)
+        except JobFencedError:
+            raise
+        except Exception as exc:
+            log.error(
+                "job %s: its record could not be stored (%s); the job is %s here, and this "
+                "process writes it again every %g s until the store takes it",
+                self.job.label, exc, self.lease.status.value, HEARTBEAT_SECONDS,
+            )
+
     def set_status(
-        self, new: JobStatus, description: str | None = None, user_requested: bool = False
+        self, new: JobStatus, description: str | None = None, user_requested: bool = False,
+        *, outcome: bool = False,
     ) -> None:
+        """Change the status, store it and tell the listeners.
+
+        With ``outcome`` (how the job ended or stopped) a store that fails
+        does not stop it: see :meth:`record_outcome`.
+        """
         with self.status_lock:
             old = self.lease.status
             check_transition(self.job.label, old, new)
-            self.lease.write(lambda r: replace(r, status=new))
+            change: Change = lambda r: replace(r, status=new)  # noqa: E731
+            if outcome:
+                self.record_outcome(change)
+            else:
+                self.lease.write(change)
             listeners = list(self.listeners)
         event = JobStatusEvent(old, new, description, user_requested)
         for listener in listeners:
@@ -217,7 +249,33 @@ class JobRunner:
             self.watcher.start()
 
     def _watch(self) -> None:
+        self._take_requests_and_beat()
+        self._store_unwritten_outcome()
+
+    def _store_unwritten_outcome(self) -> None:
+        """After the job ended: write the record its end left unwritten, until it lands."""
+        lease = self.lease
+        if lease.unwritten is None:
+            return
+        while lease.fenced is None:
+            time.sleep(HEARTBEAT_SECONDS)
+            try:
+                lease.write()
+            except JobFencedError:
+                return  # the job is another driver's: nothing of this one's is written
+            except Exception as exc:
+                log.debug("job %s: storing its record failed again: %s", self.job.label, exc)
+            else:
+                log.info("job %s: its record is stored (%s)", self.job.label,
+                         lease.status.value)
+                if lease.status is JobStatus.FAILED:
+                    with contextlib.suppress(JobFencedError):
+                        self._discard_checkpoint_of_failed()
+                return
+
+    def _take_requests_and_beat(self) -> None:
         last_beat = time.monotonic()
+        failing = False
         while not self.done.wait(CONTROL_POLL_SECONDS):
             # The heartbeat has a try of its own: nothing the control folder
             # holds may stop it, or the job would be judged dead and taken over.
@@ -236,8 +294,15 @@ class JobRunner:
                 except JobFencedError as exc:
                     self._stop_fenced(exc)
                     return
-                except Exception:
-                    log.exception("job %s: heartbeat failed", self.job.label)
+                except Exception as exc:
+                    if not failing:  # once: a store that is down fails every 0.25 s
+                        log.exception("job %s: heartbeat failed", self.job.label)
+                    log.debug("job %s: heartbeat failed: %s", self.job.label, exc)
+                    failing = True
+                else:
+                    if failing:
+                        log.info("job %s: heartbeats are stored again", self.job.label)
+                    failing = False
 
     def _stop_fenced(self, exc: JobFencedError) -> None:
         """Another driver took the job over: stop here, writing nothing more (it is theirs)."""
@@ -318,8 +383,9 @@ class JobRunner:
     def _end_suspended_by_cancel(self) -> None:
         error = JobCancelledError(f"job {self.job.label} was cancelled")
         self.error = error
-        self._discard_checkpoint()
+        self.lease.check_fence()  # the job belongs to the newer driver now
         self._finish(JobStatus.FAILED, error)
+        self._discard_checkpoint_of_failed()
         self.done.set()
 
     # --- running --------------------------------------------------------------
@@ -355,7 +421,36 @@ class JobRunner:
             self._finish(JobStatus.COMPLETED, None)
             self.done.set()
         except BaseException as exc:
-            self._failed(exc)
+            try:
+                self._failed(exc)
+            except BaseException as handling:
+                self._failed_to_fail(exc, handling)
+
+    def _failed_to_fail(self, exc: BaseException, handling: BaseException) -> None:
+        """Handling the job's failure failed too (a plugin's hook, say): end it FAILED here.
+
+        ``join()`` raises the job's error with the second failure named; the
+        record is written as for any failure, by the watcher if the store
+        does not take it now.
+        """
+        log.error("job %s: failed (%s: %s), and handling that failed too: %s: %s",
+                  self.job.label, type(exc).__name__, exc, type(handling).__name__, handling)
+        if isinstance(handling, JobFencedError) or self.lease.fenced is not None:
+            self._stop_fenced(self.lease.fenced or handling)  # type: ignore[arg-type]
+            return
+        error = JobFailedError(
+            f"job {self.job.label} failed: {type(exc).__name__}: {exc}; handling that failed "
+            f"too: {type(handling).__name__}: {handling}",
+            getattr(exc, "stage", None),
+        )
+        error.__cause__ = exc
+        self.error = error
+        failure = Failure(self.services.redact(str(error)), error.stage, False)
+        self.lease.stage(lambda r: replace(r, status=JobStatus.FAILED, failure=failure,
+                                           completion_time=now_ms()))
+        with contextlib.suppress(Exception):
+            self.lease.write()  # else the watcher writes it once the store takes it
+        self.done.set()
 
     def _run_batch(self) -> None:
         self.execution = self.services.engine.batch(BatchSpec(
@@ -618,15 +713,30 @@ class JobRunner:
         cancelled = isinstance(error, JobCancelledError)
         if self.plan.streaming and job.config.suspend_on_failure and not cancelled:
             cause = self.services.redact(str(error))
-            self.lease.write(lambda r: replace(r, suspension_cause=cause))
-            self.set_status(JobStatus.SUSPENDED, cause)
+            self.lease.stage(lambda r: replace(r, suspension_cause=cause))
+            self.set_status(JobStatus.SUSPENDED, cause, outcome=True)
             self._park()
             return
         self.error = error
-        if self.plan.streaming:
-            self._discard_checkpoint()
         self._finish(JobStatus.FAILED, error)
+        self._discard_checkpoint_of_failed()
         self.done.set()
+
+    def _discard_checkpoint_of_failed(self) -> None:
+        """Delete a FAILED streaming job's checkpoint, as Jet deletes its snapshots.
+
+        Only once the store holds FAILED: until then another process may find
+        the driver gone and resume the job from this checkpoint. The watcher
+        deletes it when it stores the record later.
+        """
+        if not self.plan.streaming or self.lease.unwritten is not None:
+            return
+        try:
+            self._discard_checkpoint()
+        except JobFencedError:
+            raise
+        except Exception:  # the job failed all the same; gc removes the folder in time
+            log.exception("job %s: deleting its checkpoint failed", self.job.label)
 
     def _finish(self, status: JobStatus, error: BaseException | None) -> None:
         self.final_counts = self.execution.stage_counts() if self.execution is not None else {}
@@ -644,9 +754,14 @@ class JobRunner:
             metrics=metrics if metrics is not None else r.metrics,
         ))
         description = str(error) if error is not None else None
-        self.set_status(status, description, user_requested=cancelled)
-        if self.job.name:
-            self.services.records.release_name(self.job.name, self.job.id)
+        self.set_status(status, description, user_requested=cancelled, outcome=True)
+        if self.job.name and self.lease.unwritten is None:
+            # (While the record says the job is active, its name stays taken; a
+            # name whose job ended is freed by the next submit that wants it.)
+            try:
+                self.services.records.release_name(self.job.name, self.job.id)
+            except Exception:
+                log.exception("job %s: freeing its name failed", self.job.label)
 
     # --- metrics --------------------------------------------------------------
 

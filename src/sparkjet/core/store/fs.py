@@ -17,6 +17,7 @@ import datetime
 import logging
 import os
 import posixpath
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -165,7 +166,13 @@ class Store:
         try:
             self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
             if _is_local(self.fs):
-                os.replace(_complete_temp_file(path, data), path)
+                tmp = _complete_temp_file(path, data)
+                try:
+                    os.replace(tmp, path)
+                except BaseException:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp)
+                    raise
             else:
                 # A single-object PUT is atomic on S3, GCS and in memory.
                 self.fs.pipe_file(path, data)
@@ -310,21 +317,49 @@ class Store:
         then advanced by this process's monotonic clock; probed again every
         :data:`CLOCK_PROBE_SECONDS`. The probe is taken after the write
         returns, so the result may run behind the store by the write's latency
-        (never ahead of it).
+        (never ahead of it). A store that takes no writes (full, read-only)
+        keeps the last probe; before any probe succeeded, this machine's clock
+        stands in.
         """
         anchored = self._clock
         if anchored is None or time.monotonic() - anchored[1] > CLOCK_PROBE_SECONDS:
-            path = self.layout.new_probe("clock")
             try:
-                self.write_bytes(path, b"")
-                stamp = self.modified(path)
-            finally:
-                with contextlib.suppress(Exception):
-                    self.fs.rm(path)
-            if stamp is None:
+                stamp = self._probe_clock()
+            except StoreError as exc:
+                if anchored is None:
+                    # A store that takes no writes (full, read-only): this machine's
+                    # clock is the best there is until a probe succeeds.
+                    log.debug("cannot probe the clock of store %s, using this machine's: %s",
+                              self.shown_url, exc)
+                    return time.time()
+                stamp = None  # the last probe, advanced, stays right
+            if stamp is not None:
+                anchored = self._clock = (stamp, time.monotonic())
+            elif anchored is None:
                 return None
-            anchored = self._clock = (stamp, time.monotonic())
         return anchored[0] + (time.monotonic() - anchored[1])
+
+    def _probe_clock(self) -> float | None:
+        """The store's time now: the modification time of a probe file written now."""
+        path = self.layout.new_probe("clock")
+        try:
+            self.write_bytes(path, b"")
+            return self.modified(path)
+        finally:
+            with contextlib.suppress(Exception):
+                self.fs.rm(path)
+
+    def temp_files(self) -> list[str]:
+        """Temp files of writes that never finished (their process was killed), anywhere.
+
+        Only a local folder has them: other filesystems write whole objects.
+        """
+        if not _is_local(self.fs):
+            return []
+        found: list[str] = []
+        for folder, _, files in os.walk(self.root):
+            found.extend(os.path.join(folder, f) for f in files if _TEMP_FILE.search(f))
+        return sorted(found)
 
     def exists(self, path: str) -> bool:
         """Whether ``path`` exists, asked afresh."""
@@ -422,11 +457,23 @@ def _seconds(stamp: Any) -> float | None:
     return None
 
 
+#: The name of a temp file :func:`_complete_temp_file` writes beside its target.
+_TEMP_FILE = re.compile(r"\.[0-9a-f]{32}\.tmp$")
+
+
 def _complete_temp_file(path: str, data: bytes) -> str:
-    """A uniquely named file beside ``path`` holding ``data``, to rename or link into place."""
+    """A uniquely named file beside ``path`` holding ``data``, to rename or link into place.
+
+    A write that fails (a full disk) removes its temp file before raising.
+    """
     tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-    with open(tmp, "wb") as fh:
-        fh.write(data)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return tmp
 
 
