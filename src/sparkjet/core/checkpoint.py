@@ -62,12 +62,13 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from sparkjet.core.errors import StoreError
 from sparkjet.core.event_time import EventTime
+from sparkjet.core.naming import json_loads
 from sparkjet.core.state_files import Counted, StateFiles, StatePaths, StateRange
 from sparkjet.core.store.fs import Store
 
@@ -238,11 +239,18 @@ class Checkpoint:
         """
         return self.root.rstrip("/").rsplit("/", 1)[-1]
 
-    def _json(self, path: str) -> Any:
+    def _json(self, path: str, loads: Callable[[bytes], Any] = json_loads) -> Any:
+        """The checkpoint file ``path`` decoded by ``loads``; None if absent.
+
+        A truncated or damaged one is a StoreError naming it (the job that
+        reads it suspends with ``suspend_on_failure``, its checkpoint kept).
+        """
+        full = f"{self.root}/{path}"
         try:
-            return json.loads(self.store.read_bytes(f"{self.root}/{path}"))
+            raw = self.store.read_bytes(full)
         except FileNotFoundError:
             return None
+        return self.store.decode(full, raw, loads, "checkpoint file")
 
     def meta(self) -> dict[str, Any] | None:
         """meta.json, or None before the first batch was planned."""
@@ -306,12 +314,20 @@ class Checkpoint:
 
     def commit_record(self, batch: int) -> CommitRecord:
         """What :meth:`write_commit` recorded for ``batch``."""
-        return CommitRecord.from_json(batch, self._json(_batch_file(_COMMITS, batch)))
+        record = self._json(_batch_file(_COMMITS, batch),
+                            lambda raw: CommitRecord.from_json(batch, json_loads(raw)))
+        if record is None:
+            raise StoreError(self.store.redact(
+                f"checkpoint file {self.root}/{_batch_file(_COMMITS, batch)!r} is missing "
+                f"in store {self.store.shown_url!r}"))
+        assert isinstance(record, CommitRecord)
+        return record
 
     def planned(self, batch: int) -> BatchPlan | None:
         """The plan :meth:`write_plan` recorded for ``batch``, or None."""
-        data = self._json(_batch_file(_OFFSETS, batch))
-        return None if data is None else BatchPlan.from_json(data)
+        plan: BatchPlan | None = self._json(
+            _batch_file(_OFFSETS, batch), lambda raw: BatchPlan.from_json(json_loads(raw)))
+        return plan
 
     def write_plan(self, plan: BatchPlan) -> BatchPlan:
         """Record a batch's plan before running it (the write-ahead log).

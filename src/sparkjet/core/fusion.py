@@ -458,6 +458,10 @@ class RemoteError(Exception):
     """Stands in for a user exception that could not be pickled back to the driver."""
 
 
+class UnpicklableItem(TypeError):
+    """A stage emitted an item Spark cannot pickle (the message names its type)."""
+
+
 def encode_failure(stage: str, exc: BaseException) -> str:
     """A marker line carrying the stage and the (pickled) exception to the driver."""
     text = "".join(traceback.format_exception(exc))

@@ -6,6 +6,7 @@ checkpoint name files the same way without importing one another.
 
 from __future__ import annotations
 
+import json
 import pickle
 import urllib.parse
 from collections.abc import Callable
@@ -31,20 +32,25 @@ def decode_name(encoded: str) -> str:
     return urllib.parse.unquote(encoded)
 
 
-def unpickle(
+def decode(
     raw: bytes,
     what: str,
     *,
+    loads: Callable[[bytes], Any],
     keys: tuple[str, ...] = (),
     check: Callable[[Any], None] | None = None,
     redact: Callable[[str], str] = str,
-    loads: Callable[[bytes], Any] = pickle.loads,
+    where: str = "",
 ) -> Any:
-    """``raw`` unpickled, or a StoreError saying ``what`` (a file, named) is corrupt.
+    """``raw`` decoded by ``loads``, or a StoreError saying ``what`` (a file, named) is corrupt.
 
+    Every file sparkjet reads back from a store goes through here (JSON or
+    pickle alike), so a truncated or damaged one is an error naming it, its
+    size and the decoder's complaint, never a bare ``UnpicklingError`` or
+    ``JSONDecodeError``; ``where`` (`` in store '...'``) follows the size.
     A dict result must hold ``keys``; ``check`` may raise on anything else
-    wrong. A MemoryError is passed on as it is: the file is too big for this
-    process, not corrupt.
+    wrong. A MemoryError is passed on as it is: the
+    file is too big for this process, not corrupt.
     """
     try:
         data = loads(raw)
@@ -57,6 +63,28 @@ def unpickle(
         raise
     except Exception as exc:
         raise StoreError(redact(
-            f"{what} is corrupt or truncated ({len(raw)} bytes): {type(exc).__name__}: {exc}"
+            f"{what} is corrupt or truncated ({len(raw)} bytes){where}: "
+            f"{type(exc).__name__}: {exc}"
         )) from exc
     return data
+
+
+def unpickle(
+    raw: bytes,
+    what: str,
+    *,
+    keys: tuple[str, ...] = (),
+    check: Callable[[Any], None] | None = None,
+    redact: Callable[[str], str] = str,
+    loads: Callable[[bytes], Any] = pickle.loads,
+) -> Any:
+    """``raw`` unpickled, or a StoreError saying ``what`` (a file, named) is corrupt.
+
+    :func:`decode` with ``pickle.loads`` as the default decoder.
+    """
+    return decode(raw, what, loads=loads, keys=keys, check=check, redact=redact)
+
+
+def json_loads(raw: bytes) -> Any:
+    """``raw`` (UTF-8 JSON) parsed: the decoder of the store's JSON files."""
+    return json.loads(raw)

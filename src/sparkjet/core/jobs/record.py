@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sparkjet.core.errors import JobFencedError
+from sparkjet.core.errors import JobFencedError, StoreError
 from sparkjet.core.model import JobStatus
 from sparkjet.core.store.job_records import JobRecords
 
@@ -340,10 +340,12 @@ class Lease:
         if not self.records.store.exists(path):
             return
         try:
-            owner = json.loads(self.records.store.read_bytes(path))
+            owner = self.records.store.read_json(path, "owner claim", check=_is_dict)
             who = f"host {owner.get('host')!r}, pid {owner.get('pid')}"
-        except (FileNotFoundError, ValueError):
+        except FileNotFoundError:
             who = "another process"
+        except StoreError as exc:  # still fenced off: the claim exists, whoever made it
+            who = f"another process ({exc})"
         self.fenced = JobFencedError(
             f"job {self.record.label}: this driver (epoch {self.epoch}) was fenced off: {who} "
             f"took the job over at epoch {newer}; this process stopped driving it and wrote "
@@ -383,3 +385,9 @@ class Lease:
         return self.records.store.create_exclusive(
             self._owner_path(epoch), json.dumps(claim).encode()
         )
+
+
+def _is_dict(value: Any) -> None:
+    """Checks an owner claim is a JSON object."""
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object, got {type(value).__name__}")

@@ -115,8 +115,9 @@ class RunnerRegistry:
             # adopting it would make a finished job SUSPENDED again.
             raise JobStateError(f"job {job.label} ended ({record.status.value}) meanwhile")
         try:
-            pipeline = cloudpickle.loads(
-                service.services.store.read_bytes(service.records.layout.pipeline(job.id))
+            pipeline = service.services.store.read_pickle(
+                service.records.layout.pipeline(job.id), f"job {job.label}: pipeline",
+                loads=cloudpickle.loads,
             )
         except FileNotFoundError:
             raise JobStateError(

@@ -39,11 +39,13 @@ from sparkjet.core.fusion import (
     StampKind,
     Terminal,
     TerminalKind,
+    UnpicklableItem,
     decode_failure,
 )
 from sparkjet.core.graph import KEYED, STATELESS, OpKind, Transform
 from sparkjet.core.keyed import KeyedFold, folded_records, reduce_batch
 from sparkjet.core.planner import Plan
+from sparkjet.core.runtime.output import name_output, parallelize, partition_by
 from sparkjet.core.windowing import stage_fold
 
 log = logging.getLogger("sparkjet.batch")
@@ -439,7 +441,8 @@ class BatchRun:
         if node.op == OpKind.MERGE:
             # Items keep their timestamps through a merge of timestamped branches only.
             paired = all(flows[i].stamp is not None for i in node.inputs)
-            rdds = [self._materialize(flows[i], name, paired) for i in node.inputs]
+            rdds = [self._materialize(flows[i], name, paired, self.plan.name(i))
+                    for i in node.inputs]
             return Flow(self.sc.union(rdds), stamp=Stamp(StampKind.PAIRED) if paired else None)
         if node.op == OpKind.SINK:
             self._sink(node, name, flows[node.inputs[0]])
@@ -490,19 +493,26 @@ class BatchRun:
         return FusedPass(list(flow.ops), terminal or Terminal(TerminalKind.YIELD), self.metrics,
                          flow.stamp, pairs_out and flow.stamp is not None)
 
-    def _materialize(self, flow: Flow, stage: str, pairs: bool = False) -> Any:
-        """The flow's items as an RDD: ``(t, item)`` pairs with ``pairs`` (timestamped flows)."""
+    def _materialize(
+        self, flow: Flow, stage: str, pairs: bool = False, emitter: str | None = None
+    ) -> Any:
+        """The flow's items as an RDD: ``(t, item)`` pairs with ``pairs`` (timestamped flows).
+
+        ``emitter`` is the stage whose items they are (default ``stage``),
+        named if one cannot be pickled.
+        """
         pairs = pairs and flow.stamp is not None
         computes = flow.stamp is not None and flow.stamp.kind != StampKind.PAIRED
         if not flow.ops and not computes and (pairs or flow.stamp is None):
             if flow.reader is not None:
-                return flow.rdd.mapPartitionsWithIndex(flow.reader, True)
+                return name_output(flow.rdd.mapPartitionsWithIndex(flow.reader, True),
+                                   flow.reader.stage)
             return flow.rdd
-        return flow.rdd.mapPartitionsWithIndex(
+        return name_output(flow.rdd.mapPartitionsWithIndex(
             PassTask(self._pass(flow, stage, pairs_out=pairs), stage, self.counts, flow.reader,
                      event_times=self.event_times),
             True,
-        )
+        ), emitter or stage)
 
     def _materialize_shared(self, node: Transform, flow: Flow) -> Flow:
         from pyspark import StorageLevel
@@ -523,12 +533,12 @@ class BatchRun:
         """
         terminal = fold.terminal(name, node.fn)
         clock = getattr(fold, "clock", None)
-        return flow.rdd.mapPartitionsWithIndex(
+        return name_output(flow.rdd.mapPartitionsWithIndex(
             PassTask(self._pass(flow, name, terminal), name, self.counts, flow.reader,
                      watermark=None if clock is None else clock.late_before,
                      event_times=self.event_times),
             True,
-        )
+        ), name)
 
     def _keyed(self, node: Transform, name: str, flow: Flow) -> Flow:
         fold = stage_fold(node.op, node.params)
@@ -554,19 +564,17 @@ class BatchRun:
             outputs = sorted(task(iter(mapped.collect())), key=_first)
             items = [item for _, item in outputs]
             slices = self.parallelism if len(items) > DRIVER_REDUCE_LIMIT // 10 else 1
-            return self.sc.parallelize(items, slices)
+            return parallelize(self.sc, items, slices, task.stage)
         reduced = mapped.partitionBy(partitions).mapPartitions(task)
         if by_position:  # positions that are not (pidx, pos, j): a sort by them
             return reduced.sortByKey(numPartitions=partitions).values()
-        return self._reorder(reduced, mapped.getNumPartitions())
+        return self._reorder(reduced, mapped.getNumPartitions(), task.stage)
 
-    def _reorder(self, tagged: Any, partitions: int) -> Any:
-        """Put ``((pidx, pos, j), item)`` records back in encounter order."""
-        return (
-            tagged.map(_to_partition_of_origin)
-            .partitionBy(max(1, partitions), _identity_partition)
-            .mapPartitions(_restore_order, True)
-        )
+    def _reorder(self, tagged: Any, partitions: int, stage: str) -> Any:
+        """Put ``((pidx, pos, j), item)`` records (``stage``'s output) back in encounter order."""
+        origin = tagged.map(_to_partition_of_origin)
+        return partition_by(origin, max(1, partitions), _identity_partition, stage).mapPartitions(
+            _restore_order, True)
 
     def _global_aggregate(self, node: Transform, name: str, flow: Flow) -> Flow:
         fold = stage_fold(OpKind.AGGREGATE, node.params)
@@ -578,11 +586,11 @@ class BatchRun:
         from pyspark import StorageLevel
 
         terminal = Terminal(TerminalKind.SORTKEY, name, node.fn, reverse=node.params["reverse"])
-        keyed = flow.rdd.mapPartitionsWithIndex(
+        keyed = name_output(flow.rdd.mapPartitionsWithIndex(
             PassTask(self._pass(flow, name, terminal), name, self.counts, flow.reader,
                      event_times=self.event_times),
             True,
-        ).persist(StorageLevel.MEMORY_AND_DISK)
+        ), name).persist(StorageLevel.MEMORY_AND_DISK)
         self._persisted.append(keyed)
         partitions = self.parallelism
         bounds: list[SortKey] = []
@@ -615,7 +623,8 @@ class BatchRun:
         entry: tuple[Transform, Any, Any, list[Any]] = (node, sink, state, [])
         self._written.append(entry)
         started = time.perf_counter()
-        messages = flow.rdd.mapPartitionsWithIndex(task).collect()
+        written = name_output(flow.rdd.mapPartitionsWithIndex(task), self.plan.name(node.inputs[0]))
+        messages = written.collect()
         log.debug("stage '%s': wrote %d partitions in %.3f s", name, len(messages),
                   time.perf_counter() - started)
         entry[3].extend(messages)
@@ -651,9 +660,11 @@ class BatchRun:
             stage, user_exc, remote_tb = decoded
             if remote_tb:
                 user_exc.add_note(f"Traceback on the Spark executor:\n{remote_tb}")
-            error = JobFailedError(
-                f"stage '{stage}' failed: {type(user_exc).__name__}: {user_exc}", stage
-            )
+            if isinstance(user_exc, UnpicklableItem):  # "item of type ... cannot be pickled"
+                message = f"stage '{stage}': {user_exc}"
+            else:
+                message = f"stage '{stage}' failed: {type(user_exc).__name__}: {user_exc}"
+            error = JobFailedError(message, stage)
             error.__cause__ = user_exc
             return error
         if isinstance(exc, KeyboardInterrupt):

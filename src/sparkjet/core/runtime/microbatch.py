@@ -32,6 +32,7 @@ from sparkjet.core.graph import Transform
 from sparkjet.core.keyed import KeyedFold, fold_into, group_parts
 from sparkjet.core.keygroups import KeyGroupPartition, task_range
 from sparkjet.core.runtime.batch import BatchRun, EventTimesParam, Flow, Task
+from sparkjet.core.runtime.output import partition_by
 from sparkjet.core.state_files import RangeState, StatePaths, StateRange, StateVersion
 from sparkjet.core.windowing import stage_fold
 
@@ -240,5 +241,5 @@ class MicroBatch(BatchRun):
             self.now_ms, self.counts, self.tasks, self.reports,
         )
         groups = self.state.key_groups
-        shuffled = mapped.partitionBy(self.tasks, KeyGroupPartition(groups, self.tasks))
+        shuffled = partition_by(mapped, self.tasks, KeyGroupPartition(groups, self.tasks), name)
         return Flow(shuffled.mapPartitionsWithIndex(task, True))

@@ -226,6 +226,26 @@ class Snapshot:
         """Delete this snapshot's name from the backend (Jet's ``destroy()``)."""
         self._store.delete(self.name)
 
+    def _unpickled(self, relpath: str) -> Any:
+        """The state file ``relpath`` (checked against the manifest) unpickled.
+
+        A file that matches its checksum but does not unpickle (written
+        damaged) is a :class:`SnapshotCorruptedError` naming it.
+        """
+        raw = self.read_file(relpath)
+        try:
+            data = cloudpickle.loads(raw)
+            data["values"].items()
+        except MemoryError:
+            raise
+        except Exception as exc:
+            raise SnapshotCorruptedError(
+                f"snapshot {self.name!r}: file {relpath!r} is corrupt or truncated "
+                f"({len(raw)} bytes) in {self._store.backend.describe()}: "
+                f"{type(exc).__name__}: {exc}", self.name, relpath,
+            ) from exc
+        return data
+
     def read_state(self, stage: str) -> dict[Any, Any]:
         """A stateful stage's state at the cut, for analysis: ``{key: state}``.
 
@@ -243,7 +263,7 @@ class Snapshot:
                 f"stages: {known})", self.name)
         out: dict[Any, Any] = {}
         for file in entry.files:
-            data = cloudpickle.loads(self.read_file(file.path))
+            data = self._unpickled(file.path)
             for key, value in data["values"].items():
                 out[key] = value[1] if isinstance(value, tuple) and len(value) == 2 else value
         return out

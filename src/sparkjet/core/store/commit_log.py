@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparkjet.core.errors import StoreError
-from sparkjet.core.naming import PICKLE_PROTOCOL, unpickle
+from sparkjet.core.naming import PICKLE_PROTOCOL
 from sparkjet.core.store.files import StoreFiles
 from sparkjet.core.store.layout import CommitLogPaths
 
@@ -57,6 +57,11 @@ class LogCursor:
 
     seq: int = 0
     producers: dict[str, int] = field(default_factory=dict)
+
+
+def _seq_is_int(index: Any) -> None:
+    """Checks a writer index (``{"seq": <int>}``)."""
+    int(index["seq"])
 
 
 #: A commit log is folded into a base once this many records follow the newest one.
@@ -125,8 +130,7 @@ class CommitLog:
                     f"{self.label}: segment {path!r} named by a committed record is missing"
                 )
             ) from exc
-        items: list[Any] = unpickle(raw, f"{self.label}: segment {path!r}",
-                                    redact=self.store.redact)
+        items: list[Any] = self.store.decode(path, raw, pickle.loads, f"{self.label}: segment")
         return items
 
     def sequences(self) -> list[int]:
@@ -211,7 +215,8 @@ class CommitLog:
         """
         index = self.paths.writer_index(writer)
         try:
-            after = int(json.loads(self.store.read_bytes(index))["seq"])
+            after = int(self.store.read_json(
+                index, f"{self.label}: writer index", check=_seq_is_int)["seq"])
         except FileNotFoundError:
             after = 0
         bases = self.bases()
@@ -245,14 +250,8 @@ class CommitLog:
             data = self.store.read_bytes(path)
         except FileNotFoundError:
             return None
-        try:
-            raw = pickle.loads(data)
-        except MemoryError:  # too big for this process, not corrupt
-            raise
-        except Exception as exc:
-            raise StoreError(
-                self.store.redact(f"{self.label}: cannot read record {path!r}: {exc}")
-            ) from exc
+        raw = self.store.decode(path, data, pickle.loads, f"{self.label}: record",
+                                keys=("op", "parts", "writer"))
         return Record(seq, raw["op"], raw["parts"], raw["writer"], raw.get("producer"),
                       raw.get("batch"))
 
@@ -273,9 +272,9 @@ class CommitLog:
             if base["seq"] != seq:
                 raise ValueError(f"it says it folds up to record {base['seq']}")
 
-        base: dict[str, Any] = unpickle(
-            raw, f"{self.label}: base {path!r}", keys=("seq", "records", "producers"),
-            check=folds_up_to_seq, redact=self.store.redact)
+        base: dict[str, Any] = self.store.decode(
+            path, raw, pickle.loads, f"{self.label}: base", keys=("seq", "records", "producers"),
+            check=folds_up_to_seq)
         return base
 
     def _from_base(self, cursor: LogCursor) -> Iterator[Record]:

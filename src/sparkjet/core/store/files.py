@@ -8,7 +8,8 @@ cycle, and lets a log run on anything that reads and writes files this way.
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from sparkjet.core.store.layout import StoreLayout
 
@@ -32,6 +33,39 @@ class StoreFiles(Protocol):
 
     def read_range(self, path: str, start: int, end: int) -> bytes:
         """Bytes ``start`` to ``end`` of ``path`` (fewer if the file is shorter)."""
+
+    def decode(
+        self,
+        path: str,
+        raw: bytes,
+        loads: Callable[[bytes], Any],
+        what: str = "file",
+        *,
+        keys: tuple[str, ...] = (),
+        check: Callable[[Any], None] | None = None,
+    ) -> Any:
+        """``raw`` (read from ``path``) decoded; StoreError naming the file if it is corrupt."""
+
+    def read_json(
+        self,
+        path: str,
+        what: str = "file",
+        *,
+        keys: tuple[str, ...] = (),
+        check: Callable[[Any], None] | None = None,
+    ) -> Any:
+        """A JSON file parsed; FileNotFoundError if absent, StoreError naming it if corrupt."""
+
+    def read_pickle(
+        self,
+        path: str,
+        what: str = "file",
+        *,
+        keys: tuple[str, ...] = (),
+        check: Callable[[Any], None] | None = None,
+        loads: Callable[[bytes], Any] = ...,
+    ) -> Any:
+        """A pickle file loaded; FileNotFoundError if absent, StoreError naming it if corrupt."""
 
     def write_bytes(self, path: str, data: bytes) -> None:
         """Write a whole file: readers see the old or the new content, never a mix."""

@@ -16,6 +16,7 @@ import contextlib
 import datetime
 import logging
 import os
+import pickle
 import posixpath
 import re
 import time
@@ -27,6 +28,7 @@ import fsspec
 from fsspec.implementations.memory import MemoryFileSystem
 
 from sparkjet.core.errors import StoreError
+from sparkjet.core.naming import decode, json_loads
 from sparkjet.core.store.commit_log import CommitLog
 from sparkjet.core.store.layout import StoreLayout
 from sparkjet.core.store.memoryfs import ThreadSafeMemoryFileSystem
@@ -160,6 +162,49 @@ class Store:
             raise
         except Exception as exc:
             raise self._error(f"cannot read {path!r} in store {self.shown_url!r}: {exc}") from exc
+
+    def decode(
+        self,
+        path: str,
+        raw: bytes,
+        loads: Callable[[bytes], Any],
+        what: str = "file",
+        *,
+        keys: tuple[str, ...] = (),
+        check: Callable[[Any], None] | None = None,
+    ) -> Any:
+        """``raw`` (the bytes of ``path``) decoded by ``loads``.
+
+        A decode error (a truncated or damaged file), a dict missing
+        ``keys`` or whatever ``check`` raises becomes a StoreError: "``what``
+        '``path``' is corrupt or truncated (N bytes) in store '``url``':
+        JSONDecodeError: ...", secrets masked.
+        """
+        return decode(raw, f"{what} {path!r}", loads=loads, keys=keys, check=check,
+                      redact=self.redact, where=f" in store {self.shown_url!r}")
+
+    def read_json(
+        self,
+        path: str,
+        what: str = "file",
+        *,
+        keys: tuple[str, ...] = (),
+        check: Callable[[Any], None] | None = None,
+    ) -> Any:
+        """The JSON file ``path`` parsed; FileNotFoundError if absent (see :meth:`decode`)."""
+        return self.decode(path, self.read_bytes(path), json_loads, what, keys=keys, check=check)
+
+    def read_pickle(
+        self,
+        path: str,
+        what: str = "file",
+        *,
+        keys: tuple[str, ...] = (),
+        check: Callable[[Any], None] | None = None,
+        loads: Callable[[bytes], Any] = pickle.loads,
+    ) -> Any:
+        """The pickle file ``path`` loaded; FileNotFoundError if absent (see :meth:`decode`)."""
+        return self.decode(path, self.read_bytes(path), loads, what, keys=keys, check=check)
 
     def write_bytes(self, path: str, data: bytes) -> None:
         """Write a whole file; readers see the old or the new content, never a mix."""

@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from sparkjet.core.errors import StoreError
+from sparkjet.core.naming import json_loads
 from sparkjet.core.store.fs import Store
 from sparkjet.core.store.layout import StoreLayout
 
@@ -43,18 +44,14 @@ class JobRecords:
     def read(self, job_id: str) -> dict[str, Any] | None:
         """The job's record, or None; StoreError naming the file if it does not parse."""
         path = self.layout.job_record(job_id)
-        try:
-            data = self.store.read_bytes(path)
-        except FileNotFoundError:
-            return None
-        try:
-            record = json.loads(data)
+        def of_this_job(record: Any) -> None:
             if not isinstance(record, dict) or record.get("id") != job_id:
                 raise ValueError(f"not the record of job {job_id}")
-        except ValueError as exc:
-            raise StoreError(self.store.redact(
-                f"job record {path!r} is corrupt ({len(data)} bytes): {exc}"
-            )) from exc
+
+        try:
+            record: dict[str, Any] = self.store.read_json(path, "job record", check=of_this_job)
+        except FileNotFoundError:
+            return None
         return record
 
     def ids(self) -> list[str]:
@@ -135,19 +132,23 @@ class JobRecords:
                 raw = self.store.read_bytes(path)
             except FileNotFoundError:
                 continue  # taken meanwhile
-            try:
-                request = json.loads(raw)
+
+            def names_its_action(request: Any, entry: str = entry) -> None:
                 action = self.layout.control_action(entry)
                 if not isinstance(request, dict) or request.get("action") != action:
                     raise ValueError("its action does not match its name")
-            except ValueError as exc:
+
+            try:
+                request = self.store.decode(path, raw, json_loads, "control request",
+                                            check=names_its_action)
+            except StoreError as exc:
                 self.store.move(path, self.layout.quarantined(job_id, entry))
                 log.warning(
                     "job %s: control request %r does not parse (%s); moved to %s/",
                     job_id, path, exc, self.layout.quarantine(job_id),
                 )
                 continue
-            taken.append((action, request.get("payload")))
+            taken.append((request["action"], request.get("payload")))
             self.store.remove(path)
         return taken
 

@@ -41,7 +41,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from sparkjet.core.errors import StoreError
-from sparkjet.core.naming import PICKLE_PROTOCOL
+from sparkjet.core.naming import PICKLE_PROTOCOL, json_loads
 from sparkjet.core.store.files import StoreFiles
 
 _HEADER = struct.Struct(">QH")
@@ -51,6 +51,12 @@ _BATCH = "@"
 #: How long a reader waits for a batch chunk's registration before making it.
 PENDING_WAIT_SECONDS = 30.0
 _MAX_PARTITIONS = 4096
+
+
+def _partitions_of(meta: Any) -> None:
+    """Checks a stream's meta.json (``{"partitions": <int>, ...}``)."""
+    if int(meta["partitions"]) < 1:
+        raise ValueError(f"partitions must be at least 1, got {meta['partitions']!r}")
 
 
 class StreamLog:
@@ -96,7 +102,8 @@ class StreamLog:
         """Number of partitions; StoreError naming the stream if it does not exist."""
         if self._partitions is None:
             try:
-                meta = json.loads(self.store.read_bytes(self.paths.meta))
+                meta = self.store.read_json(
+                    self.paths.meta, f"stream {self.name!r}: meta", check=_partitions_of)
             except FileNotFoundError:
                 raise StoreError(
                     f"stream {self.name!r} does not exist in store {self.store.shown_url!r}: "
@@ -219,7 +226,9 @@ class StreamLog:
             raw = self.store.read_bytes(self.paths.writer_index(writer))
         except FileNotFoundError:
             return [0] * self.partitions
-        starts: list[int] = json.loads(raw)["ends"]
+        starts: list[int] = self.store.decode(
+            self.paths.writer_index(writer), raw, json_loads, f"stream {self.name!r}: writer index",
+            keys=("ends",))["ends"]
         return starts
 
     def record_writer_starts(self, writer: str) -> None:
@@ -341,15 +350,8 @@ class StreamLog:
         self.store.remove(pending)
 
     def _pending(self, path: str) -> list[list[Any]]:
-        raw = self.store.read_bytes(path)
-        try:
-            buckets: list[list[Any]] = pickle.loads(raw)
-        except MemoryError:  # too big for this process, not corrupt
-            raise
-        except Exception as exc:
-            raise StoreError(self.store.redact(
-                f"stream {self.name!r}: pending batch {path!r} is corrupt or truncated: {exc}"
-            )) from exc
+        buckets: list[list[Any]] = self.store.read_pickle(
+            path, f"stream {self.name!r}: pending batch")
         return buckets
 
     # --- reading --------------------------------------------------------------
@@ -405,14 +407,11 @@ class StreamLog:
         if len(raw) < _HEADER.size:
             raise self._corrupt(path, f"is truncated ({len(raw)} bytes, no header)")
         count, token_len = _HEADER.unpack_from(raw)
-        try:
-            items = pickle.loads(raw[_HEADER.size + token_len :])
-        except MemoryError:  # too big for this process, not corrupt
-            raise
-        except Exception as exc:
-            raise self._corrupt(
-                path, f"is corrupt or truncated ({len(raw)} bytes): {type(exc).__name__}: {exc}"
-            ) from exc
+
+        def items_after_header(chunk: bytes) -> Any:
+            return pickle.loads(chunk[_HEADER.size + token_len :])
+
+        items = self.store.decode(path, raw, items_after_header, f"stream {self.name!r}: chunk")
         if not isinstance(items, list) or len(items) != count:
             got = len(items) if isinstance(items, list) else type(items).__name__
             raise self._corrupt(path, f"says it holds {count} items but holds {got}")
