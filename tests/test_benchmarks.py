@@ -42,6 +42,7 @@ RUNS = {
          "--queries", "sliding"],
         ["sparkjet EXACTLY_ONCE", "native structured streaming", "vs native"],
     ),
+    "liveness": (["--checks", "20", "--s3"], ["heartbeat vs", "store's clock", "vs heartbeat"]),
     "state_scaling": (
         ["--sizes", "100,2000", "--probes", "2", "--increment", "20"],
         ["sparkjet", "native", "vs smallest", "targets:"],
