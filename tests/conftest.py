@@ -36,8 +36,10 @@ def _isolated_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         "SPARKJET_BLOCK_PLUGINS",
         "SPARKJET_DISABLE_PLUGIN_AUTOLOAD",
         "SPARKJET_TRACE_HOOKS",
+        "SPARKJET_STORE",
     ):
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "user-config"))
     workdir = tmp_path / "cwd"
     workdir.mkdir()
     monkeypatch.chdir(workdir)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from sparkjet import Client
-from sparkjet.cli import apply, commands, snapshots
+from sparkjet.cli import apply, commands, results, snapshots
 from sparkjet.job import ProcessingGuarantee
 
 #: How long ``cancel``, ``suspend``, ``resume`` and ``restart`` wait for the job's new
@@ -67,6 +67,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _offset(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an offset (0 or more), got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an offset (0 or more), got {text!r}")
     return value
 
 
@@ -353,10 +363,15 @@ def _add_snapshot_commands(subcommands: Any) -> None:
 
 
 def _get(args: argparse.Namespace, client: Client) -> int:
-    """``get jobs|snapshots``: the ``list-jobs`` or ``list-snapshots`` table."""
+    """``get jobs|snapshots|map|list|stream``: a table of jobs or snapshots, or results."""
     if args.kind == "jobs":
         return commands.list_jobs(args, client)
-    return snapshots.list_snapshots(args, client)
+    if args.kind == "snapshots":
+        return snapshots.list_snapshots(args, client)
+    handlers: dict[str, Handler] = {
+        "map": results.get_map, "list": results.get_list, "stream": results.get_stream,
+    }
+    return handlers[args.kind](args, client)
 
 
 def _add_declarative_commands(subcommands: Any) -> None:
@@ -373,11 +388,18 @@ def _add_declarative_commands(subcommands: Any) -> None:
     apply_.set_defaults(handler=apply.apply)
 
     get = subcommands.add_parser(
-        "get", help="show the jobs or snapshots there are",
+        "get", help="show the jobs or snapshots there are, or a map, list or stream",
         description="'get jobs' is 'list-jobs' (active jobs; all with -a), 'get snapshots' "
-        "is 'list-snapshots'.",
+        "is 'list-snapshots'. 'get map NAME [KEY]' shows a map's entries (or one key's "
+        "value; exit 1 if absent), 'get list NAME [--tail N]' a list's items with their "
+        "index, 'get stream NAME [--from OFFSET] [--partition P]' a stream's items with "
+        "partition:offset. --json prints JSON (JSON lines for lists and streams).",
     )
-    get.add_argument("kind", choices=("jobs", "snapshots"), help="what to show")
+    get.add_argument("kind", choices=("jobs", "snapshots", "map", "list", "stream"),
+                     help="what to show")
+    get.add_argument("name", nargs="?", metavar="NAME", help="the map's, list's or stream's name")
+    get.add_argument("key", nargs="?", metavar="KEY",
+                     help="map: the key (as written, or its JSON: 42, [1, 2])")
     get.add_argument(
         "-a", "--all", action="store_true", help="jobs: include completed and failed jobs"
     )
@@ -385,4 +407,29 @@ def _add_declarative_commands(subcommands: Any) -> None:
         "-F", "--full-job-name", action="store_true",
         help="snapshots: do not trim job names to 24 characters",
     )
+    get.add_argument("--tail", type=_positive_int, metavar="N", help="list: the last N items")
+    get.add_argument("--from", dest="start", type=_offset, metavar="OFFSET",
+                     help="stream: from this offset of each partition (default 0)")
+    get.add_argument("--partition", type=_offset, metavar="P",
+                     help="stream: only this partition")
+    get.add_argument("--json", action="store_true",
+                     help="map, list, stream: print JSON for tools")
     get.set_defaults(handler=_get)
+
+    metrics = subcommands.add_parser(
+        "metrics", help="show a job's metrics",
+        description="Show the metrics of the job with this id or name (Job.get_metrics()): "
+        "execution times, streaming progress and per-stage counts; --json prints them as "
+        "one JSON object.",
+    )
+    metrics.add_argument("job", metavar="JOB", help="the job's id or name")
+    metrics.add_argument("--json", action="store_true", help="print JSON for tools")
+    metrics.set_defaults(handler=results.metrics)
+
+    info = subcommands.add_parser(
+        "info", help="show which configuration and store this command uses",
+        description="Show the configuration file read (if any), the store and where its URL "
+        "came from (the file, SPARKJET_STORE or the default), where snapshots are kept, "
+        "the Spark master, and how many jobs the store holds.",
+    )
+    info.set_defaults(handler=results.info)

@@ -1,8 +1,12 @@
 """Configuration: where it is read from, what it may contain, and secrets.
 
 Sources, first found wins for the file: the file named by ``SPARKJET_CONFIG``,
-``./sparkjet.toml``, ``[tool.sparkjet]`` in ``./pyproject.toml``; then keyword
-overrides given to ``sparkjet.connect()`` are applied on top, table by table.
+``./sparkjet.toml``, ``[tool.sparkjet]`` in ``./pyproject.toml``, then the
+user's own ``sparkjet.toml`` (``$XDG_CONFIG_HOME/sparkjet/``, by default
+``~/.config/sparkjet/``). ``SPARKJET_STORE`` then replaces the store's URL,
+and keyword overrides given to ``sparkjet.connect()`` are applied on top,
+table by table. A relative local path in a file is relative to the file's
+folder, so a command run from anywhere finds the same store.
 ``${env:NAME}`` in any string is replaced by that environment variable; such
 values are secrets and are never printed (see :meth:`Config.redact`).
 """
@@ -20,6 +24,8 @@ from typing import Any, cast
 from sparkjet.core.errors import ConfigError
 
 ENV_CONFIG = "SPARKJET_CONFIG"
+#: Replaces ``[store] url`` of the configuration file.
+ENV_STORE = "SPARKJET_STORE"
 DEFAULT_STORE_URL = "./.sparkjet"
 _ENV_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -73,6 +79,9 @@ class Config:
     buckets: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: Where the file part came from (for messages), or None.
     source: str | None = None
+    #: Where :attr:`store_url` came from: ``default``, the file, ``SPARKJET_STORE``
+    #: or ``connect() arguments``.
+    store_source: str = "default"
     secrets: list[str] = field(default_factory=list, repr=False)
 
     def __repr__(self) -> str:
@@ -103,7 +112,16 @@ def find_config_file(cwd: Path | None = None) -> tuple[Path, bool] | None:
     pyproject = cwd / "pyproject.toml"
     if pyproject.is_file():
         return pyproject, True
+    user = user_config_file()
+    if user.is_file():
+        return user, False
     return None
+
+
+def user_config_file() -> Path:
+    """The user's own configuration file: ``$XDG_CONFIG_HOME/sparkjet/sparkjet.toml``."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "sparkjet" / "sparkjet.toml"
 
 
 def load_config(
@@ -137,6 +155,15 @@ def load_config(
             tables = data
     config = Config(source=source)
     _apply(config, tables, source or "defaults")
+    if found is not None and "url" in tables.get("store", {}):
+        config.store_url = _beside(config.store_url, found[0])
+        config.store_source = source or str(found[0])
+    if found is not None and config.snapshots_url is not None:
+        config.snapshots_url = _beside(config.snapshots_url, found[0])
+    env_store = os.environ.get(ENV_STORE)
+    if env_store:
+        config.store_url = env_store
+        config.store_source = ENV_STORE
     if overrides:
         for section, table in overrides.items():
             if not isinstance(table, Mapping):
@@ -147,7 +174,16 @@ def load_config(
         plain = {k: dict(v) for k, v in overrides.items()}
         _check(plain, "connect() arguments")
         _apply(config, plain, "connect() arguments")
+        if "url" in plain.get("store", {}):
+            config.store_source = "connect() arguments"
     return config
+
+
+def _beside(url: str, file: Path) -> str:
+    """A relative local path of ``file`` made relative to the file's folder."""
+    if "://" in url or "::" in url or os.path.isabs(url) or url.startswith("~"):
+        return url
+    return str(file.resolve().parent / url)
 
 
 def _check(data: Mapping[str, Any], where: str) -> None:

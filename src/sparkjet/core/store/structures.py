@@ -187,6 +187,18 @@ class IStream:
     def __len__(self) -> int:
         return self.size()
 
+    def end_offsets(self) -> list[int]:
+        """Per partition, the offset the next published item gets (its item count)."""
+        return self._log.end_offsets()
+
+    def read(self, partition: int, start: int = 0, end: int | None = None) -> list[Any]:
+        """The items of ``partition`` from offset ``start`` up to ``end`` (its end if None)."""
+        if end is None:
+            end = self._log.end_offset(partition)
+        if start >= end:
+            return []
+        return self._log.read(partition, start, end)
+
     def read_all(self) -> list[Any]:
         """Every item, partition by partition (for tests and tools; streams are for jobs)."""
         out: list[Any] = []

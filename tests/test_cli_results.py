@@ -1,0 +1,172 @@
+"""Results, metrics and the store's whereabouts from the command line.
+
+``get map|list|stream``, ``metrics``, ``status`` and ``info``; where the
+store is found (``SPARKJET_STORE``, the user's own configuration file, paths
+relative to the file) so a command run from another folder sees the same jobs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import namedtuple
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import sparkjet
+from sparkjet.cli import main
+from sparkjet.job import JobConfig
+from sparkjet.pipeline import Pipeline
+from tests.test_cli import no_spark, write_config
+
+__all__ = ["no_spark"]  # the fixture, used by name
+
+Point = namedtuple("Point", "x y")
+
+
+@pytest.fixture
+def config_file(client: sparkjet.Client) -> Path:
+    return write_config(client)
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.usefixtures("config_file", "no_spark")
+def test_get_map_shows_entries_one_key_and_json(
+    client: sparkjet.Client, capsys: pytest.CaptureFixture[str]
+) -> None:
+    counts = client.get_map("counts")
+    counts.put_all({"a": 1, "b": Point(2, 3), 7: [1, 2], (1, 2): {"n": {4}}})
+    code, out, _ = run(capsys, "get", "map", "counts")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split() == ["KEY", "VALUE"]
+    assert sorted(lines[1:]) == sorted([
+        "a       1", 'b       {"x": 2, "y": 3}', "7       [1, 2]", '[1, 2]  {"n": [4]}',
+    ])
+    assert run(capsys, "get", "map", "counts", "b") == (0, '{"x": 2, "y": 3}\n', "")
+    assert run(capsys, "get", "map", "counts", "7")[1] == "[1, 2]\n"  # a key JSON spells
+    assert run(capsys, "get", "map", "counts", "[1, 2]")[1] == '{"n": [4]}\n'
+    code, out, _ = run(capsys, "get", "map", "counts", "--json")
+    assert code == 0
+    assert sorted(json.loads(out), key=str) == sorted([
+        {"key": "a", "value": 1}, {"key": "b", "value": {"x": 2, "y": 3}},
+        {"key": 7, "value": [1, 2]}, {"key": [1, 2], "value": {"n": [4]}},
+    ], key=str)
+    assert json.loads(run(capsys, "get", "map", "counts", "a", "--json")[1]) == {
+        "key": "a", "value": 1}
+    code, out, err = run(capsys, "get", "map", "counts", "zz")
+    assert (code, out) == (1, "")
+    assert err == "ERROR: map 'counts' has no key 'zz'\n"
+
+
+@pytest.mark.usefixtures("config_file", "no_spark")
+def test_get_list_and_its_tail(client: sparkjet.Client, capsys: pytest.CaptureFixture[str]) -> None:
+    client.get_list("out").add_all(["x", 2, (3, "y")])
+    assert run(capsys, "get", "list", "out") == (0, '0  x\n1  2\n2  [3, "y"]\n', "")
+    assert run(capsys, "get", "list", "out", "--tail", "2")[1] == '1  2\n2  [3, "y"]\n'
+    code, out, _ = run(capsys, "get", "list", "out", "--tail", "1", "--json")
+    assert (code, [json.loads(line) for line in out.splitlines()]) == (
+        0, [{"index": 2, "item": [3, "y"]}])
+    assert run(capsys, "get", "list", "empty") == (0, "", "")
+    code, _, err = run(capsys, "get", "list", "out", "--tail", "0")
+    assert code == 2
+    assert "--tail: expected a positive integer, got '0'" in err
+
+
+@pytest.mark.usefixtures("config_file", "no_spark")
+def test_get_stream_from_an_offset_and_one_partition(
+    client: sparkjet.Client, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stream = client.get_stream("events", partitions=2)
+    stream._log.publish_all(range(6), partition_of=lambda i: i % 2)  # type: ignore[attr-defined]
+    code, out, _ = run(capsys, "get", "stream", "events")
+    assert code == 0
+    assert out.splitlines() == ["0:0  0", "0:1  2", "0:2  4", "1:0  1", "1:1  3", "1:2  5"]
+    assert run(capsys, "get", "stream", "events", "--from", "2")[1] == "0:2  4\n1:2  5\n"
+    code, out, _ = run(capsys, "get", "stream", "events", "--partition", "1", "--from", "1",
+                       "--json")
+    assert [json.loads(line) for line in out.splitlines()] == [
+        {"partition": 1, "offset": 1, "item": 3}, {"partition": 1, "offset": 2, "item": 5}]
+    assert run(capsys, "get", "stream", "events", "--from", "9") == (0, "", "")
+    code, _, err = run(capsys, "get", "stream", "events", "--partition", "2")
+    assert (code, err) == (1, "ERROR: stream 'events' has partitions 0 to 1, not 2\n")
+    code, _, err = run(capsys, "get", "stream", "nope")
+    assert code == 1
+    assert err.startswith("ERROR: stream 'nope' does not exist in store '")
+    code, _, err = run(capsys, "get", "stream")
+    assert (code, err) == (2, "ERROR: 'get stream' needs the stream's NAME\n")
+    code, _, err = run(capsys, "get", "stream", "events", "--from", "-1")
+    assert code == 2
+    assert "expected an offset (0 or more), got '-1'" in err
+
+
+@pytest.mark.usefixtures("config_file")
+def test_metrics_of_a_finished_job_as_a_table_and_as_json(
+    client: sparkjet.Client, capsys: pytest.CaptureFixture[str]
+) -> None:
+    p = Pipeline.create()
+    (p.read_from(Pipeline.from_list("nums")).map(lambda x: x * 2).set_name("double")
+     .write_to(Pipeline.to_list("doubled")))
+    client.get_list("nums").add_all(range(5))
+    job = client.get_jet().submit(p, JobConfig(name="doubler",
+                                               store_metrics_after_job_completion=True))
+    job.join(timeout=120)
+    code, out, _ = run(capsys, "metrics", "doubler", "--json")
+    assert code == 0
+    metrics: dict[str, Any] = json.loads(out)
+    assert metrics["stages"]["double"] == {"receivedCount": 5, "emittedCount": 5}
+    assert metrics["executionStartTime"] > 0
+    code, out, _ = run(capsys, "metrics", job.id)
+    lines = out.splitlines()
+    assert lines[0] == f"Job 'doubler' ({job.id}) finished: COMPLETED"
+    assert lines[1].startswith("Execution start: 20")
+    assert lines[3:] == [
+        "STAGE             receivedCount  emittedCount",
+        "double            5              5",
+        "from-list(nums)   0              5",
+        "to-list(doubled)  5              0",
+    ]
+    code, _, err = run(capsys, "metrics", "nobody")
+    assert (code, err) == (1, "ERROR: no job with id or name 'nobody'\n")
+
+
+@pytest.mark.usefixtures("no_spark")
+def test_info_says_where_the_store_comes_from_and_any_folder_finds_the_same_jobs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, out, _ = run(capsys, "info")
+    assert code == 0
+    assert "Configuration: none (defaults)\n" in out
+    assert "Store: ./.sparkjet (from default)\n" in out
+    assert "Jobs: 0 active, 0 in all\n" in out
+
+    # The user's own configuration file, with a path relative to it.
+    user = tmp_path / "user-config" / "sparkjet"
+    user.mkdir(parents=True)
+    (user / "sparkjet.toml").write_text('[store]\nurl = "data/store"\n', encoding="utf-8")
+    store = user / "data" / "store"
+    sparkjet.connect(store={"url": str(store)}).get_list("seen").add(1)
+    for folder in (tmp_path / "a", tmp_path / "b" / "c"):
+        folder.mkdir(parents=True)
+        monkeypatch.chdir(folder)
+        code, out, _ = run(capsys, "info")
+        assert f"Configuration: {user / 'sparkjet.toml'}\n" in out
+        assert f"Store: {store} (from {user / 'sparkjet.toml'})\n" in out
+        assert f"Snapshots: {store}/snapshots (beside the store)\n" in out
+        assert run(capsys, "get", "list", "seen")[1] == "0  1\n"
+
+    # SPARKJET_STORE wins over the file; a sparkjet.toml here wins over the user's.
+    monkeypatch.setenv("SPARKJET_STORE", str(tmp_path / "elsewhere"))
+    assert f"Store: {tmp_path / 'elsewhere'} (from SPARKJET_STORE)\n" in run(capsys, "info")[1]
+    monkeypatch.delenv("SPARKJET_STORE")
+    Path("sparkjet.toml").write_text('[store]\nurl = "memory://here"\n', encoding="utf-8")
+    out = run(capsys, "info")[1]
+    here = Path.cwd() / "sparkjet.toml"
+    assert f"Configuration: {here}\n" in out
+    assert f"Store: memory://here (from {here})\n" in out
