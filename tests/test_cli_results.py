@@ -170,3 +170,99 @@ def test_info_says_where_the_store_comes_from_and_any_folder_finds_the_same_jobs
     here = Path.cwd() / "sparkjet.toml"
     assert f"Configuration: {here}\n" in out
     assert f"Store: memory://here (from {here})\n" in out
+
+
+def test_the_progress_line_reads_the_streaming_metrics() -> None:
+    from sparkjet.cli.follow import progress_line
+
+    assert progress_line("'j' (1)", {"lastCommittedBatch": -1}) == (
+        "Job 'j' (1): no micro-batch committed yet")
+    line = progress_line("'j' (1)", {
+        "lastCommittedBatch": 1234, "inputRate": 1500.4, "processingRate": 98765.0,
+        "lastBatchDurationMillis": 120,
+        "stages": {
+            "count": {"receivedCount": 5, "snapshotKeys": 1000, "snapshotBytes": 3 * 1024**2},
+            "hourly": {"snapshotKeys": 10, "snapshotBytes": 512, "watermark": -2**63,
+                       "lateEventsDropped": 0},
+            "daily": {"watermark": 1_700_000_000_000, "lateEventsDropped": 7},
+        },
+    })
+    assert line.startswith("Job 'j' (1): batch 1,234, 1,500 in/s, 98,765 processed/s, "
+                           "last batch 120 ms, state 1,010 keys, 3.0 MB, "
+                           "hourly watermark none yet, daily watermark 20")
+    assert line.endswith(", daily late 7")
+
+
+PROGRESSING = """
+    from sparkjet.pipeline import Pipeline, StreamSource
+
+    pipeline = Pipeline.create()
+    (pipeline.read_from(StreamSource("events"))
+     .group_by(lambda e: e % 3).aggregate(__import__("sparkjet.aggregate").aggregate.counting())
+     .set_name("counts").write_to(Pipeline.to_map("counts")))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("terminal", [False, True], ids=["plain", "tty"])
+def test_submit_shows_the_streaming_jobs_progress(
+    client: sparkjet.Client, config_file: Path, tmp_path: Path, terminal: bool
+) -> None:
+    """On a terminal rich keeps one line up to date; elsewhere a line every N seconds."""
+    import os
+    import pty
+    import subprocess
+    import sys
+    import time
+
+    from tests.test_cli import wait_for, write_file
+
+    write_file("progressing.py", PROGRESSING)
+    client.get_stream("events", partitions=2).publish_all(range(30))
+    argv = [sys.executable, "-m", "sparkjet.cli", "submit", "-n", "prog", "-g", "exactly_once",
+            "--snapshot-interval", "200", "--progress-every", "1", "progressing.py"]
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "COLUMNS": "200", "TERM": "xterm"}
+    chunks: list[bytes] = []
+    if terminal:
+        master, slave = pty.openpty()
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=slave,
+                                stderr=subprocess.DEVNULL, env=env)
+        os.close(slave)
+        os.set_blocking(master, False)
+
+        def seen() -> str:
+            try:
+                while True:
+                    chunks.append(os.read(master, 65536))
+            except (BlockingIOError, OSError):
+                pass
+            return b"".join(chunks).decode("utf-8", "replace")
+    else:
+        log = tmp_path / "submit.out"
+        with log.open("wb") as fh:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh,
+                                    stderr=subprocess.DEVNULL, env=env)
+
+        def seen() -> str:
+            return log.read_text(encoding="utf-8", errors="replace")
+    try:
+        wait_for(lambda: "processed/s" in seen() and "state 3 keys" in seen(), 180,
+                 "a progress line with the counted keys")
+        time.sleep(2.5)
+        text = seen()
+        lines = [line for line in text.replace("\r", "\n").splitlines() if "processed/s" in line]
+        assert lines
+        assert all("Job 'prog' (" in line for line in lines)
+        if terminal:
+            assert "\x1b[" in text  # redrawn in place, not printed line after line
+        else:
+            assert len(lines) >= 2  # one a second
+            assert "\x1b[" not in text
+        assert dict(client.get_map("counts").entry_set()) == {0: 10, 1: 10, 2: 10}
+    finally:
+        job = client.get_jet().get_job_by_name("prog")
+        if job is not None and not job.is_terminal():
+            job.cancel()
+        proc.wait(timeout=60)
+        if terminal:
+            os.close(master)

@@ -37,7 +37,7 @@ def submit(args: argparse.Namespace, client: Client) -> int:
             f"Starting from snapshot '{restore['snapshot']}' (batch {restore['batch']}): "
             f"{stages or 'no stateful stages'}"
         )
-    return follow(job, client)
+    return follow(job, client, progress_every=args.progress_every)
 
 
 def job_config(

@@ -8,19 +8,30 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from types import FrameType
+from typing import Any
 
 from sparkjet import Client
 from sparkjet.cli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, CliError
-from sparkjet.cli.output import error, out, state_line, status_text, suspension_cause
+from sparkjet.cli.output import (
+    error,
+    format_time_millis,
+    out,
+    state_line,
+    status_text,
+    suspension_cause,
+)
 from sparkjet.errors import JobFailedError, JobStateError, SparkjetError
 from sparkjet.job import Job, JobStatus, ProcessingGuarantee
 
 #: How often a command reads the status of a job while it waits.
 POLL_SECONDS = 0.2
+#: How often a streaming job's progress line is printed when stdout is not a terminal.
+PROGRESS_SECONDS = 30.0
 #: How long an interrupted ``submit`` waits for its job to stop (cancelled) or suspend.
 INTERRUPT_GRACE_SECONDS = 30.0
 
@@ -153,11 +164,16 @@ def follow_all(jobs: Sequence[Job], client: Client, resumed: Collection[str] = (
     return max(codes)
 
 
-def follow(job: Job, client: Client, resumed: bool = False) -> int:
+def follow(
+    job: Job, client: Client, resumed: bool = False, progress_every: float | None = None
+) -> int:
     """Keep a job that runs in this process in the foreground until it ends or is suspended.
 
     ``resumed``: the job was SUSPENDED and has just been resumed here, so
     SUSPENDED counts only once it has run again (RUNNING is printed then).
+    Meanwhile a streaming job's progress is shown (see :class:`LiveStatus`):
+    on a terminal, one line kept up to date; otherwise a line every
+    ``progress_every`` seconds (:data:`PROGRESS_SECONDS` if None; 0: none).
     """
     changed = threading.Event()
     job.add_status_listener(lambda event: changed.set())
@@ -171,7 +187,13 @@ def follow(job: Job, client: Client, resumed: bool = False) -> int:
                 waiting_to_run = False
                 if not status.is_terminal():
                     out(state_line(job, client))
-            status = wait_until(job, _settled, wake=changed)
+            every = PROGRESS_SECONDS if progress_every is None else progress_every
+            with LiveStatus(job, every) as live:
+                while True:
+                    status = wait_until(job, _settled, timeout=live.tick, wake=changed)
+                    if _settled(status):
+                        break
+                    live.update()
     except KeyboardInterrupt:
         return _interrupted(job, client, starting=waiting_to_run)
     if status is JobStatus.SUSPENDED:
@@ -186,6 +208,94 @@ def follow(job: Job, client: Client, resumed: bool = False) -> int:
         return EXIT_FAILED
     out(state_line(job, client))
     return EXIT_OK
+
+
+class LiveStatus:
+    """A streaming job's progress while the command keeps it in the foreground.
+
+    On a terminal (stdout is a TTY) one line, redrawn every half second by
+    rich and gone when the job stops; otherwise a plain line every ``every``
+    seconds (none when 0), for logs. Batch jobs show nothing: they have no
+    micro-batches to report.
+    """
+
+    def __init__(self, job: Job, every: float) -> None:
+        self.job = job
+        self.every = every
+        self.streaming = job.is_streaming()
+        self.tty = self.streaming and sys.stdout.isatty()
+        self._live: Any = None
+        self._last_print = time.monotonic()
+        #: How long the follower waits between updates (seconds; None: only for a status).
+        self.tick: float | None = None
+        if self.tty:
+            self.tick = 0.5
+        elif self.streaming and every > 0:
+            self.tick = min(every, 1.0)
+
+    def __enter__(self) -> LiveStatus:
+        if self.tty:
+            from rich.console import Console
+            from rich.live import Live
+            from rich.text import Text
+
+            self._text = Text
+            self._live = Live(Text(self.line()), console=Console(), transient=True,
+                              auto_refresh=False)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.__exit__(None, None, None)
+            self._live = None
+
+    def update(self) -> None:
+        """Redraw the line (terminal), or print it if ``every`` seconds have passed."""
+        if self._live is not None:
+            self._live.update(self._text(self.line()), refresh=True)
+        elif self.tick is not None and time.monotonic() - self._last_print >= self.every:
+            self._last_print = time.monotonic()
+            out(self.line())
+
+    def line(self) -> str:
+        """``Job 'x': batch 41, 1,200 in/s, ...``, from the job's metrics."""
+        return progress_line(self.job.label, self.job.get_metrics())
+
+
+def progress_line(label: str, metrics: dict[str, Any]) -> str:
+    """One line of a streaming job's progress from ``Job.get_metrics()``."""
+    batch = metrics.get("lastCommittedBatch", -1)
+    if batch is None or batch < 0:
+        return f"Job {label}: no micro-batch committed yet"
+    parts = [
+        f"batch {batch:,}",
+        f"{metrics.get('inputRate', 0.0):,.0f} in/s",
+        f"{metrics.get('processingRate', 0.0):,.0f} processed/s",
+        f"last batch {metrics.get('lastBatchDurationMillis', 0):,} ms",
+    ]
+    stages: dict[str, dict[str, Any]] = metrics.get("stages", {})
+    keys = sum(int(s.get("snapshotKeys", 0)) for s in stages.values())
+    size = sum(int(s.get("snapshotBytes", 0)) for s in stages.values())
+    if any("snapshotKeys" in s for s in stages.values()):
+        parts.append(f"state {keys:,} keys, {_size(size)}")
+    for name, stage in stages.items():
+        if "watermark" in stage:
+            mark = int(stage["watermark"])
+            shown = format_time_millis(mark) if mark > 0 else "none yet"
+            parts.append(f"{name} watermark {shown}")
+            if stage.get("lateEventsDropped"):
+                parts.append(f"{name} late {int(stage['lateEventsDropped']):,}")
+    return f"Job {label}: " + ", ".join(parts)
+
+
+def _size(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1024 or unit == "GB":
+            return f"{value:,.0f} {unit}" if unit == "B" else f"{value:,.1f} {unit}"
+        value /= 1024
+    return f"{value:,.1f} GB"
 
 
 def _interrupted(job: Job, client: Client, starting: bool = False) -> int:

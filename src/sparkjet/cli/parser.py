@@ -70,6 +70,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _seconds_or_zero(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}")
+    return value
+
+
 def _offset(text: str) -> int:
     try:
         value = int(text)
@@ -160,6 +170,11 @@ def build_parser() -> argparse.ArgumentParser:
         "-s", "--snapshot", metavar="NAME",
         help="JobConfig.initial_snapshot_name: start the job from this exported snapshot "
         "(state matched by stage name; refused if it is missing, corrupt or incompatible)",
+    )
+    submit.add_argument(
+        "--progress-every", type=_seconds_or_zero, metavar="SECONDS",
+        help="when stdout is not a terminal, print a streaming job's progress line every "
+        "SECONDS (default 30; 0: never); on a terminal the line is kept up to date",
     )
     submit.add_argument("file", metavar="FILE.py", help="Python file defining 'pipeline'")
     submit.add_argument(
