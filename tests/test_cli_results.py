@@ -266,3 +266,91 @@ def test_submit_shows_the_streaming_jobs_progress(
         proc.wait(timeout=60)
         if terminal:
             os.close(master)
+
+
+#: A sample line of Prometheus's text format: name{labels} value.
+SAMPLE = r'sparkjet_[A-Za-z]+\{(?:[a-z_]+="(?:[^"\\]|\\.)*",?)+\} -?[0-9.e+-]+'
+
+
+@pytest.mark.usefixtures("config_file")
+def test_metrics_in_prometheus_text_format(
+    client: sparkjet.Client, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import re
+
+    p = Pipeline.create()
+    p.read_from(Pipeline.from_list("nums")).map(lambda x: x).set_name('say "hi"') \
+        .write_to(Pipeline.to_list("same"))
+    client.get_list("nums").add_all(range(3))
+    job = client.get_jet().submit(p, JobConfig(name="prom",
+                                               store_metrics_after_job_completion=True))
+    job.join(timeout=120)
+    code, out, _ = run(capsys, "metrics", "prom", "--prometheus")
+    assert code == 0
+    lines = out.splitlines()
+    assert "# TYPE sparkjet_receivedCount counter" in lines
+    assert "# TYPE sparkjet_executionStartTime gauge" in lines
+    labels = f'job_id="{job.id}",job_name="prom"'
+    assert f'sparkjet_status{{{labels},status="COMPLETED"}} 1' in lines
+    assert f'sparkjet_receivedCount{{{labels},stage="say \\"hi\\""}} 3' in lines
+    for line in lines:
+        assert line.startswith("# TYPE ") or re.fullmatch(SAMPLE, line), line
+    code, _, err = run(capsys, "metrics", "prom", "--json", "--prometheus")
+    assert code == 2
+    assert "not allowed with argument" in err
+    code, _, err = run(capsys, "metrics")
+    assert (code, err) == (2, "ERROR: 'metrics' needs a JOB (or --serve [HOST:]PORT)\n")
+
+
+@pytest.mark.slow
+def test_metrics_served_to_prometheus_from_another_process(
+    client: sparkjet.Client, config_file: Path, tmp_path: Path
+) -> None:
+    import os
+    import re
+    import subprocess
+    import sys
+    import urllib.error
+    import urllib.request
+
+    from tests.test_cli import wait_for
+
+    client.get_stream("events", partitions=1).publish_all(range(4))
+    p = Pipeline.create()
+    p.read_from(sparkjet.pipeline.StreamSource("events")).set_name("events-in") \
+        .write_to(Pipeline.to_list("seen"))
+    job = client.get_jet().submit(p, JobConfig(name="served", processing_guarantee="EXACTLY_ONCE",
+                                               snapshot_interval_millis=100))
+    log = tmp_path / "serve.out"
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sparkjet.cli", "metrics", "--serve", "127.0.0.1:0"],
+            stdout=fh, stderr=subprocess.STDOUT,
+            env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+        )
+    try:
+        wait_for(lambda: "/metrics" in log.read_text(), 60, "the exporter to listen")
+        url = re.search(r"http://\S+/metrics", log.read_text())
+        assert url is not None
+        wait_for(lambda: len(client.get_list("seen").get_all()) == 4, 120, "the items")
+
+        def scrape() -> str:
+            with urllib.request.urlopen(url.group(0), timeout=10) as answer:
+                assert answer.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+                return str(answer.read().decode())
+
+        labels = f'job_id="{job.id}",job_name="served"'
+        wait_for(lambda: f'sparkjet_receivedCount{{{labels},stage="to-list(seen)"}} 4'
+                 in scrape(), 60, "the committed counts in a scrape")
+        text = scrape()
+        assert f'sparkjet_status{{{labels},status="RUNNING"}} 1' in text.splitlines()
+        assert re.search(rf"sparkjet_lastCommittedBatch\{{{labels}\}} [0-9]+", text)
+        with pytest.raises(urllib.error.HTTPError, match="404"):
+            urllib.request.urlopen(url.group(0).replace("/metrics", "/other"), timeout=10)
+        job.cancel()
+        wait_for(lambda: "served" not in scrape(), 60, "the ended job to leave the scrape")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        if not job.is_terminal():
+            job.cancel()

@@ -432,13 +432,20 @@ def _add_declarative_commands(subcommands: Any) -> None:
     get.set_defaults(handler=_get)
 
     metrics = subcommands.add_parser(
-        "metrics", help="show a job's metrics",
+        "metrics", help="show a job's metrics, or serve every active job's to Prometheus",
         description="Show the metrics of the job with this id or name (Job.get_metrics()): "
         "execution times, streaming progress and per-stage counts; --json prints them as "
-        "one JSON object.",
+        "one JSON object, --prometheus in Prometheus's text format. --serve [HOST:]PORT "
+        "serves the metrics of every active job in the store at http://HOST:PORT/metrics "
+        "(HOST 127.0.0.1 unless given) until interrupted.",
     )
-    metrics.add_argument("job", metavar="JOB", help="the job's id or name")
-    metrics.add_argument("--json", action="store_true", help="print JSON for tools")
+    metrics.add_argument("job", nargs="?", metavar="JOB", help="the job's id or name")
+    shown_as = metrics.add_mutually_exclusive_group()
+    shown_as.add_argument("--json", action="store_true", help="print JSON for tools")
+    shown_as.add_argument("--prometheus", action="store_true",
+                          help="print Prometheus's text exposition format")
+    shown_as.add_argument("--serve", metavar="[HOST:]PORT",
+                          help="serve the active jobs' metrics over HTTP for Prometheus")
     metrics.set_defaults(handler=results.metrics)
 
     info = subcommands.add_parser(

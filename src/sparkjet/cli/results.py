@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import http.server
 import json
-from collections.abc import Mapping
+import sys
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sparkjet import Client, __version__
 from sparkjet.cli.commands import find_job
 from sparkjet.cli.errors import EXIT_FAILED, EXIT_OK, CliError
 from sparkjet.cli.output import format_count, format_time_millis, out, state_line, table
+from sparkjet.job import Job
 
 
 def jsonable(value: Any) -> Any:
@@ -131,11 +134,19 @@ def _named(args: argparse.Namespace, kind: str) -> str:
 
 
 def metrics(args: argparse.Namespace, client: Client) -> int:
-    """``metrics JOB [--json]``: the job's metrics, as ``Job.get_metrics()`` returns them."""
+    """``metrics JOB [--json|--prometheus]``, or ``metrics --serve [HOST:]PORT``."""
+    if args.serve is not None:
+        return serve_metrics(client, args.serve)
+    if args.job is None:
+        raise CliError("'metrics' needs a JOB (or --serve [HOST:]PORT)")
     job = find_job(client, args.job)
     values = job.get_metrics()
     if args.json:
         out(dumps(values))
+        return EXIT_OK
+    if args.prometheus:
+        sys.stdout.write(prometheus_text([job]))
+        sys.stdout.flush()
         return EXIT_OK
     out(state_line(job, client))
     times = [("Execution start", values.get("executionStartTime", -1)),
@@ -181,4 +192,96 @@ def info(args: argparse.Namespace, client: Client) -> int:
     jobs = client.get_jet().get_jobs()
     active = sum(1 for job in jobs if not job.status.is_terminal())
     out(f"Jobs: {active} active, {len(jobs)} in all")
+    return EXIT_OK
+
+
+# --- Prometheus -------------------------------------------------------------------------
+
+#: Every metric's name starts with this; the rest is Jet's metric name.
+PROMETHEUS_PREFIX = "sparkjet_"
+
+
+def prometheus_text(jobs: Iterable[Job]) -> str:
+    """The jobs' metrics in Prometheus's text exposition format (version 0.0.4).
+
+    Jet's metric names after :data:`PROMETHEUS_PREFIX`: job metrics
+    (``lastCommittedBatch``, ``processingRate``, ...) labelled by ``job_id``
+    and ``job_name``, stage metrics (``receivedCount``, ``emittedCount``,
+    ``snapshotKeys``, ...) by ``stage`` too, and ``sparkjet_status`` 1 for the
+    job's status (label ``status``).
+    """
+    samples: dict[str, list[str]] = {}
+
+    def add(name: str, labels: dict[str, str], value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return
+        text = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
+        samples.setdefault(name, []).append(f"{PROMETHEUS_PREFIX}{name}{{{text}}} {value}")
+
+    for job in jobs:
+        job_labels = {"job_id": job.id, "job_name": job.name or ""}
+        add("status", {**job_labels, "status": job.status.value}, 1)
+        values = job.get_metrics()
+        for name, value in values.items():
+            add(name, job_labels, value)
+        for stage, stage_values in values.get("stages", {}).items():
+            for name, value in stage_values.items():
+                add(name, {**job_labels, "stage": stage}, value)
+    lines = []
+    for name, rows in samples.items():
+        lines.append(f"# TYPE {PROMETHEUS_PREFIX}{name} {_prometheus_type(name)}")
+        lines.extend(rows)
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _prometheus_type(name: str) -> str:
+    return "counter" if name.endswith("Count") else "gauge"
+
+
+def serve_metrics(client: Client, where: str) -> int:
+    """Serve the active jobs' metrics at ``http://HOST:PORT/metrics`` until interrupted."""
+    host, _, port_text = where.rpartition(":")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise CliError(f"--serve: expected [HOST:]PORT, got {where!r}") from None
+    jet = client.get_jet()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path.split("?")[0] != "/metrics":
+                self.send_error(404, "only /metrics is served")
+                return
+            try:
+                active = [job for job in jet.get_jobs() if not job.status.is_terminal()]
+                body = prometheus_text(active).encode()
+            except Exception as exc:  # the store failed: say so, keep serving
+                self.send_error(503, client.redact(f"cannot read the jobs: {exc}"))
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # scrapes are not news
+
+    try:
+        server = http.server.ThreadingHTTPServer((host or "127.0.0.1", port), Handler)
+    except OSError as exc:
+        raise CliError(f"--serve {where}: cannot listen: {exc}", EXIT_FAILED) from exc
+    bound_host, bound_port = server.server_address[:2]
+    out(f"Serving the active jobs' metrics at http://{bound_host!s}:{bound_port}/metrics "
+        "(Ctrl-C stops)")
+    try:
+        server.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
     return EXIT_OK

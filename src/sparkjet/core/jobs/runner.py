@@ -613,8 +613,13 @@ class JobRunner:
         self.lease.check_fence()
 
     def batch_committed(self) -> None:
-        """After each committed micro-batch: its progress into the job record."""
-        progress = self.progress.as_metrics()
+        """After each committed micro-batch: its progress and stage counts into the job record.
+
+        So other processes (``sparkjet metrics``, ``status``, a Prometheus
+        scrape) read what this one does.
+        """
+        metrics = self.metrics()
+        progress = {**self.progress.as_metrics(), "stages": metrics["stages"]}
         self.lease.write(lambda r: replace(r, progress=progress))
 
     def stop_reason(self) -> StopReason | None:
