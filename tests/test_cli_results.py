@@ -181,6 +181,7 @@ def test_the_progress_line_reads_the_streaming_metrics() -> None:
         "lastCommittedBatch": 1234, "inputRate": 1500.4, "processingRate": 98765.0,
         "lastBatchDurationMillis": 120,
         "stages": {
+            "from-stream(e)": {"emittedCount": 5, "sourceLag": 12_000},
             "count": {"receivedCount": 5, "snapshotKeys": 1000, "snapshotBytes": 3 * 1024**2},
             "hourly": {"snapshotKeys": 10, "snapshotBytes": 512, "watermark": -2**63,
                        "lateEventsDropped": 0},
@@ -188,7 +189,7 @@ def test_the_progress_line_reads_the_streaming_metrics() -> None:
         },
     })
     assert line.startswith("Job 'j' (1): batch 1,234, 1,500 in/s, 98,765 processed/s, "
-                           "last batch 120 ms, state 1,010 keys, 3.0 MB, "
+                           "last batch 120 ms, lag 12,000, state 1,010 keys, 3.0 MB, "
                            "hourly watermark none yet, daily watermark 20")
     assert line.endswith(", daily late 7")
 
@@ -354,3 +355,45 @@ def test_metrics_served_to_prometheus_from_another_process(
         proc.wait(timeout=30)
         if not job.is_terminal():
             job.cancel()
+
+
+def test_source_lag_counts_what_numeric_offsets_have_unread() -> None:
+    from sparkjet.core.microbatch_loop import source_lag
+
+    assert source_lag(3, 10) == 7
+    assert source_lag([0, 5], [4, 5, 2]) == 6  # a new partition counts from 0
+    assert source_lag({"t/0": 1}, {"t/0": 3, "t/1": 2}) == 4
+    assert source_lag([5], [3]) == 0  # never negative
+    assert source_lag(None, 4) is None
+    assert source_lag([0], ["a"]) is None
+    assert source_lag("x", "y") is None
+    assert source_lag(0, True) is None
+
+
+@pytest.mark.usefixtures("config_file")
+def test_another_terminal_sees_a_sources_lag_rise_and_fall(
+    client: sparkjet.Client, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.conftest import wait_until
+
+    client.get_stream("events", partitions=1).publish_all(range(3))
+    p = Pipeline.create()
+    p.read_from(sparkjet.pipeline.StreamSource("events")).write_to(Pipeline.to_list("seen"))
+    job = client.get_jet().submit(p, JobConfig(name="lagging", processing_guarantee="EXACTLY_ONCE",
+                                               snapshot_interval_millis=3000))
+    source = "from-stream(events)"
+
+    def lag() -> Any:
+        assert main(["metrics", "lagging", "--json"]) == 0
+        stage = json.loads(capsys.readouterr().out).get("stages", {}).get(source, {})
+        return stage.get("sourceLag")
+
+    try:
+        wait_until(lambda: len(client.get_list("seen").get_all()) == 3, 120, "the first items")
+        wait_until(lambda: lag() == 0, 30, "no lag once the items are read")
+        client.get_stream("events").publish_all(range(3, 10))
+        wait_until(lambda: lag() == 7, 30, "the 7 new items seen unread")
+        wait_until(lambda: lag() == 0, 30, "the lag gone once they are read")
+        assert sorted(client.get_list("seen").get_all()) == list(range(10))
+    finally:
+        job.cancel()

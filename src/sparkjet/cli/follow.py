@@ -275,6 +275,11 @@ def progress_line(label: str, metrics: dict[str, Any]) -> str:
         f"last batch {metrics.get('lastBatchDurationMillis', 0):,} ms",
     ]
     stages: dict[str, dict[str, Any]] = metrics.get("stages", {})
+    lags = {name: int(s["sourceLag"]) for name, s in stages.items() if "sourceLag" in s}
+    if len(lags) == 1:
+        parts.append(f"lag {next(iter(lags.values())):,}")
+    elif lags:
+        parts.append("lag " + ", ".join(f"{name} {lag:,}" for name, lag in lags.items()))
     keys = sum(int(s.get("snapshotKeys", 0)) for s in stages.values())
     size = sum(int(s.get("snapshotBytes", 0)) for s in stages.values())
     if any("snapshotKeys" in s for s in stages.values()):

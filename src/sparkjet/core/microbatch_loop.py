@@ -42,6 +42,30 @@ def initial_offsets(plan: Plan, job_context: Callable[[Transform], JobContext]) 
             for n in plan.nodes if n.op == "source"}
 
 
+def source_lag(read: Any, available: Any) -> int | None:
+    """How many items ``available`` offsets are past ``read`` ones; None if not countable.
+
+    Offsets that are a number, a list of numbers (one per partition, as a
+    stream's or Kafka's) or a dict of numbers count; a partition missing from
+    ``read`` counts from 0. Any other shape of offsets has no lag to show.
+    """
+    if isinstance(available, bool):
+        return None
+    if isinstance(available, int):
+        return max(available - int(read), 0) if isinstance(read, int) else None
+    if isinstance(available, list):
+        before = read if isinstance(read, list) else []
+        pairs = [(before[i] if i < len(before) else 0, a) for i, a in enumerate(available)]
+    elif isinstance(available, dict):
+        before_map = read if isinstance(read, dict) else {}
+        pairs = [(before_map.get(k, 0), a) for k, a in available.items()]
+    else:
+        return None
+    if not all(type(r) is int and type(a) is int for r, a in pairs):
+        return None
+    return sum(max(int(a) - int(r), 0) for r, a in pairs)
+
+
 @dataclass
 class StreamProgress:
     """What the loop reports for metrics."""
@@ -56,6 +80,9 @@ class StreamProgress:
     previous_batch_end_ms: int = -1
     #: Per windowed stage, the watermark its last batch emitted up to.
     watermarks: dict[str, int] = field(default_factory=dict)
+    #: Per source stage, how many items its source had that the job had not read
+    #: when it last looked (sources whose offsets are numbers; see :func:`source_lag`).
+    lag: dict[str, int] = field(default_factory=dict)
 
     def as_metrics(self) -> dict[str, Any]:
         """Jet-style names: rates are items per second of the last micro-batch.
@@ -234,6 +261,10 @@ class StreamLoop:
                 }
                 now_ms = int(time.time() * 1000)
                 self._know_partitions(latest, now_ms)
+                for stage, offsets in latest.items():
+                    behind = source_lag(ends.get(stage), offsets)
+                    if behind is not None:
+                        self.progress.lag[stage] = behind
                 if latest == ends and not self._time_due(now_ms):
                     time.sleep(IDLE_POLL_SECONDS)
                     continue

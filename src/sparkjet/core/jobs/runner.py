@@ -289,7 +289,10 @@ class JobRunner:
                 log.exception("job %s: taking control requests failed", self.job.label)
             if time.monotonic() - last_beat >= HEARTBEAT_SECONDS:
                 try:
-                    self.lease.write()
+                    # A streaming job's heartbeat carries its progress too (a source's
+                    # lag changes between batches, while the job idles or works).
+                    running = self.plan.streaming and self.progress.last_committed >= 0
+                    self.lease.write(self._progress_change() if running else None)
                     last_beat = time.monotonic()
                 except JobFencedError as exc:
                     self._stop_fenced(exc)
@@ -618,9 +621,12 @@ class JobRunner:
         So other processes (``sparkjet metrics``, ``status``, a Prometheus
         scrape) read what this one does.
         """
-        metrics = self.metrics()
-        progress = {**self.progress.as_metrics(), "stages": metrics["stages"]}
-        self.lease.write(lambda r: replace(r, progress=progress))
+        self.lease.write(self._progress_change())
+
+    def _progress_change(self) -> Change:
+        """The record's ``progress`` set to the loop's metrics now, stage counts included."""
+        progress = {**self.progress.as_metrics(), "stages": self.metrics()["stages"]}
+        return lambda r: replace(r, progress=progress)
 
     def stop_reason(self) -> StopReason | None:
         """Why the loop should stop before its next batch (cancel, suspend, restart, cluster)."""
@@ -789,6 +795,8 @@ class JobRunner:
                 if streaming and names[node] in self.progress.state:
                     keys, size = self.progress.state[names[node]]
                     stage.update(snapshotKeys=keys, snapshotBytes=size)
+                if streaming and names[node] in self.progress.lag:
+                    stage["sourceLag"] = self.progress.lag[names[node]]
                 if node.op == OpKind.WINDOW:
                     stage["lateEventsDropped"] = counts.get(late_counter(names[node]), 0)
                     if streaming:
