@@ -268,6 +268,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gc.set_defaults(handler=commands.gc)
 
+    trim = subcommands.add_parser(
+        "trim", help="remove a stream's oldest items, keeping what jobs and snapshots need",
+        description="Remove the oldest items of STREAM past the limits given (or those of "
+        "[streams.<name>] in the configuration): at most N newest items, items younger "
+        "than SECONDS, at most BYTES per partition; an item goes once any limit says so. "
+        "What a job that is not COMPLETED or FAILED, or a snapshot, still needs is never "
+        "removed: the output says what held each partition back.",
+    )
+    trim.add_argument("stream", metavar="STREAM", help="the stream's name")
+    trim.add_argument("--keep-items", type=_offset, metavar="N",
+                      help="keep at most the newest N items of each partition")
+    trim.add_argument("--keep-seconds", type=_non_negative_seconds, metavar="SECONDS",
+                      help="keep only items published less than SECONDS ago")
+    trim.add_argument("--keep-bytes", type=_offset, metavar="BYTES",
+                      help="keep at most BYTES of each partition (whole chunks)")
+    trim.add_argument(
+        "-n", "--dry-run", action="store_true", help="say what would go, remove nothing"
+    )
+    trim.set_defaults(handler=results.trim)
+
     _add_snapshot_commands(subcommands)
     _add_declarative_commands(subcommands)
 

@@ -285,3 +285,29 @@ def serve_metrics(client: Client, where: str) -> int:
     finally:
         server.server_close()
     return EXIT_OK
+
+
+def trim(args: argparse.Namespace, client: Client) -> int:
+    """``trim STREAM``: remove the stream's oldest items; a line per partition."""
+    try:
+        report = client.trim_stream(
+            args.stream, keep_items=args.keep_items, keep_seconds=args.keep_seconds,
+            keep_bytes=args.keep_bytes, dry_run=args.dry_run,
+        )
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    verb = "would remove" if report.dry_run else "removed"
+    for part in report.partitions:
+        line = f"partition {part.partition}: "
+        if part.trimmed:
+            line += (f"{verb} offsets {part.start_before} to {part.start_after - 1} "
+                     f"({part.trimmed:,} items); starts at {part.start_after}")
+        else:
+            line += f"nothing to remove; starts at {part.start_after}"
+        if part.held_by is not None:
+            line += f"; held back at offset {part.held_at} by {client.redact(part.held_by)}"
+        out(line)
+    total = "Would remove" if report.dry_run else "Removed"
+    out(f"{total} {report.trimmed:,} items of stream '{report.stream}' "
+        f"({report.retention.describe()}).")
+    return EXIT_OK

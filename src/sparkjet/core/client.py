@@ -23,6 +23,7 @@ from sparkjet.core.maintenance import (
     collect_garbage,
 )
 from sparkjet.core.plugin_manager import PluginHost, PluginInfo
+from sparkjet.core.retention import Retention, TrimReport, trim_stream
 from sparkjet.core.snapshots import SnapshotStore, kind_for_url, snapshot_store
 from sparkjet.core.store.fs import Store
 from sparkjet.core.store.job_records import JobRecords
@@ -185,7 +186,45 @@ class Client:
         )
         for folder in self.snapshots.gc(grace_seconds, dry_run=dry_run):
             report.add("snapshot export attempts", folder)
+        for name in sorted(self.config.streams):
+            if not IStream(self.store, name).exists():
+                continue
+            trimmed = self.trim_stream(name, dry_run=dry_run)
+            for part in trimmed.partitions:
+                if part.trimmed:
+                    report.add("stream items past their retention",
+                               f"stream {name!r} partition {part.partition}: offsets "
+                               f"{part.start_before} to {part.start_after - 1}")
         return report
+
+    def trim_stream(
+        self,
+        name: str,
+        *,
+        keep_items: int | None = None,
+        keep_seconds: float | None = None,
+        keep_bytes: int | None = None,
+        dry_run: bool = False,
+    ) -> TrimReport:
+        """Remove stream ``name``'s oldest items past the limits; returns what went.
+
+        Without limits, those of ``[streams.<name>]`` in the configuration.
+        Never removes what a job that is not COMPLETED or FAILED, or a
+        snapshot, still needs (see ``sparkjet trim``): the report says what
+        held each partition back. ValueError if no limit is given or configured.
+        """
+        retention = Retention(keep_items, keep_seconds, keep_bytes) if (
+            keep_items, keep_seconds, keep_bytes) != (None, None, None) else None
+        if retention is None:
+            configured = self.config.streams.get(name)
+            if not configured:
+                raise ValueError(
+                    f"stream {name!r}: no retention given, and none configured "
+                    f"([streams.{name}] keep_items, keep_seconds or keep_bytes)"
+                )
+            retention = Retention(configured.get("keep_items"), configured.get("keep_seconds"),
+                                  configured.get("keep_bytes"))
+        return trim_stream(self.store, self.snapshots, name, retention, dry_run=dry_run)
 
     def redact(self, text: str) -> str:
         """``text`` with every configured secret (``${env:...}`` value) masked."""

@@ -55,6 +55,15 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], str]]] = {
     # [buckets.<name>]: fsspec storage options of a bucket (``sparkjet apply``'s
     # ``credentials``); its keys are free-form, only tables are allowed here.
     "buckets": {},
+    # [streams.<name>]: the stream's retention (see _STREAM_KEYS).
+    "streams": {},
+}
+
+#: The keys of a ``[streams.<name>]`` table: stream retention limits.
+_STREAM_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
+    "keep_items": ((int,), "a whole number of items, 0 or more"),
+    "keep_seconds": ((int, float), "a number of seconds, 0 or more"),
+    "keep_bytes": ((int,), "a whole number of bytes, 0 or more"),
 }
 
 
@@ -77,6 +86,8 @@ class Config:
     #: ``[buckets.<name>]`` tables as written: ``${env:NAME}`` is resolved on use
     #: (:meth:`~sparkjet.Client.bucket_options`), so an unused one needs no variable set.
     buckets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: ``[streams.<name>]`` tables: each stream's retention limits (``keep_items``, ...).
+    streams: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: Where the file part came from (for messages), or None.
     source: str | None = None
     #: Where :attr:`store_url` came from: ``default``, the file, ``SPARKJET_STORE``
@@ -197,6 +208,9 @@ def _check(data: Mapping[str, Any], where: str) -> None:
         for key, value in table.items():
             spec = _SCHEMA[section].get(key)
             if spec is None:
+                if section == "streams":
+                    _check_stream(where, key, value)
+                    continue
                 if section in ("plugins", "buckets") and isinstance(value, Mapping):
                     continue  # [plugins.<name>], [buckets.<name>]: free-form tables
                 if section == "buckets":
@@ -229,6 +243,24 @@ def _check(data: Mapping[str, Any], where: str) -> None:
                             f"{where}: [plugins] disable: expected a list of plugin names, "
                             f"got an item {_kind(name)}"
                         )
+
+
+def _check_stream(where: str, name: str, table: Any) -> None:
+    """A ``[streams.<name>]`` table: known retention keys, numbers of the right kind."""
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"{where}: [streams] {name}: expected a table of retention limits "
+                          f"([streams.{name}]), got {_kind(table)}")
+    for key, value in table.items():
+        spec = _STREAM_KEYS.get(key)
+        if spec is None:
+            known = ", ".join(_STREAM_KEYS)
+            raise ConfigError(f"{where}: unknown key '{key}' in [streams.{name}] "
+                              f"(expected one of: {known})")
+        types, expected = spec
+        if (isinstance(value, bool) or not isinstance(value, types)
+                or not isinstance(value, int | float) or value < 0):
+            raise ConfigError(f"{where}: [streams.{name}] {key}: expected {expected}, "
+                              f"got {_kind(value)}")
 
 
 def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -307,3 +339,5 @@ def _apply(config: Config, data: Mapping[str, Any], where: str) -> None:
             config.plugin_options.setdefault(key, {}).update(get("plugins", key))
     for key, table in data.get("buckets", {}).items():
         config.buckets.setdefault(key, {}).update(table)
+    for key, table in data.get("streams", {}).items():
+        config.streams.setdefault(key, {}).update(table)

@@ -126,7 +126,7 @@ _KEYS = (
     "id", "name", "status", "config", "submission_time", "completion_time",
     "execution_start_time", "user_cancelled", "kind", "driver", "stages", "heartbeat",
     "epoch", "restore", "suspension_cause", "failure", "answers", "checkpoint", "progress",
-    "metrics",
+    "metrics", "sources",
 )
 
 
@@ -155,6 +155,9 @@ class JobRecord:
     driver: Driver | None = None
     heartbeat: float = 0.0
     stages: tuple[str, ...] = ()
+    #: What each source stage reads, by stage name: the source's ``describe()``
+    #: (``"stream:clicks"``); what stream retention asks of a job.
+    sources: Mapping[str, str] = field(default_factory=dict)
     #: 0 from submit, one more at every take-over (see :class:`Lease`).
     epoch: int = 0
     #: What the job's initial snapshot restored (``snapshotRestore`` in its metrics).
@@ -206,6 +209,7 @@ class JobRecord:
             "checkpoint": self.checkpoint,
             "progress": dict(self.progress) or None,
             "metrics": dict(self.metrics) if self.metrics is not None else None,
+            "sources": dict(self.sources) or None,
         }
         data.update({k: v for k, v in optional.items() if v is not None})
         data.update({k: v for k, v in self.extra.items() if k not in data})
@@ -236,6 +240,7 @@ class JobRecord:
             checkpoint=data.get("checkpoint"),
             progress=dict(data.get("progress") or {}),
             metrics=data.get("metrics"),
+            sources={str(k): str(v) for k, v in (data.get("sources") or {}).items()},
             extra={k: v for k, v in data.items() if k not in _KEYS},
         )
 

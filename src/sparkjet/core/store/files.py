@@ -76,6 +76,15 @@ class StoreFiles(Protocol):
     def exists(self, path: str) -> bool:
         """Whether ``path`` exists, asked afresh."""
 
+    def info(self, path: str) -> dict[str, Any]:
+        """The filesystem's details of ``path`` (``size`` among them), asked afresh."""
+
+    def modified(self, path: str) -> float | None:
+        """When ``path`` was last written, by the store's clock (None if it cannot tell)."""
+
+    def now(self) -> float | None:
+        """The store's current time (see :meth:`Store.now`)."""
+
     def listdir(self, path: str) -> list[str]:
         """Base names of the entries in ``path`` (empty if it does not exist), listed afresh."""
 

@@ -150,6 +150,45 @@ class StreamLog:
         """How many items were appended, over every partition."""
         return sum(self.end_offsets())
 
+    def start_offset(self, partition: int) -> int:
+        """The first offset ``partition`` still holds (0 until it was trimmed)."""
+        starts = self.chunk_starts(partition)
+        return starts[0] if starts else 0
+
+    # --- retention ------------------------------------------------------------
+
+    def chunks(self, partition: int) -> list[tuple[int, int, int, float | None]]:
+        """``(start, end, bytes, written)`` of each chunk of ``partition``, oldest first.
+
+        ``written``: the store's modification time (None where it keeps none).
+        """
+        starts = self.chunk_starts(partition)
+        out = []
+        for i, start in enumerate(starts):
+            path = self.paths.chunk(partition, start)
+            if i + 1 < len(starts):
+                end = starts[i + 1]
+            else:
+                end = start + self._header(partition, start)[0]
+            info = self.store.info(path)
+            out.append((start, end, int(info.get("size", 0)), self.store.modified(path)))
+        return out
+
+    def trim(self, partition: int, before: int) -> int:
+        """Delete the chunks of ``partition`` whose items all lie below offset ``before``.
+
+        The newest chunk always stays: it carries the partition's end offset,
+        so offsets are never handed out twice. Chunks go oldest first, so a
+        reader finds the partition starting later, never a gap. Returns the
+        offset the partition starts at now.
+        """
+        starts = self.chunk_starts(partition)
+        for i, start in enumerate(starts[:-1]):
+            if starts[i + 1] > before:
+                return start
+            self.store.remove(self.paths.chunk(partition, start))
+        return starts[-1] if starts else 0
+
     # --- writing --------------------------------------------------------------
 
     def append(self, partition: int, items: list[Any], token: str = "",
@@ -367,6 +406,12 @@ class StreamLog:
         if end <= start:
             return out
         starts = self.chunk_starts(partition)
+        if starts and start < starts[0]:
+            raise StoreError(self.store.redact(
+                f"stream {self.name!r} partition {partition}: offsets {start} to "
+                f"{starts[0] - 1} were trimmed (retention); the partition starts at offset "
+                f"{starts[0]} now"
+            ))
         expected = None  # where the next chunk must start
         for i, chunk_start in enumerate(starts):
             chunk_end = starts[i + 1] if i + 1 < len(starts) else None

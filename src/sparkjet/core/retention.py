@@ -1,0 +1,240 @@
+"""Stream retention: trimming a stream's oldest items, never what a job or snapshot needs.
+
+A stream grows with every publish. Retention removes its oldest chunks by a
+policy of limits per partition, as Kafka's: at most the newest N items, items
+younger than T seconds, at most B bytes (an item goes once any limit says
+so; whole chunks go, oldest first), applied by ``sparkjet trim``
+and, for streams with ``[streams.<name>]`` retention in the configuration,
+by ``sparkjet gc``.
+
+What is needed is never trimmed, whatever the policy says:
+
+- every job that is not COMPLETED or FAILED (a SUSPENDED one too) and reads
+  the stream holds back each partition at the offset of its last committed
+  micro-batch (what a replay or a resume reads from); one that has committed
+  none holds back the whole stream;
+- every snapshot whose sources include the stream holds back each partition at
+  its recorded offset, since a job started from it reads from there.
+
+A job's record names what each source stage reads (``"stream:clicks"``); a
+snapshot names source stages only, so a stage called ``from-stream(<name>)``
+reads that stream, and a renamed source stage whose offsets have the shape of
+this stream's (one integer per partition) is counted as reading it too, to
+be safe. The newest chunk of each partition always stays (it carries the
+partition's end offset). The report says, per partition, what was trimmed and
+what held the rest back.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparkjet.core.checkpoint import Checkpoint
+from sparkjet.core.errors import StoreError
+from sparkjet.core.jobs.record import all_records, checkpoint_path
+from sparkjet.core.snapshots import SnapshotStore
+from sparkjet.core.store.fs import Store
+from sparkjet.core.store.job_records import JobRecords
+
+log = logging.getLogger("sparkjet.store")
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How much of each partition of a stream to keep; None: no limit of that kind."""
+
+    #: Keep at most the newest this many items of each partition.
+    keep_items: int | None = None
+    #: Keep only items published less than this many seconds ago (by the store's clock).
+    keep_seconds: float | None = None
+    #: Keep at most this many bytes of each partition (whole chunks, newest first).
+    keep_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("keep_items", "keep_seconds", "keep_bytes"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or value < 0):
+                raise ValueError(f"stream retention: {name} must be 0 or more, got {value!r}")
+        if self.keep_items is None and self.keep_seconds is None and self.keep_bytes is None:
+            raise ValueError(
+                "stream retention needs keep_items, keep_seconds or keep_bytes"
+            )
+
+    def describe(self) -> str:
+        """``keep 1,000 items, 3600 s`` for messages."""
+        parts = []
+        if self.keep_items is not None:
+            parts.append(f"{self.keep_items:,} items")
+        if self.keep_seconds is not None:
+            parts.append(f"{self.keep_seconds:g} s")
+        if self.keep_bytes is not None:
+            parts.append(f"{self.keep_bytes:,} bytes")
+        return "keep " + ", ".join(parts)
+
+
+@dataclass
+class PartitionTrim:
+    """What trimming did (or would do) to one partition."""
+
+    partition: int
+    #: The first offset before, and after.
+    start_before: int
+    start_after: int
+    #: The offset the policy would trim to, and the one what is needed allowed.
+    wanted: int
+    #: What held the partition back below ``wanted`` (a job, a snapshot), if anything,
+    #: and the offset it needs.
+    held_by: str | None = None
+    held_at: int | None = None
+
+    @property
+    def trimmed(self) -> int:
+        """How many items went."""
+        return self.start_after - self.start_before
+
+
+@dataclass
+class TrimReport:
+    """What :func:`trim_stream` removed, or would remove with ``dry_run``."""
+
+    stream: str
+    retention: Retention
+    dry_run: bool
+    partitions: list[PartitionTrim] = field(default_factory=list)
+
+    @property
+    def trimmed(self) -> int:
+        """Items removed over every partition."""
+        return sum(p.trimmed for p in self.partitions)
+
+
+def trim_stream(
+    store: Store,
+    snapshots: SnapshotStore | None,
+    name: str,
+    retention: Retention,
+    *,
+    dry_run: bool = False,
+) -> TrimReport:
+    """Trim stream ``name`` by ``retention``, holding back what jobs and snapshots need.
+
+    ``snapshots``: the snapshot store whose snapshots count (None: none).
+    StoreError naming the stream if it does not exist.
+    """
+    stream = store.stream_log(name)
+    partitions = stream.partitions  # StoreError naming the stream if it does not exist
+    floors: list[tuple[int, str | None]] = [(2**63, None)] * partitions
+
+    def hold(offsets: Any, who: str) -> None:
+        if isinstance(offsets, list) and len(offsets) == partitions and all(
+                type(o) is int for o in offsets):
+            for p, offset in enumerate(offsets):
+                if offset < floors[p][0]:
+                    floors[p] = (offset, who)
+        else:  # not offsets this stream's source writes: keep everything, to be safe
+            for p in range(partitions):
+                floors[p] = (0, who)
+
+    for stage, who, offsets in _job_needs(store, name):
+        hold(offsets, f"{who} (stage {stage!r})")
+    if snapshots is not None:
+        for snapshot in snapshots.list():
+            for stage, offsets in snapshot.manifest.sources.items():
+                if _reads(stage, offsets, name, partitions):
+                    hold(offsets, f"snapshot {snapshot.name!r} (stage {stage!r})")
+    now = store.now()
+    report = TrimReport(name, retention, dry_run)
+    for p in range(partitions):
+        chunks = stream.chunks(p)
+        start = chunks[0][0] if chunks else 0
+        wanted = _wanted(chunks, retention, now)
+        floor, holder = floors[p]
+        target = min(wanted, floor)
+        held_by = holder if floor < wanted else None
+        if dry_run:  # what StreamLog.trim would do
+            after = start
+            for i, (_, chunk_end, _, _) in enumerate(chunks[:-1]):
+                if chunk_end > target:
+                    break
+                after = chunks[i + 1][0]
+        else:
+            after = stream.trim(p, target)
+        report.partitions.append(PartitionTrim(p, start, after, wanted, held_by,
+                                               floor if held_by is not None else None))
+    if report.trimmed and not dry_run:
+        log.info("stream %r: trimmed %d items (%s)", name, report.trimmed, retention.describe())
+    return report
+
+
+def _wanted(
+    chunks: list[tuple[int, int, int, float | None]], retention: Retention, now: float | None
+) -> int:
+    """The offset ``retention`` would trim a partition to: the strictest of its limits.
+
+    As Kafka's retention: an item goes once any limit says so. A chunk whose
+    age the store cannot tell counts as young.
+    """
+    if not chunks:
+        return 0
+    end = chunks[-1][1]
+    wanted = chunks[0][0]
+    if retention.keep_items is not None:
+        wanted = max(wanted, end - retention.keep_items)
+    if retention.keep_seconds is not None and now is not None:
+        young = [start for start, _, _, written in chunks
+                 if written is None or now - written < retention.keep_seconds]
+        wanted = max(wanted, young[0] if young else end)
+    if retention.keep_bytes is not None:
+        kept = 0
+        for _, stop, size, _ in reversed(chunks):
+            kept += size
+            if kept > retention.keep_bytes:
+                wanted = max(wanted, stop)
+                break
+    return wanted
+
+
+def _reads(stage: str, offsets: Any, name: str, partitions: int) -> bool:
+    """Whether a snapshot's source stage may read stream ``name`` (see the module docstring)."""
+    if stage == f"from-stream({name})":
+        return True
+    if stage.startswith("from-stream(") and stage.endswith(")"):
+        return False  # another stream's default name
+    return isinstance(offsets, list) and len(offsets) == partitions and all(
+        type(o) is int for o in offsets)
+
+
+def _job_needs(store: Store, name: str) -> list[tuple[str, str, Any]]:
+    """``(stage, job, offsets)`` for every live job's source stage that reads ``name``."""
+    records = JobRecords(store)
+    needs: list[tuple[str, str, Any]] = []
+    for record in all_records(records):
+        if record.status.is_terminal():
+            continue
+        stages = [stage for stage, source in record.sources.items()
+                  if source == f"stream:{name}"]
+        if not record.sources:  # written before records named their sources
+            stages = [s for s in record.stages if s.startswith("from-")]
+        if not stages:
+            continue
+        who = f"job {record.label}"
+        path = checkpoint_path(records, record)
+        committed = -1
+        checkpoint = None
+        if path is not None:
+            checkpoint = Checkpoint(store, path)
+            committed = checkpoint.last_commit()
+        if checkpoint is None or committed < 0:
+            for stage in stages:
+                needs.append((stage, f"{who}, which has committed no micro-batch yet", None))
+            continue
+        ends = checkpoint.commit_record(committed).ends
+        for stage in stages:
+            if stage in ends:
+                needs.append((stage, who, ends[stage]))
+            elif record.sources:
+                raise StoreError(f"job {record.label}: its last commit has no offsets for "
+                                 f"stage {stage!r}; not trimming stream {name!r}")
+    return needs
