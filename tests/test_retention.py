@@ -134,6 +134,12 @@ def test_a_live_job_and_a_snapshot_hold_a_stream_back(
     assert (part.held_at, part.start_after) == (60, 60)
     client.snapshots.delete("kept")
     assert client.trim_stream("events", keep_items=0).partitions[0].start_after == 60
+    # A new job reading from the oldest item starts where the stream starts now.
+    late = stream_job(client, "late")
+    late_out = client.get_list("late-out")
+    wait_until(lambda: len(late_out.get_all()) == 10, 120, "the new job to read what is left")
+    assert sorted(late_out.get_all()) == list(range(60, 70))
+    late.cancel()
 
 
 def test_a_job_that_committed_nothing_holds_the_whole_stream(client: sparkjet.Client) -> None:

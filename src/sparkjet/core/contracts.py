@@ -216,6 +216,9 @@ class StreamLogAccess(Protocol):
     def end_offsets(self) -> list[int]:
         """The offset after the last item of every partition."""
 
+    def start_offsets(self) -> list[int]:
+        """The first offset every partition still holds (above 0 once trimmed by retention)."""
+
     def read(self, partition: int, start: int, end: int) -> list[Any]:
         """The items of ``partition`` at offsets ``[start, end)``, in order."""
 

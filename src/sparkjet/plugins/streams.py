@@ -47,13 +47,13 @@ class StreamSource(Source):
         return context.store.stream_log(self.name)
 
     def initial_offsets(self, context: JobContext) -> Any:
-        """Runs on the driver: zeros, or the current ends for ``latest``."""
+        """Runs on the driver: the first offsets still held, or the current ends for ``latest``."""
         log = self._log(context)
         if not log.exists():
             log.create(self.partitions_wanted or context.parallelism)
         if self.initial_position == "latest":
             return log.end_offsets()
-        return [0] * log.partitions
+        return log.start_offsets()  # zeros, unless retention trimmed the stream
 
     def latest_offsets(self, context: JobContext) -> Any:
         """Runs on the driver: the end offset of every partition."""

@@ -155,6 +155,10 @@ class StreamLog:
         starts = self.chunk_starts(partition)
         return starts[0] if starts else 0
 
+    def start_offsets(self) -> list[int]:
+        """The first offset every partition still holds."""
+        return [self.start_offset(p) for p in range(self.partitions)]
+
     # --- retention ------------------------------------------------------------
 
     def chunks(self, partition: int) -> list[tuple[int, int, int, float | None]]:
