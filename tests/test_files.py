@@ -219,7 +219,7 @@ def test_bad_source_options_name_the_source(arguments: dict[str, Any], message: 
 
 
 def test_bad_sink_format_names_the_sink() -> None:
-    with pytest.raises(ValueError, match=r"FileSink\('out'\): format must be one of jsonl, parquet"):
+    with pytest.raises(ValueError, match=r"FileSink\('out'\): format must be one of jsonl, parq"):
         FileSink("out", format="csv")
 
 
@@ -246,7 +246,8 @@ def test_batch_job_reads_every_format(fclient: sparkjet.Client, tmp_path: Path) 
     job = run_pipeline(fclient, p)
     assert job.status is JobStatus.COMPLETED
     assert fclient.get_list("j").get_all() == [{"k": "a", "v": 1}, {"k": "b", "v": 2}]
-    assert fclient.get_list("c").get_all() == [{"k": "c", "v": "3"}, {"k": "d, with comma", "v": "4"}]
+    assert fclient.get_list("c").get_all() == [{"k": "c", "v": "3"},
+                                               {"k": "d, with comma", "v": "4"}]
     assert fclient.get_list("p").get_all() == table.to_pylist()  # row groups, in order
     assert read_committed(str(tmp_path / "out"), "parquet") == table.to_pylist()
 
@@ -318,7 +319,7 @@ def test_sink_commits_a_batch_once_even_when_written_and_committed_twice(
 
 
 def test_sink_names_an_item_it_cannot_write(tmp_path: Path, store_url: str) -> None:
-    job, task = contexts(store_url, batch=0)
+    _, task = contexts(store_url, batch=0)
     with pytest.raises(TypeError, match=r"files:.*out: item 1 of partition 0 is not JSON"):
         FileSink(str(tmp_path / "out")).write({"batch": "b"}, iter([1, {2}]), task)
     with pytest.raises(TypeError, match=r"Parquet rows must be dicts; item 0 .* is a int"):
