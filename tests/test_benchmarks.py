@@ -43,6 +43,11 @@ RUNS = {
         ["sparkjet EXACTLY_ONCE", "native structured streaming", "vs native"],
     ),
     "liveness": (["--checks", "20", "--s3"], ["heartbeat vs", "store's clock", "vs heartbeat"]),
+    "files": (
+        ["-n", "2000", "--files", "6", "--files-per-batch", "2", "--repeat", "1"],
+        ["sparkjet batch", "sparkjet streaming EXACTLY_ONCE", "spark.read.json",
+         "spark.read.parquet", "plain python"],
+    ),
     "state_scaling": (
         ["--sizes", "100,2000", "--probes", "2", "--increment", "20"],
         ["sparkjet", "native", "vs smallest", "targets:"],

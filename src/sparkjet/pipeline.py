@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from sparkjet.contrib.files import FileSink, FileSource
 from sparkjet.core import graph
 from sparkjet.core.graph import (
     GroupedStage,
@@ -28,6 +29,8 @@ from sparkjet.plugins.maps import MapSink, MapSource
 from sparkjet.plugins.streams import StreamSink, StreamSource
 
 __all__ = [
+    "FileSink",
+    "FileSource",
     "GroupedStage",
     "KeyedWindowResult",
     "ListSink",
@@ -61,6 +64,13 @@ class Pipeline(graph.PipelineGraph):
         return MapSource(name)
 
     @staticmethod
+    def from_files(
+        url: str, glob: str | None = None, format: str = "jsonl", **options: Any
+    ) -> FileSource:
+        """A source of the files in a folder or bucket prefix (see :class:`FileSource`)."""
+        return FileSource(url, glob, format, **options)
+
+    @staticmethod
     def to_list(name: str) -> ListSink:
         """A sink appending to the store's list ``name``."""
         return ListSink(name)
@@ -74,6 +84,11 @@ class Pipeline(graph.PipelineGraph):
     def to_stream(name: str) -> StreamSink:
         """A sink appending to the store's stream ``name`` (once per micro-batch)."""
         return StreamSink(name)
+
+    @staticmethod
+    def to_files(url: str, format: str = "jsonl", **options: Any) -> FileSink:
+        """A sink writing one file per micro-batch and partition, with commit markers."""
+        return FileSink(url, format, **options)
 
     @staticmethod
     def to_logger(to_string: Callable[[Any], str] = str) -> LoggerSink:

@@ -1,0 +1,1 @@
+"""Plugins with extra dependencies, written against the public plugin API only."""
