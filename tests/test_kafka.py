@@ -361,3 +361,56 @@ def test_the_entry_point_and_the_extra_are_declared() -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert project["entry-points"]["sparkjet"]["kafka"] == "sparkjet.contrib.kafka"
     assert project["optional-dependencies"]["kafka"] == ["confluent-kafka>=2.16"]
+
+
+# --- a SIGKILLed driver, Kafka in and Kafka out -------------------------------------------
+
+
+@pytest.mark.slow
+def test_exactly_once_from_kafka_to_kafka_survives_sigkilled_drivers(
+    bootstrap: str, store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests import test_stream_faults as faults
+
+    monkeypatch.setattr(faults, "DRIVER", Path(__file__).parent / "faults" / "kafka_driver.py")
+    log_dir = tmp_path / "drivers"
+    log_dir.mkdir()
+    started: list[faults.Driver] = []
+    source, target = new_topic(bootstrap, 2), new_topic(bootstrap, 2)
+    args = [store_url, "kafka-faults", bootstrap, source, target,
+            "--marker", str(tmp_path / "paused")]
+
+    def driver(*extra: str) -> faults.Driver:
+        started.append(faults.Driver([*args, *extra], log_dir, len(started) + 1))
+        return started[-1]
+
+    def send(first: int, last: int) -> None:
+        publish(bootstrap, source, [{"seq": i} for i in range(first, last)])
+
+    client = sparkjet.connect(store={"url": store_url}, spark=TEST_SPARK)
+    try:
+        send(0, 100)
+        job_id = driver().wait_for_line("SUBMITTED", 180).split()[1]
+        job = client.get_jet().get_job(job_id)
+        assert job is not None
+        committed_values(bootstrap, target, 40)
+        started[-1].kill(whole_group=True)  # 1: at some moment while it runs
+        assert job.status is JobStatus.SUSPENDED
+        send(100, 200)
+        # 2: after a batch's transaction committed, before its checkpoint commit.
+        paused = driver("--pause-at", str(faults.last_committed(job) + 1))
+        paused.wait_for_line("RESUMED", 180)
+        paused.wait_for_line("PAUSED", 180)
+        paused.kill(whole_group=False)
+        send(200, 300)
+        driver().wait_for_line("RESUMED", 180)
+        out = committed_values(bootstrap, target, 300)
+        time.sleep(2.0)  # a duplicate would land now
+        out = [json.loads(v) for v in read_all(bootstrap, target)]
+        seqs = sorted(e["seq"] for e in out)
+        duplicates = sorted({s for s in seqs if seqs.count(s) > 1})
+        assert seqs == list(range(300)), f"duplicates {duplicates[:20]}, {len(seqs)} records"
+        assert all(e["twice"] == 2 * e["seq"] for e in out)
+    finally:
+        for d in started:
+            d.kill()

@@ -76,6 +76,7 @@ def json_serializer(value: Any) -> bytes:
 def _confluent_kafka() -> Any:
     try:
         import confluent_kafka
+        import confluent_kafka.admin  # a submodule: not imported by the package
     except ImportError as exc:
         raise KafkaError(
             "the Kafka plugin needs confluent-kafka: pip install 'sparkjet[kafka]' "
