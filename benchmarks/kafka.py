@@ -147,6 +147,7 @@ def main() -> None:
 
     from sparkjet.contrib import kafka
     from sparkjet.contrib.kafka import KafkaSource
+    from sparkjet.plugin import JobContext
 
     broker = None if args.bootstrap else TansuBroker()
     bootstrap = args.bootstrap or (broker.bootstrap if broker else "")
@@ -177,14 +178,26 @@ def main() -> None:
             payload = encode(events)
             started = time.perf_counter()
             produce_events(bootstrap, topic, payload)
+            produced = time.perf_counter() - started
             seconds = wait_total(job, sink, WARMUP + args.n + 2 * PARTITIONS, poll) - started
             batches = int(job.get_metrics()["lastCommittedBatch"]) + 1
         finally:
             stop(job)
         rates[label] = args.n / seconds
         print(f"  {args.n:,} events in {seconds:.3f} s = {rates[label] / 1e3:,.1f}k events/s "
-              f"({batches} micro-batches in all)", flush=True)
+              f"({batches} micro-batches in all; producing took {produced:.3f} s)", flush=True)
         sparkjet_counts = dict(sink.entry_set())
+
+        # What an idle job pays every 50 ms: one ListOffsets request (metadata cached).
+        source = KafkaSource(topic, bootstrap)
+        context = JobContext("bench", None, client.store, parallelism=PARTITIONS)
+        source.latest_offsets(context)
+        calls = 200
+        started = time.perf_counter()
+        for _ in range(calls):
+            source.latest_offsets(context)
+        per_call = (time.perf_counter() - started) / calls * 1000
+        print(f"  latest_offsets (idle poll, every 50 ms): {per_call:.3f} ms a call", flush=True)
 
         # The plain loop reads the same topic: warm-up, events and end markers.
         label = "plain confluent-kafka loop"
@@ -209,12 +222,13 @@ def main() -> None:
             started = time.perf_counter()
             for i in range(0, args.n, size):
                 stream.publish_all(events[i : i + size])
+            produced = time.perf_counter() - started
             seconds = wait_total(job, sink, WARMUP + args.n, poll) - started
         finally:
             stop(job)
         rates[label] = args.n / seconds
-        print(f"  {args.n:,} events in {seconds:.3f} s = {rates[label] / 1e3:,.1f}k events/s",
-              flush=True)
+        print(f"  {args.n:,} events in {seconds:.3f} s = {rates[label] / 1e3:,.1f}k events/s "
+              f"(publishing took {produced:.3f} s)", flush=True)
 
         kafka_rate = rates["sparkjet Kafka EXACTLY_ONCE"]
         print()

@@ -221,6 +221,34 @@ def test_keys_and_a_custom_deserializer(kclient: sparkjet.Client, bootstrap: str
         stop(job)
 
 
+def test_commit_group_shows_progress_to_lag_tools(
+    kclient: sparkjet.Client, bootstrap: str
+) -> None:
+    from confluent_kafka import Consumer, TopicPartition
+
+    topic, group = new_topic(bootstrap, 2), f"lag-{uuid.uuid4().hex[:6]}"
+    publish(bootstrap, topic, list(range(10)))
+    p = Pipeline.create()
+    p.read_from(KafkaSource(topic, bootstrap, commit_group=group)).write_to(
+        Pipeline.to_list("out"))
+    job = start(kclient, p, "lag")
+    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        settled_list(kclient, "out", 10, job)
+        publish(bootstrap, topic, list(range(10, 20)))
+        settled_list(kclient, "out", 20, job)
+
+        def committed() -> int:
+            found = reader.committed([TopicPartition(topic, q) for q in (0, 1)], timeout=10)
+            return sum(max(0, tp.offset) for tp in found)
+
+        # Each planned micro-batch commits where it starts: at least the first ten.
+        assert 10 <= wait_until(lambda: committed() >= 10 and committed(), 30, "a commit") <= 20
+    finally:
+        reader.close()
+        stop(job)
+
+
 # --- the sink -----------------------------------------------------------------------------
 
 
