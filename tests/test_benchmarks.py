@@ -42,6 +42,10 @@ RUNS = {
          "--queries", "sliding"],
         ["sparkjet EXACTLY_ONCE", "native structured streaming", "vs native"],
     ),
+    "kafka": (
+        ["-n", "2000", "--keys", "20", "--chunks", "2"],
+        ["sparkjet Kafka EXACTLY_ONCE", "plain confluent-kafka loop", "sparkjet stream", "vs it"],
+    ),
     "liveness": (["--checks", "20", "--s3"], ["heartbeat vs", "store's clock", "vs heartbeat"]),
     "files": (
         ["-n", "2000", "--files", "6", "--files-per-batch", "2", "--repeat", "1"],

