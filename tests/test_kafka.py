@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark import cloudpickle as pyspark_cloudpickle
 
 import sparkjet
 from sparkjet.contrib import kafka as kafka_plugin
@@ -165,6 +166,11 @@ class GrowingTopicSource(KafkaSource):
         ids = super()._partition_ids(context)
         with open(self.visible_file) as fh:
             return ids[: int(fh.read())]
+
+
+# Spark's workers cannot import this test module: ship GrowingTopicSource by value
+# (PySpark serialises tasks with its own copy of cloudpickle).
+pyspark_cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def test_a_new_partition_is_picked_up_from_its_start(
