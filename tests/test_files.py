@@ -76,7 +76,7 @@ def test_new_files_are_read_once_in_order_with_at_most_n_per_batch(
     start = source.initial_offsets(job)
     seen: list[Any] = []
     batches = 0
-    while (end := source.latest_offsets(job)) != start:
+    while (end := source.latest_offsets(job, start)) != start:
         batch = read_batch(source, start, end, job, task)
         assert len({item["f"] for item in batch}) <= 2
         seen.extend(batch)
@@ -85,9 +85,9 @@ def test_new_files_are_read_once_in_order_with_at_most_n_per_batch(
     assert seen == [{"f": i, "n": n} for i in range(5) for n in range(3)]
     # A new file lands, older than none: it is the only thing the next batch reads.
     write_jsonl(folder / "f5.jsonl", [{"f": 5}], base + 50)
-    end = source.latest_offsets(job)
+    end = source.latest_offsets(job, start)
     assert read_batch(source, start, end, job, task) == [{"f": 5}]
-    assert source.latest_offsets(job) == end  # nothing new: no batch
+    assert source.latest_offsets(job, start) == end  # nothing new: no batch
     # The offsets stay bounded: done files older than late_seconds fall under the floor.
     assert len(json.dumps(end)) < 1000
 
@@ -101,13 +101,13 @@ def test_offsets_stay_bounded_as_files_accumulate(tmp_path: Path, store_url: str
     start = source.initial_offsets(job)
     for i in range(40):
         write_jsonl(folder / f"f{i:03d}.jsonl", [i], base + 60 * i)
-        end = source.latest_offsets(job)
+        end = source.latest_offsets(job, start)
         assert read_batch(source, start, end, job, task) == [i]
         start = end
     assert len(start["done"]) == 1  # only the newest file is above the floor
     # A late file, older than the floor by more than late_seconds, is not read.
     write_jsonl(folder / "late.jsonl", ["late"], base)
-    assert source.latest_offsets(job) == start
+    assert source.latest_offsets(job, start) == start
 
 
 def test_a_file_being_written_waits_until_it_settles(tmp_path: Path, store_url: str) -> None:
@@ -120,13 +120,13 @@ def test_a_file_being_written_waits_until_it_settles(tmp_path: Path, store_url: 
     with path.open("w", encoding="utf-8") as fh:
         fh.write('{"n": 1}\n{"n"')
         fh.flush()
-        assert source.latest_offsets(job) == start  # first seen now
+        assert source.latest_offsets(job, start) == start  # first seen now
         time.sleep(0.3)
         fh.write(': 2}\n')
         fh.flush()
-        assert source.latest_offsets(job) == start  # it changed: not settled
+        assert source.latest_offsets(job, start) == start  # it changed: not settled
     time.sleep(0.6)
-    end = wait_until(lambda: (e := source.latest_offsets(job)) != start and e, timeout=5)
+    end = wait_until(lambda: (e := source.latest_offsets(job, start)) != start and e, timeout=5)
     assert read_batch(source, start, end, job, task) == [{"n": 1}, {"n": 2}]
 
 
@@ -144,7 +144,7 @@ def test_a_large_json_lines_file_is_read_over_batches_by_position(
     start = source.initial_offsets(job)
     seen: list[Any] = []
     batches = 0
-    while (end := source.latest_offsets(job)) != start:
+    while (end := source.latest_offsets(job, start)) != start:
         if end["open"] is not None:
             assert end["open"][:2] == ["big.jsonl", end["batch"][0][2]]  # the position within
         seen.extend(read_batch(source, start, end, job, task))
@@ -153,7 +153,7 @@ def test_a_large_json_lines_file_is_read_over_batches_by_position(
     assert batches == -(-size // 1000)
 
 
-def test_the_caps_hold_after_a_restart_from_where_the_last_batch_ended(
+def test_the_caps_hold_from_wherever_a_batch_starts(
     tmp_path: Path, store_url: str
 ) -> None:
     folder = tmp_path / "in"
@@ -164,12 +164,14 @@ def test_the_caps_hold_after_a_restart_from_where_the_last_batch_ended(
     source = FileSource(str(folder), max_files_per_batch=2, settle_seconds=0, poll_seconds=0)
     job, task = contexts(store_url, batch=0)
     start = source.initial_offsets(job)
-    end = source.latest_offsets(job)
+    end = source.latest_offsets(job, start)
     assert read_batch(source, start, end, job, task) == [0, 1]
-    # A new driver (resume): a fresh instance learns the position from the store.
+    # A new driver (resume): a fresh instance, told where the next batch starts.
     again = FileSource(str(folder), max_files_per_batch=2, settle_seconds=0, poll_seconds=0)
-    following = again.latest_offsets(job)
+    following = again.latest_offsets(job, end)
     assert read_batch(again, end, following, job, task) == [2, 3]
+    # A restart from scratch (NONE: a new checkpoint): capped batches from the start again.
+    assert read_batch(again, start, again.latest_offsets(job, start), job, task) == [0, 1]
     # Planning a batch from other offsets than it was listed after is refused.
     with pytest.raises(RuntimeError, match="out of step"):
         again.plan_range(start, following, job)
@@ -182,9 +184,9 @@ def test_latest_position_skips_the_files_already_there(tmp_path: Path, store_url
     source = FileSource(str(folder), settle_seconds=0, poll_seconds=0, initial_position="latest")
     job, task = contexts(store_url)
     start = source.initial_offsets(job)
-    assert source.latest_offsets(job) == start
+    assert source.latest_offsets(job, start) == start
     write_jsonl(folder / "new.jsonl", ["new"])
-    end = source.latest_offsets(job)
+    end = source.latest_offsets(job, start)
     assert read_batch(source, start, end, job, task) == ["new"]
 
 
@@ -195,7 +197,7 @@ def test_a_file_that_disappears_before_it_is_read_is_named(tmp_path: Path, store
     source = FileSource(str(folder), settle_seconds=0, poll_seconds=0)
     job, task = contexts(store_url)
     start = source.initial_offsets(job)
-    end = source.latest_offsets(job)
+    end = source.latest_offsets(job, start)
     parts = source.plan_range(start, end, job)
     (folder / "gone.jsonl").unlink()
     with pytest.raises(FileNotFoundError, match=r"gone\.jsonl was listed but is gone"):

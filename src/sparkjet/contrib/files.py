@@ -30,7 +30,6 @@ import json
 import logging
 import math
 import posixpath
-import re
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -43,7 +42,6 @@ from sparkjet.plugin import (
     JobContext,
     Sink,
     Source,
-    StoreAccess,
     TaskContext,
     hookimpl,
 )
@@ -203,15 +201,14 @@ class FileSource(Source):
 
     def _reset(self) -> None:
         # Driver-only memory: the previous listing (for "unchanged since") and
-        # where the last planned micro-batch ended (for the per-batch caps).
+        # the settled files of the last one (listed at most every poll_seconds).
         self._seen: dict[str, tuple[int, int, float]] = {}
-        self._position: Any = None
-        self._latest: Any = None
+        self._settled: list[tuple[int, str, int]] | None = None
         self._listed_at = -math.inf
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for key in ("_seen", "_position", "_latest", "_listed_at"):
+        for key in ("_seen", "_settled", "_listed_at"):
             state.pop(key, None)
         return state
 
@@ -274,47 +271,26 @@ class FileSource(Source):
             if listing:
                 offsets["floor"] = listing[-1][0] - int(self.late_seconds * 1_000_000)
                 offsets["done"] = [d for d in offsets["done"] if d[0] >= offsets["floor"]]
-        self._position = offsets
         return offsets
 
-    def _side_path(self, store: StoreAccess, context: JobContext) -> str:
-        safe = re.sub(r"[^A-Za-z0-9._-]", "_", context.stage) or "source"
-        return store.path("plugins", "files", context.job_id, f"{safe}.json")
-
-    def _known_position(self, context: JobContext) -> Any:
-        if self._position is not None:
-            return self._position
-        try:
-            raw = context.store.read_bytes(self._side_path(context.store, context))
-        except FileNotFoundError:
-            return None
-        except Exception as exc:
-            log.warning("%s: cannot read where the last micro-batch ended: %s",
-                        self.describe(), exc)
-            return None
-        self._position = json.loads(raw)
-        return self._position
-
-    def latest_offsets(self, context: JobContext) -> Any:
+    def latest_offsets(self, context: JobContext, start: Any = None) -> Any:
         """Runs on the driver: the offsets after the next micro-batch's files.
 
-        The folder is listed at most every ``poll_seconds``; in between, the
-        previous answer stands (and equals the last batch's end: no batch).
+        ``start``: where the next micro-batch starts (sparkjet passes it), so
+        the caps apply to it. The folder is listed at most every
+        ``poll_seconds``; in between the previous listing stands.
         """
         now = time.monotonic()
-        if self._latest is not None and now - self._listed_at < self.poll_seconds:
-            return self._latest
-        stable = self._stable(self._list())
-        self._listed_at = now
-        start = self._known_position(context)
-        self._latest = (self._advance(start, stable) if start is not None
-                        else self._everything(stable))
-        return self._latest
+        if self._settled is None or now - self._listed_at >= self.poll_seconds:
+            self._settled = self._stable(self._list())
+            self._listed_at = now
+        if start is None:
+            return self._everything(self._settled)
+        return self._advance(start, self._settled)
 
     def _everything(self, stable: list[tuple[int, str, int]]) -> Any:
-        # Where the last batch ended is unknown (a job restored from a snapshot
-        # into a new job): every stable file, uncapped; plan_range takes the
-        # difference with the batch's start.
+        # Where the next batch starts is not given (a caller that does not pass
+        # it): every stable file, uncapped; plan_range takes the difference.
         return {"floor": None, "done": [[mtime, name] for mtime, name, _ in stable],
                 "open": None, "batch": None, "after": ""}
 
@@ -377,13 +353,6 @@ class FileSource(Source):
                     "with the checkpoint"
                 )
             batch = [tuple(b) for b in end["batch"]]
-        self._position = end
-        try:
-            context.store.write_bytes(self._side_path(context.store, context),
-                                      json.dumps(end).encode())
-        except Exception as exc:
-            log.warning("%s: cannot record where micro-batch %s ends: %s",
-                        self.describe(), context.batch_id, exc)
         return self._pack(batch, context)
 
     def _difference(self, start: Any, end: Any) -> list[tuple[str, int, int]]:

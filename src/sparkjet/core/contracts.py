@@ -368,7 +368,12 @@ class Source(_Participant):
         raise NotImplementedError(f"{type(self).__qualname__} is not a streaming source")
 
     def latest_offsets(self, context: JobContext) -> Any:
-        """Runs on the driver: the offsets up to which data is available now."""
+        """Runs on the driver: the offsets up to which data is available now.
+
+        A source may declare ``latest_offsets(self, context, start=None)``:
+        it is then given the offsets the next micro-batch starts from, so it
+        can cap what one micro-batch reads.
+        """
         raise NotImplementedError(f"{type(self).__qualname__} is not a streaming source")
 
     def plan_range(self, start: Any, end: Any, context: JobContext) -> Sequence[Any]:

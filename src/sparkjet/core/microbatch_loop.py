@@ -16,6 +16,8 @@ what the loop asks of the job it runs for is :class:`LoopHost`.
 from __future__ import annotations
 
 import enum
+import functools
+import inspect
 import logging
 import time
 from collections.abc import Callable
@@ -40,6 +42,26 @@ def initial_offsets(plan: Plan, job_context: Callable[[Transform], JobContext]) 
     """Each source's offsets, by stage name, where a job with no committed batch starts."""
     return {plan.name(n): n.params["source"].initial_offsets(job_context(n))
             for n in plan.nodes if n.op == "source"}
+
+
+def latest_offsets(source: Any, context: Any, start: Any) -> Any:
+    """``source.latest_offsets(context)``, told where the next micro-batch starts if it asks.
+
+    A source whose ``latest_offsets`` takes a ``start`` parameter gets the
+    offsets the last committed (or planned) micro-batch ended at, so it can
+    cap how much one micro-batch reads (Spark's ``latestOffset(start, limit)``).
+    """
+    if _takes_start(type(source).latest_offsets):
+        return source.latest_offsets(context, start=start)
+    return source.latest_offsets(context)
+
+
+@functools.lru_cache(maxsize=256)
+def _takes_start(method: Any) -> bool:
+    try:
+        return "start" in inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def source_lag(read: Any, available: Any) -> int | None:
@@ -256,7 +278,8 @@ class StreamLoop:
             planned = self.checkpoint.planned(batch)
             if planned is None:
                 latest = {
-                    self.plan.name(n): n.params["source"].latest_offsets(self.job_context(n))
+                    self.plan.name(n): latest_offsets(n.params["source"], self.job_context(n),
+                                                      ends.get(self.plan.name(n)))
                     for n in self.sources
                 }
                 now_ms = int(time.time() * 1000)
