@@ -13,6 +13,9 @@ The rules the pages follow, and what this module checks:
   the reader saves: it is written to that path, not run.
 - A line ``print(...)  # <value>`` whose comment is a Python literal shows what
   it prints: the page's output must contain that line.
+- docs/kafka.md's blocks run against a Kafka-protocol broker started here
+  (Tansu, as the page starts it) whose address they read from
+  ``KAFKA_BROKERS``, as the page says.
 - Fragments that are not a whole program are fenced as what they are
   (``text``, ``toml``, ``bash``).
 - The ``sparkjet`` commands a reader runs from the README (a batch job, the
@@ -43,6 +46,7 @@ import pytest
 
 import sparkjet
 from tests.conftest import wait_until
+from tests.kafka_broker import kafka_broker
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -328,6 +332,10 @@ def test_python_blocks_run(page: Path, reader_folder: Path) -> None:
     env = {}
     if page.name == "plugins.md":
         env["PYTHONPATH"] = str(plugin_distribution(page, reader_folder))
+    if page.name == "kafka.md":  # the page's broker: Tansu as the page starts it, on a free port
+        with kafka_broker() as bootstrap:
+            run_page(page, reader_folder, KAFKA_BROKERS=bootstrap)
+        return
     run_page(page, reader_folder, **env)
     if page.name == "plugins.md":  # the users' job of the complete example wrote its file
         lines = (reader_folder / "out" / "squares.jsonl").read_text().splitlines()

@@ -370,12 +370,16 @@ class Lease:
         with self._lock:
             self.check_fence()
             record = change(self.record) if change is not None else self.record
-            self.record = replace(record, heartbeat=time.time(), driver=this_driver())
+            record = replace(record, heartbeat=time.time(), driver=this_driver())
             try:
-                self.records.write(self.record.to_json())
+                self.records.write(record.to_json())
             except Exception as exc:
+                self.record = record
                 self.unwritten = exc  # the next write stores the change along
                 raise
+            # Only now: a reader of ``record`` in this process (a job handle's status)
+            # never sees a change that another process cannot read from the store yet.
+            self.record = record
             self.unwritten = None
 
     def stage(self, change: Change) -> None:
