@@ -4,7 +4,9 @@
         [--store-options JSON] [--marker PATH]
 
 The first run submits the job (``events`` stream -> counts per key into map
-``counts``, every raw item into list ``seen``, and a count per tumbling window
+``counts``, every raw item into list ``seen`` but every 97th, which the stage
+``checked`` rejects into the dead-letter stream ``<name>.dead-letters``, and a
+count per tumbling window
 of event time, the item's ``seq``, into list ``windows``); a later run finds the job by
 name and resumes it (its previous driver died, so the job reads SUSPENDED and
 ``resume()`` takes it over). Then it joins until killed.
@@ -50,6 +52,15 @@ SPARK = {
 #: The tumbling window of the windowed stage, and its source's allowed lag.
 WINDOW = 1000
 WINDOW_LAG = 100
+#: Items whose seq is a multiple of this fail the "checked" stage: dead letters.
+REJECT_EVERY = 97
+
+
+def check(event):  # type: ignore[no-untyped-def]
+    """The "checked" stage: rejects every REJECT_EVERY-th item."""
+    if event["seq"] % REJECT_EVERY == 0:
+        raise ValueError(f"seq {event['seq']} rejected")
+    return event
 
 
 def build_pipeline():  # type: ignore[no-untyped-def]
@@ -64,7 +75,11 @@ def build_pipeline():  # type: ignore[no-untyped-def]
         events.group_by(lambda e: e["key"]).aggregate(counting())
         .set_name("count-per-key").write_to(Pipeline.to_map("counts"))
     )
-    events.map(lambda e: e).set_name("raw").write_to(Pipeline.to_list("seen"))
+    # Every REJECT_EVERY-th item fails "checked": a dead letter, in the job's dead-letter stream.
+    (
+        events.map(check).set_name("checked").on_error("dead-letter")
+        .map(lambda e: e).set_name("raw").write_to(Pipeline.to_list("seen"))
+    )
     (
         events.window(WindowDefinition.tumbling(WINDOW)).aggregate(counting())
         .set_name("count-per-window").write_to(Pipeline.to_list("windows"))

@@ -27,7 +27,8 @@ def submit(args: argparse.Namespace, client: Client) -> int:
         job_args = job_args[1:]
     pipeline = load_pipeline(args.file, job_args)
     config = job_config(args.name, job_args, args.guarantee, args.snapshot_interval,
-                        args.suspend_on_failure, args.snapshot)
+                        args.suspend_on_failure, args.snapshot, error_policy=args.on_error,
+                        dead_letter_stream=args.dead_letter_stream)
     job = client.get_jet().submit(pipeline, config)
     out(f"Submitted job {job.id}, name: {job.name or 'N/A'}")
     restore = job.get_metrics().get("snapshotRestore") if args.snapshot is not None else None
@@ -47,6 +48,9 @@ def job_config(
     snapshot_interval: int | None = None,
     suspend_on_failure: bool = False,
     snapshot: str | None = None,
+    *,
+    error_policy: str | None = None,
+    dead_letter_stream: str | None = None,
 ) -> JobConfig:
     """The JobConfig of a job started from the command line (``submit``, ``apply``).
 
@@ -61,6 +65,10 @@ def job_config(
         config.suspend_on_failure = True
     if snapshot is not None:
         config.initial_snapshot_name = snapshot
+    if error_policy is not None:
+        config.error_policy = error_policy
+    if dead_letter_stream is not None:
+        config.dead_letter_stream = dead_letter_stream
     return config
 
 

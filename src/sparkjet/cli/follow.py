@@ -284,6 +284,9 @@ def progress_line(label: str, metrics: dict[str, Any]) -> str:
     size = sum(int(s.get("snapshotBytes", 0)) for s in stages.values())
     if any("snapshotKeys" in s for s in stages.values()):
         parts.append(f"state {keys:,} keys, {_size(size)}")
+    dead = sum(int(s.get("deadLetters", 0)) for s in stages.values())
+    if dead:
+        parts.append(f"{dead:,} dead letters")
     for name, stage in stages.items():
         if "watermark" in stage:
             mark = int(stage["watermark"])

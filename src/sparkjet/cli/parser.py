@@ -167,6 +167,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="suspend a failing streaming job instead of failing it (it can be resumed)",
     )
     submit.add_argument(
+        "--on-error", choices=("fail", "dead-letter"), metavar="POLICY",
+        help="JobConfig.error_policy: what a failing map, filter, flat_map or peek function "
+        "does when its stage sets no on_error(): fail (the default) fails the job; "
+        "dead-letter sends the item to the dead-letter stream and goes on",
+    )
+    submit.add_argument(
+        "--dead-letter-stream", metavar="STREAM",
+        help="JobConfig.dead_letter_stream: where dead letters go (default "
+        "<job name or id>.dead-letters)",
+    )
+    submit.add_argument(
         "-s", "--snapshot", metavar="NAME",
         help="JobConfig.initial_snapshot_name: start the job from this exported snapshot "
         "(state matched by stage name; refused if it is missing, corrupt or incompatible)",

@@ -390,6 +390,15 @@ class Source(_Participant):
         """
         return "0"
 
+    def offset_of(self, descriptor: Any, index: int) -> Any:
+        """Runs on an executor: the offset of the ``index``-th item ``descriptor`` reads.
+
+        Shown in a dead letter (see ``Stage.on_error``), beside the partition
+        (:meth:`watermark_partition`) and the index, so a bad item can be
+        found in the source. None (the default): the source cannot tell.
+        """
+        return None
+
     def watermark_partitions(self, offsets: Any) -> Sequence[str]:
         """Runs on the driver: every partition the source has at ``offsets`` (its latest).
 

@@ -9,7 +9,10 @@ stateful stage in the same pass (partial aggregation, first-seen for
 
 Each line of generated code belongs to one stage, so when a user function
 raises, the traceback's line number names the stage at no per-item cost.
-Nothing here imports Spark.
+A stage whose error policy is dead-letter (``Op.dead``) gets its call wrapped
+in ``try``: the item it failed on becomes a dead letter (:func:`dead_letter`,
+kept in ``state["dead"]``) and goes no further; see
+:mod:`sparkjet.core.dead_letters`. Nothing here imports Spark.
 """
 
 from __future__ import annotations
@@ -44,6 +47,13 @@ class Op:
     op: OpKind  # one of graph.STATELESS
     stage: str
     fn: Callable[..., Any]
+    #: The stage's error policy is dead-letter: an item it fails on is set aside, not fatal.
+    dead: bool = False
+
+    @property
+    def counted(self) -> bool:
+        """Whether the pass counts what the op emits (it may emit fewer items than it gets)."""
+        return self.op in _COUNTED or self.dead
 
 
 class TerminalKind(enum.StrEnum):
@@ -138,11 +148,13 @@ class FusedPass:
     stamp: Stamp | None = None
     #: A ``yield`` terminal yields ``(t, item)`` pairs (for a later pass to window).
     pairs_out: bool = False
+    #: The batch's dead-letter accumulator, when an op's policy is dead-letter.
+    dead: Any = None
     _compiled: Any = field(default=None, repr=False, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"ops": self.ops, "terminal": self.terminal, "metrics": self.metrics,
-                "stamp": self.stamp, "pairs_out": self.pairs_out}
+                "stamp": self.stamp, "pairs_out": self.pairs_out, "dead": self.dead}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(**state)  # type: ignore[misc]
@@ -150,13 +162,17 @@ class FusedPass:
     # --- code generation ---------------------------------------------------
 
     def _source(self) -> tuple[str, dict[int, str], dict[str, Any]]:
-        env: dict[str, Any] = {"_MISSING": _MISSING, "_peek": _peek, "_freeze": freeze}
+        env: dict[str, Any] = {"_MISSING": _MISSING, "_peek": _peek, "_freeze": freeze,
+                               "_dead": _dead}
         lines = ["def run(it, counts, state):"]
         line_stage: dict[int, str] = {}
-        counters = [f"c{i}" for i, op in enumerate(self.ops) if op.op in _COUNTED]
+        counters = [f"c{i}" for i, op in enumerate(self.ops) if op.counted]
         t = self.terminal
-        if self.metrics:
+        # A dead letter says which input item it was: the pass counts its input then too.
+        counting_in = self.metrics or any(op.dead for op in self.ops)
+        if counting_in:
             lines.append("    n_in = 0")
+        if self.metrics:
             lines.extend(f"    {c} = 0" for c in counters)
         lines.append("    pos = -1")
         lines.append("    pidx = state.get('pidx', 0)")
@@ -193,7 +209,7 @@ class FusedPass:
         else:
             lines.append("        for x in it:")
         depth = 3
-        if self.metrics:
+        if counting_in:
             lines.append("    " * depth + "n_in += 1")
 
         def emit(text: str, stage: str | None) -> None:
@@ -211,20 +227,38 @@ class FusedPass:
             # Compared with an int: a timestamp of another type fails here, naming the source.
             emit("if hi is None or t > hi: hi = t + 0", stamp.stage)
 
+        def guarded(call: str, op: Op) -> None:
+            """``call`` as is, or, for a dead-letter op, the item it fails on set aside."""
+            if not op.dead:
+                emit(call, op.stage)
+                return
+            emit("try:", None)
+            emit(f"    {call}", op.stage)
+            emit("except Exception as e:", None)
+            emit(f"    _dead(state, {op.stage!r}, x, e, n_in - 1); continue", None)
+
         for i, op in enumerate(self.ops):
             env[f"f{i}"] = op.fn
             if op.op == OpKind.MAP:
-                emit(f"x = f{i}(x)", op.stage)
+                guarded(f"x = f{i}(x)", op)  # x stays the input when f raises
             elif op.op == OpKind.FILTER:
-                emit(f"if not f{i}(x): continue", op.stage)
+                if op.dead:
+                    guarded(f"drop = not f{i}(x)", op)
+                    emit("if drop: continue", None)
+                else:
+                    emit(f"if not f{i}(x): continue", op.stage)
             elif op.op == OpKind.PEEK:
-                emit(f"_peek({op.stage!r}, f{i}, x)", op.stage)
+                guarded(f"_peek({op.stage!r}, f{i}, x)", op)
             elif op.op == OpKind.FLAT_MAP:
-                emit(f"for x in f{i}(x):", op.stage)
+                if op.dead:  # the outputs are taken whole first: a failure midway emits none
+                    guarded(f"xs = list(f{i}(x))", op)
+                    emit("for x in xs:", op.stage)
+                else:
+                    emit(f"for x in f{i}(x):", op.stage)
                 depth += 1
             else:  # pragma: no cover - the planner only fuses the four above
                 raise ValueError(op.op)
-            if self.metrics and op.op in _COUNTED:
+            if self.metrics and op.counted:
                 emit(f"c{i} += 1", None)
         emit("pos += 1", None)
         stage = t.stage
@@ -343,10 +377,41 @@ class FusedPass:
         flowing = counts.get("in", 0)
         for i, op in enumerate(self.ops):
             received = flowing
-            if op.op in _COUNTED:
+            if op.counted:
                 flowing = counts.get(f"c{i}", 0)
             out[op.stage] = (received, flowing)
         return out
+
+
+def _dead(state: dict[str, Any], stage: str, item: Any, exc: Exception, index: int) -> None:
+    """Set ``item`` aside as a dead letter of ``stage`` (generated code calls this)."""
+    state.setdefault("dead", []).append(dead_letter(stage, item, exc, index))
+
+
+def dead_letter(stage: str, item: Any, exc: BaseException, index: int) -> dict[str, Any]:
+    """The dead letter of ``item``, which ``stage`` failed on with ``exc``.
+
+    ``index``: the item's position in the pass's input in this partition
+    (the source partition's, for a pass that reads a source). An item or
+    exception that cannot be pickled is kept as its ``repr``: a dead letter
+    must reach the driver whatever went wrong.
+    """
+    try:
+        cloudpickle.dumps(item)
+        kept, pickled = item, True
+    except Exception:
+        kept, pickled = repr(item), False
+    # From the user's function on: the first frame is the generated pass's.
+    tb = exc.__traceback__
+    lines = traceback.format_exception(type(exc), exc, tb.tb_next if tb is not None else None)
+    return {
+        "stage": stage,
+        "item": kept,
+        "item_pickled": pickled,
+        "error": f"{type(exc).__name__}: {exc}",
+        "traceback": "".join(lines),
+        "index": index,
+    }
 
 
 def _peek(stage: str, fn: Callable[[Any], Any], item: Any) -> None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from sparkjet.core.aggregation import AggregateOperation
 from sparkjet.core.errors import PipelineDefinitionError
+from sparkjet.core.model import ERROR_POLICIES
 from sparkjet.core.windows import DEFAULT_IDLE_TIMEOUT_MS, Timestamps, WindowDefinition
 
 if TYPE_CHECKING:
@@ -202,6 +203,34 @@ class Stage(_Handle):
     def peek(self, fn: Callable[[Any], Any] = repr) -> Stage:
         """Log ``fn(item)`` for each item (logger ``sparkjet.peek``) and pass it on."""
         return Stage(self._add(OpKind.PEEK, fn=self._fn("peek", fn)))
+
+    def on_error(self, policy: str) -> Stage:
+        """What this stage does with an item its function raises on.
+
+        ``"fail"``: the job fails, naming the stage (Jet's behaviour, and the
+        default unless ``JobConfig.error_policy`` says otherwise).
+        ``"dead-letter"``: the item, with the stage, the error and its
+        traceback and where the item came from, goes to the job's dead-letter
+        stream (``JobConfig.dead_letter_stream``), counted in the stage's
+        ``deadLetters`` metric, and the job goes on without it. Applies to
+        map, filter, flat_map and peek stages.
+        """
+        node = self._node
+        if policy not in ERROR_POLICIES:
+            raise PipelineDefinitionError(
+                f"on_error() on stage '{self.name}': the policy is 'fail' or 'dead-letter', "
+                f"got {policy!r}",
+                self.name,
+            )
+        if node.op not in STATELESS:
+            raise PipelineDefinitionError(
+                f"on_error() on stage '{self.name}': error policies apply to map, filter, "
+                f"flat_map and peek stages, and '{self.name}' is a {node.op} stage (its "
+                "functions fail the job: skipping an item there would change results silently)",
+                self.name,
+            )
+        node.params["on_error"] = policy
+        return self
 
     def with_timestamps(
         self,

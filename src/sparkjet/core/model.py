@@ -70,6 +70,8 @@ class JobStatus(enum.Enum):
 
 
 _INT_FIELDS = ("snapshot_interval_millis",)
+#: ``JobConfig.error_policy`` values (:mod:`sparkjet.core.dead_letters` says what they do).
+ERROR_POLICIES = ("fail", "dead-letter")
 #: Key groups of a new streaming job's state (``JobConfig.key_groups``), and the most allowed.
 DEFAULT_KEY_GROUPS = 128
 MAX_KEY_GROUPS = 32768
@@ -108,6 +110,12 @@ class JobConfig:
     store_metrics_after_job_completion: bool = False
     arguments: list[Any] = field(default_factory=list)
     key_groups: int = DEFAULT_KEY_GROUPS
+    #: What a failing map, filter, flat_map or peek function does to the job when its
+    #: stage sets no policy (``Stage.on_error``): ``"fail"`` (Jet's behaviour) or
+    #: ``"dead-letter"`` (the item goes to the dead-letter stream, the job goes on).
+    error_policy: str = "fail"
+    #: The stream dead letters go to; default ``<job name or id>.dead-letters``.
+    dead_letter_stream: str | None = None
 
     def __setattr__(self, key: str, value: Any) -> None:
         object.__setattr__(self, key, _validate(key, value))
@@ -132,7 +140,10 @@ def _validate(key: str, value: Any) -> Any:
     def bad(expected: str) -> ConfigError:
         return ConfigError(f"JobConfig.{key}: expected {expected}, got {value!r}")
 
-    if key == "name" or key == "initial_snapshot_name":
+    if key == "error_policy":
+        if value not in ERROR_POLICIES:
+            raise bad("'fail' or 'dead-letter'")
+    elif key == "name" or key == "initial_snapshot_name" or key == "dead_letter_stream":
         if value is not None and (not isinstance(value, str) or not value.strip()):
             raise bad("a non-empty string or None")
     elif key == "processing_guarantee":

@@ -7,11 +7,13 @@ before any Spark work starts. No JVM is needed here.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 import cloudpickle
 
+from sparkjet.core.dead_letters import DeadLetterPlan, default_stream, plan_dead_letters
 from sparkjet.core.errors import PipelineDefinitionError, ProcessingGuaranteeError
 from sparkjet.core.graph import STATELESS, OpKind, PipelineGraph, Transform
 from sparkjet.core.model import ProcessingGuarantee
@@ -37,6 +39,17 @@ class Plan:
     participants: dict[Transform, Registered]
     #: Per windowed stage, the source stages its items come from and their timestamps.
     event_sources: dict[str, dict[str, Timestamps]] = field(default_factory=dict)
+    #: Where dead letters go and which stages make them (None: errors fail the job);
+    #: set for a job by :meth:`for_job`.
+    dead_letters: DeadLetterPlan | None = None
+
+    def for_job(
+        self, job_id: str, job_name: str | None, error_policy: str, dead_letter_stream: str | None
+    ) -> Plan:
+        """The plan with the job's error policies applied (see :mod:`..dead_letters`)."""
+        stream = dead_letter_stream or default_stream(job_name, job_id)
+        found = plan_dead_letters(self.nodes, self.names, error_policy, stream)
+        return dataclasses.replace(self, dead_letters=found)
 
     def name(self, node: Transform) -> str:
         return self.names[node]

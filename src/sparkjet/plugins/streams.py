@@ -67,6 +67,10 @@ class StreamSource(Source):
         """The stream partition a descriptor ``(partition, start, end)`` reads."""
         return str(descriptor[0])
 
+    def offset_of(self, descriptor: Any, index: int) -> Any:
+        """The stream offset of the ``index``-th item of ``(partition, start, end)``."""
+        return descriptor[1] + index
+
     def watermark_partitions(self, offsets: Any) -> Sequence[str]:
         """Every partition of the stream (its offsets are one per partition)."""
         return [str(p) for p in range(len(offsets))]

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from sparkjet.core.checkpoint import Checkpoint
 from sparkjet.core.contracts import JobContext
+from sparkjet.core.dead_letters import dead_counter
 from sparkjet.core.engine import BatchSpec, Engine, Execution
 from sparkjet.core.errors import (
     JobCancelledError,
@@ -118,7 +119,9 @@ class JobRunner:
     def __init__(self, services: Services, job: Job, plan: Plan, record: JobRecord) -> None:
         self.services = services
         self.job = job
-        self.plan = plan
+        config = job.config
+        self.plan = plan.for_job(job.id, config.name, config.error_policy,
+                                 config.dead_letter_stream)
         #: The job's record, driven from here: handles of the job here read ``lease.record``.
         self.lease = Lease(services.records, record)
         self.cancel_requested = threading.Event()
@@ -797,6 +800,9 @@ class JobRunner:
                     stage.update(snapshotKeys=keys, snapshotBytes=size)
                 if streaming and names[node] in self.progress.lag:
                     stage["sourceLag"] = self.progress.lag[names[node]]
+                dead = self.plan.dead_letters
+                if dead is not None and names[node] in dead.stages:
+                    stage["deadLetters"] = counts.get(dead_counter(names[node]), 0)
                 if node.op == OpKind.WINDOW:
                     stage["lateEventsDropped"] = counts.get(late_counter(names[node]), 0)
                     if streaming:

@@ -26,6 +26,7 @@ from operator import itemgetter
 from typing import Any
 
 from sparkjet.core.contracts import JobContext, TaskContext
+from sparkjet.core.dead_letters import DeadLettersParam, commit_dead_letters, dead_counter
 from sparkjet.core.engine import BatchResult, BatchSpec
 from sparkjet.core.errors import JobFailedError
 from sparkjet.core.event_time import late_counter
@@ -160,6 +161,52 @@ class Task:
         if late:
             self.count({late_counter(self.stage): late})
 
+    #: The source the pass reads itself, if any (a :class:`ReadTask`).
+    reader: ReadTask | None = None
+
+    def report_dead(self, pidx: int, state: dict[str, Any], descriptors: list[Any] | None) -> None:
+        """Report the dead letters the pass left in ``state`` (see :mod:`..dead_letters`).
+
+        A pass that read a source itself says which source partition each
+        letter's item came from (``index`` is its position there); after a
+        shuffle that is unknown, and both are None.
+        """
+        letters = state.get("dead")
+        fused = self.fused
+        if not letters or fused is None or fused.dead is None:
+            return
+        reader = self.reader
+        descriptor = _MISSING_DESCRIPTOR
+        if reader is not None and descriptors is not None and len(descriptors) == 1:
+            descriptor = descriptors[0]
+        counted: dict[str, int] = {}
+        reported = {}
+        for seq, letter in enumerate(letters):
+            counter = dead_counter(letter["stage"])
+            counted[counter] = counted.get(counter, 0) + 1
+            where: dict[str, Any] = {"source": None, "partition": None, "offset": None,
+                                     "index": None}
+            if reader is not None and descriptor is not _MISSING_DESCRIPTOR:
+                where = {"source": reader.stage,
+                         "partition": _safely(reader.source.watermark_partition, descriptor),
+                         "offset": _safely(reader.source.offset_of, descriptor,
+                                           letter["index"]),
+                         "index": letter["index"]}
+            reported[(self.stage, pidx, seq)] = {**letter, **where}
+        fused.dead.add(reported)
+        self.count(counted)
+
+
+_MISSING_DESCRIPTOR = object()
+
+
+def _safely(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` for a dead letter's where-abouts; None if the source cannot say."""
+    try:
+        return fn(*args)
+    except Exception:
+        return None
+
 
 class _Attributing:
     __slots__ = ("task",)
@@ -238,15 +285,18 @@ class PassTask(Task):
         fused = self.fused
         counts: dict[str, int] = {}
         state: dict[str, Any] = {"pidx": pidx, "wm": self.watermark}
+        descriptors = None
         with self.attributing():
             if self.reader is not None:
-                items = iter(self.reader.items(pidx, items))
+                descriptors = list(items)
+                items = iter(self.reader.items(pidx, descriptors))
             if fused.terminal.kind in FOLDING:
                 yield from folded_records(fused, state, items, counts)
             else:
                 yield from fused.run(items, counts, state)
         self.count_pass(counts)
         self.report_time(pidx, state)
+        self.report_dead(pidx, state, descriptors)
 
 
 class ReduceTask(Task):
@@ -364,15 +414,18 @@ class SinkTask(Task):
         counts: dict[str, int] = {}
         state: dict[str, Any] = {"pidx": pidx}
         ctx = TaskContext(self.context.job_id, pidx, self.context.store, self.context.options)
+        descriptors = None
         with self.attributing():
             source: Any = items
             if self.reader is not None:
-                source = self.reader.items(pidx, items)
+                descriptors = list(items)
+                source = self.reader.items(pidx, descriptors)
             if self.fused.ops or self.reader is None or self.fused.stamp is not None:
                 source = self.fused.run(iter(source), counts, state)
             message = self.sink.write(self.state, source, ctx)
         self.count_pass(counts)
         self.report_time(pidx, state)
+        self.report_dead(pidx, state, descriptors)
         yield message
 
 
@@ -390,6 +443,10 @@ class BatchRun:
         self.cancelled = spec.cancelled
         self.on_commit = spec.on_commit
         self.counts = sc.accumulator({}, CountsParam()) if spec.metrics else None
+        #: Where the job's dead letters go (None: no stage sets items aside).
+        self.dead_letters = spec.plan.dead_letters
+        self.dead = (sc.accumulator({}, DeadLettersParam())
+                     if self.dead_letters is not None else None)
         #: Highest timestamps by source partition (streaming jobs set it: the watermark).
         self.event_times: Any = None
         self.parallelism = max(1, int(sc.defaultParallelism))
@@ -436,7 +493,8 @@ class BatchRun:
         if node.op in STATELESS:
             upstream = flows[node.inputs[0]]
             assert node.fn is not None
-            return Flow(upstream.rdd, [*upstream.ops, Op(node.op, name, node.fn)],
+            dead = self.dead_letters is not None and name in self.dead_letters.stages
+            return Flow(upstream.rdd, [*upstream.ops, Op(node.op, name, node.fn, dead)],
                         upstream.reader, upstream.stamp)
         if node.op == OpKind.MERGE:
             # Items keep their timestamps through a merge of timestamped branches only.
@@ -491,7 +549,8 @@ class BatchRun:
         self, flow: Flow, stage: str, terminal: Terminal | None = None, pairs_out: bool = False
     ) -> FusedPass:
         return FusedPass(list(flow.ops), terminal or Terminal(TerminalKind.YIELD), self.metrics,
-                         flow.stamp, pairs_out and flow.stamp is not None)
+                         flow.stamp, pairs_out and flow.stamp is not None,
+                         dead=self.dead if any(op.dead for op in flow.ops) else None)
 
     def _materialize(
         self, flow: Flow, stage: str, pairs: bool = False, emitter: str | None = None
@@ -634,6 +693,19 @@ class BatchRun:
     def _commit_all(self) -> None:
         if self.on_commit is not None:
             self.on_commit()
+        if self.dead_letters is not None and self.dead is not None and self.plan.nodes:
+            # Before the sinks: a letter is durable by the time results show its batch.
+            try:
+                written = commit_dead_letters(self.job_context(self.plan.nodes[0]),
+                                              self.dead_letters.stream, self.dead.value)
+            except Exception as exc:
+                raise JobFailedError(
+                    f"writing the dead letters to stream {self.dead_letters.stream!r} "
+                    f"failed: {type(exc).__name__}: {exc}"
+                ) from exc
+            if written:
+                log.warning("%d dead letter(s) written to stream %r", written,
+                            self.dead_letters.stream)
         while self._written:
             if self.cancelled():
                 raise JobFailedError("cancelled before commit")

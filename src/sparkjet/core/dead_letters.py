@@ -1,0 +1,144 @@
+"""Dead letters: items a stateless stage failed on, set aside while the job goes on.
+
+A stage's error policy is ``"fail"`` (Jet's behaviour, the default: the job
+fails, naming the stage) or ``"dead-letter"``. It is set per stage with
+``Stage.on_error()`` and per job with ``JobConfig.error_policy``, the default
+of the stages that set none; it applies to the stateless stages (map,
+filter, flat_map, peek), where a bad item is the item's fault and dropping it
+leaves the rest of the results right. Key, timestamp and aggregation
+functions fail the job whatever the policy: skipping an item there would
+corrupt state silently.
+
+How a letter travels, and why it is written once:
+
+1. On an executor, the fused pass catches the exception of a dead-letter
+   stage's function, builds a letter (:func:`sparkjet.core.fusion.dead_letter`:
+   the item, the stage, the error and its traceback, the item's index in the
+   partition) and drops the item.
+2. The task adds the partition's letters, with the source stage and source
+   partition it read, to the batch's accumulator (:class:`DeadLettersParam`),
+   keyed by pass, partition and position: a recomputed task replaces its own
+   letters instead of adding them again.
+3. Before the sinks commit, the driver appends the batch's letters to the
+   dead-letter stream (:func:`commit_dead_letters`), as a stream sink does:
+   once per micro-batch token, so a replayed micro-batch (after a crash or a
+   failed commit) finds them written and adds nothing. Under EXACTLY_ONCE
+   each letter is written once; under the other guarantees too, since the
+   append is idempotent whatever the guarantee.
+
+The stream is ``<job name or id>.dead-letters`` unless
+``JobConfig.dead_letter_stream`` names another; it has one partition when
+sparkjet creates it. Letters are dicts, see :func:`commit_dead_letters`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sparkjet.core.contracts import JobContext
+from sparkjet.core.graph import STATELESS, Transform
+from sparkjet.core.model import ERROR_POLICIES
+
+__all__ = [
+    "DEAD_LETTER",
+    "ERROR_POLICIES",
+    "FAIL",
+    "DeadLetterPlan",
+    "DeadLettersParam",
+    "commit_dead_letters",
+    "dead_counter",
+    "default_stream",
+    "plan_dead_letters",
+]
+
+FAIL, DEAD_LETTER = ERROR_POLICIES
+#: The stage name the dead-letter writer commits as (its writer id and tokens).
+WRITER_STAGE = "(dead letters)"
+
+
+def default_stream(job_name: str | None, job_id: str) -> str:
+    """The dead-letter stream of a job that names none."""
+    return f"{job_name or job_id}.dead-letters"
+
+
+def dead_counter(stage: str) -> str:
+    """The name ``stage``'s dead letters are counted under in a job's counts.
+
+    Stage names have no control characters, so it is no stage's name.
+    """
+    return stage + "\x1fdead"
+
+
+@dataclass(frozen=True)
+class DeadLetterPlan:
+    """Where a job's dead letters go, and which stages make them."""
+
+    #: The stream the letters are appended to.
+    stream: str
+    #: The stateless stages whose error policy is dead-letter.
+    stages: frozenset[str]
+
+
+def plan_dead_letters(
+    nodes: list[Transform], names: Mapping[Transform, str], job_policy: str, stream: str
+) -> DeadLetterPlan | None:
+    """The job's dead-letter plan (None: every stage fails the job on an error).
+
+    A stage's own policy (``node.params["on_error"]``) wins over the job's.
+    """
+    stages = frozenset(
+        names[node] for node in nodes
+        if node.op in STATELESS and node.params.get("on_error", job_policy) == DEAD_LETTER
+    )
+    return DeadLetterPlan(stream, stages) if stages else None
+
+
+class DeadLettersParam:
+    """Accumulator of ``{(stage, partition, seq): letter}`` (PySpark AccumulatorParam protocol).
+
+    Keys are positions, so a task that Spark runs again reports the same keys
+    and its letters replace themselves.
+    """
+
+    def zero(self, value: dict[tuple[str, int, int], Any]) -> dict[tuple[str, int, int], Any]:
+        return {}
+
+    def addInPlace(
+        self, left: dict[tuple[str, int, int], Any], right: dict[tuple[str, int, int], Any]
+    ) -> dict[tuple[str, int, int], Any]:
+        left.update(right)
+        return left
+
+
+def commit_dead_letters(
+    context: JobContext, stream: str, letters: Mapping[tuple[str, int, int], dict[str, Any]]
+) -> int:
+    """Append a batch's letters to ``stream``, once per micro-batch; returns how many.
+
+    ``context`` is a driver context of the job (any stage's): its batch id
+    and checkpoint make the append's token. Each letter gets the job and the
+    batch: ``{"job", "job_id", "batch", "stage", "item", "item_pickled",
+    "error", "traceback", "source", "partition", "index"}``, in position order.
+    """
+    if not letters:
+        return 0
+    ctx = dataclasses.replace(context, stage=WRITER_STAGE)
+    ordered = [
+        {"job": ctx.job_name or ctx.job_id, "job_id": ctx.job_id, "batch": ctx.batch_id,
+         **letters[key]}
+        for key in sorted(letters)
+    ]
+    log = ctx.store.stream_log(stream)
+    if not log.exists():
+        log.create(1)
+    token = ctx.commit_token
+    if token:
+        buckets: list[list[Any]] = [[] for _ in range(log.partitions)]
+        buckets[0] = ordered
+        log.append_batch(ctx.writer_id, token, buckets)
+    else:
+        log.append(0, ordered)
+    return len(ordered)
