@@ -42,6 +42,11 @@ RUNS = {
          "--queries", "sliding"],
         ["sparkjet EXACTLY_ONCE", "native structured streaming", "vs native"],
     ),
+    "dead_letters": (
+        ["-n", "5000", "--bad-every", "100", "--repeat", "1"],
+        ["sparkjet dead-letter, bad input", "pyspark rdd by hand", "plain python",
+         "vs the hand-written"],
+    ),
     "kafka": (
         ["-n", "2000", "--keys", "20", "--chunks", "2"],
         ["sparkjet Kafka EXACTLY_ONCE", "plain confluent-kafka loop", "sparkjet stream", "vs it"],

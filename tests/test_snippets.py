@@ -35,6 +35,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -322,8 +323,11 @@ def run_page(page: Path, folder: Path, **env: str) -> subprocess.CompletedProces
 
 
 INDEX = ROOT / "docs" / "index.md"
-#: The quickstart page runs in test_index_page_submit_from_the_command_line, before its commands.
-PAGES_WITH_CODE = [page for page in PAGES if runnable_blocks(page) and page != INDEX]
+WALKTHROUGH = ROOT / "docs" / "walkthrough.md"
+#: The quickstart page runs in test_index_page_submit_from_the_command_line, before its
+#: commands; the walkthrough's block runs in test_walkthrough, after its commands.
+PAGES_WITH_CODE = [page for page in PAGES if runnable_blocks(page)
+                   and page not in (INDEX, WALKTHROUGH)]
 
 
 @pytest.mark.slow
@@ -444,3 +448,79 @@ STREAMING_EXAMPLE = [
     "sparkjet restart clicks",
     "sparkjet cancel clicks",
 ]
+
+
+# --- the walkthrough: files in, results out, a SIGKILL in between ------------------------------
+
+
+def test_the_walkthrough_shows_the_orders_pipeline() -> None:
+    example = (ROOT / "examples" / "orders.py").read_text(encoding="utf-8")
+    [(_, shown)] = [(line, code) for line, code in blocks(WALKTHROUGH, "text")
+                    if "FileSource" in code]
+    for line in shown.strip().splitlines():
+        assert line.strip() in example, f"walkthrough.md: not in examples/orders.py: {line}"
+
+
+def shell(reader: Reader, command: str) -> None:
+    """The page's ``mkdir -p`` and ``cp`` lines, done here (after checking the page has them)."""
+    words = reader.words(command)
+    if words[:2] == ["mkdir", "-p"]:
+        (reader.folder / words[2]).mkdir(parents=True, exist_ok=True)
+    elif words[0] == "cp":
+        shutil.copyfile(reader.folder / words[1], reader.folder / words[2])
+    else:  # pragma: no cover - test bug
+        raise AssertionError(command)
+
+
+@pytest.mark.slow
+def test_walkthrough(reader_folder: Path) -> None:
+    """docs/walkthrough.md as a reader follows it, the kill -9 included."""
+    reader = Reader(reader_folder, [WALKTHROUGH])
+    spend = store(reader_folder).get_map("spend")
+    try:
+        submit, _, submit_err = reader.start(
+            "sparkjet submit -n orders -g exactly_once --snapshot-interval 1000 "
+            "examples/orders.py")
+        shell(reader, "mkdir -p inbox")
+        shell(reader, "cp examples/orders.jsonl inbox/orders-1.jsonl")
+        first = {"ada": 60, "bob": 20, "cy": 40}
+
+        def summed(expected: dict[str, int], proc: Any, err: Path) -> None:
+            def done() -> bool:
+                running(proc, err)
+                return dict(spend.entry_set()) == expected
+            wait_until(done, 180, f"the map spend to be {expected}", interval=0.25)
+
+        summed(first, submit, submit_err)
+        out, _ = reader.run("sparkjet get map spend")
+        assert out.splitlines() == ["KEY  VALUE", "ada  60", "bob  20", "cy   40"], out
+        out, _ = reader.run("sparkjet status orders")
+        assert re.match(r"Job 'orders' \(\S+\) is RUNNING", out), out
+        out, _ = reader.run("sparkjet metrics orders")
+        assert re.search(r"^check\s+7\s+6\s+1\b", out, re.M), out  # received, emitted, dead
+        out, _ = reader.run("sparkjet get stream orders.dead-letters")
+        assert out.startswith("0:0  ") and "twelve" in out and len(out.splitlines()) == 1, out
+
+        submit.send_signal(signal.SIGKILL)  # kill -9
+        submit.wait(timeout=30)
+        out, _ = reader.run("sparkjet status orders")
+        assert re.match(r"Job 'orders' \(\S+\) is SUSPENDED \(the driver process", out), out
+        assert "Resume it with: sparkjet resume orders" in out, out
+        shell(reader, "cp examples/orders.jsonl inbox/orders-2.jsonl")
+        resume, resume_out, resume_err = reader.start("sparkjet resume orders")
+        wait_until(lambda: running(resume, resume_err) or "is RUNNING" in resume_out.read_text(),
+                   180, "resume to run the job")
+        summed({k: 2 * v for k, v in first.items()}, resume, resume_err)
+        out, _ = reader.run("sparkjet get map spend --json")
+        assert json.loads(out) == [{"key": "ada", "value": 120}, {"key": "bob", "value": 40},
+                                   {"key": "cy", "value": 80}], out
+        out, _ = reader.run("sparkjet get stream orders.dead-letters --json")
+        letters = [json.loads(line)["item"] for line in out.splitlines()]
+        assert [(d["item"]["order"], d["stage"]) for d in letters] == [(5, "check")] * 2, out
+        assert len({d["batch"] for d in letters}) == 2, out  # one per file's micro-batch
+        out, _ = reader.run("sparkjet cancel orders")
+        assert "finished: FAILED (cancelled by user)" in out, out
+        assert resume.wait(timeout=90) == 1, resume_err.read_text()[-3000:]
+    finally:
+        reader.stop_all()
+    run_page(WALKTHROUGH, reader_folder)  # fixes the two letters: prints 2

@@ -89,10 +89,13 @@ def status(args: argparse.Namespace, client: Client) -> int:
     """``status``: the job's status with why it is suspended or how it failed."""
     job = find_job(client, args.job)
     out(state_line(job, client))
-    if job.status is JobStatus.FAILED and not job.is_user_cancelled():
+    status = job.status
+    if status is JobStatus.FAILED and not job.is_user_cancelled():
         failure = job.get_failure()
         if failure:
             out(f"Failure: {client.redact(failure)}")
+    elif status is JobStatus.SUSPENDED:
+        out(f"Resume it with: sparkjet resume {job.name or job.id}")
     return EXIT_OK
 
 

@@ -66,7 +66,11 @@ def get_map(args: argparse.Namespace, client: Client) -> int:
             raise CliError(f"map '{imap.name}' has no key {args.key!r}", EXIT_FAILED)
         out(dumps({"key": key, "value": value}) if args.json else shown(value))
         return EXIT_OK
-    entries = imap.entry_set()
+    entries = list(imap.entry_set())
+    try:  # in key order where the keys compare (a map keeps no order of its own)
+        entries.sort(key=lambda entry: entry[0])
+    except TypeError:
+        pass
     if args.json:
         out(dumps([{"key": k, "value": v} for k, v in entries]))
         return EXIT_OK
