@@ -77,6 +77,9 @@ def test_benchmark_runs_to_its_table(script: str, tmp_path: Path) -> None:
     assert done.returncode == 0, f"{script} failed:\n{done.stdout}\n{done.stderr[-4000:]}"
     for text in expected:
         assert text in done.stdout, f"{script} printed no {text!r}:\n{done.stdout}"
-    # It printed measured ratios (at these sizes plain Python may round to 0.00x).
+    # It printed ratios, and measured something (at these sizes timings may tie, and
+    # plain Python may round to 0.00x, so no particular ratio is required).
     ratios = [float(r) for r in re.findall(r"(\d+\.\d+)x", done.stdout)]
-    assert len(ratios) >= 2 and any(r not in (0.0, 1.0) for r in ratios), done.stdout
+    assert len(ratios) >= 2, done.stdout
+    timings = [float(t) for t in re.findall(r"(\d+\.\d+) ?(?:s|ms)\b", done.stdout)]
+    assert any(t > 0 for t in timings), done.stdout

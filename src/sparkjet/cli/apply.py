@@ -35,6 +35,7 @@ _STATES = ("running", "suspended")
 _JOB_KEYS = (
     "name", "pipeline", "state", "initial_snapshot", "credentials", "arguments",
     "processing_guarantee", "snapshot_interval_millis", "suspend_on_failure",
+    "error_policy", "dead_letter_stream",
 )
 _SNAPSHOT_KEYS = ("name", "job", "cancel_job")
 
@@ -53,6 +54,8 @@ class JobSpec:
     processing_guarantee: ProcessingGuarantee | None = None
     snapshot_interval_millis: int | None = None
     suspend_on_failure: bool = False
+    error_policy: str | None = None
+    dead_letter_stream: str | None = None
 
 
 @dataclass
@@ -135,6 +138,12 @@ def parse(path: Path) -> tuple[list[JobSpec], list[SnapshotSpec]]:
             raise CliError(f"{where}: snapshot_interval_millis: expected a positive integer")
         spec.snapshot_interval_millis = interval
         spec.suspend_on_failure = bool(_get(table, where, "suspend_on_failure", bool))
+        policy = _get(table, where, "error_policy", str)
+        if policy is not None and policy not in ("fail", "dead-letter"):
+            raise CliError(f"{where}: error_policy: expected 'fail' or 'dead-letter', "
+                           f"got {policy!r}")
+        spec.error_policy = policy
+        spec.dead_letter_stream = _get(table, where, "dead_letter_stream", str)
         if not _is_url(spec.pipeline):
             file = path.parent / spec.pipeline
             if not file.is_file():
@@ -204,7 +213,8 @@ def _load(spec: JobSpec, client: Client) -> Pipeline:
 def _config(spec: JobSpec) -> JobConfig:
     return job_config(spec.name, list(spec.arguments), spec.processing_guarantee,
                       spec.snapshot_interval_millis, spec.suspend_on_failure,
-                      spec.initial_snapshot)
+                      spec.initial_snapshot, error_policy=spec.error_policy,
+                      dead_letter_stream=spec.dead_letter_stream)
 
 
 def _suspend(job: Job, client: Client) -> None:

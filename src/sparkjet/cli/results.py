@@ -10,6 +10,7 @@ sets as arrays, anything else as its ``repr``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import http.server
 import json
@@ -67,10 +68,9 @@ def get_map(args: argparse.Namespace, client: Client) -> int:
         out(dumps({"key": key, "value": value}) if args.json else shown(value))
         return EXIT_OK
     entries = list(imap.entry_set())
-    try:  # in key order where the keys compare (a map keeps no order of its own)
+    # In key order where the keys compare (a map keeps no order of its own).
+    with contextlib.suppress(TypeError):
         entries.sort(key=lambda entry: entry[0])
-    except TypeError:
-        pass
     if args.json:
         out(dumps([{"key": k, "value": v} for k, v in entries]))
         return EXIT_OK
