@@ -706,6 +706,8 @@ class BatchRun:
             if written:
                 log.warning("%d dead letter(s) written to stream %r", written,
                             self.dead_letters.stream)
+                # PySpark's registry keeps every accumulator: let go of the letters.
+                self.dead.value = {}
         while self._written:
             if self.cancelled():
                 raise JobFailedError("cancelled before commit")
