@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -97,3 +98,20 @@ def run_pipeline(client: sparkjet.Client, pipeline, name: str | None = None):  #
 
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("PYSPARK_PYTHON", __import__("sys").executable)
+
+
+@pytest.fixture
+def cancel_at_end() -> Iterator[list[Any]]:
+    """Jobs to cancel at teardown, whatever the test left them doing.
+
+    A live streaming job's thread would keep pytest alive; the test has its
+    own verdict, so this is best effort.
+    """
+    jobs: list[Any] = []
+    yield jobs
+    for job in jobs:
+        with contextlib.suppress(Exception):
+            if not job.is_terminal():
+                job.cancel()
+        with contextlib.suppress(Exception):
+            job.join(timeout=60)

@@ -171,16 +171,6 @@ def test_a_stage_that_says_fail_fails_the_job_under_a_dead_letter_default(
     assert not client.get_stream(f"{job.id}.dead-letters").exists()
 
 
-@pytest.fixture
-def cancel_at_end() -> Iterator[list[Job]]:
-    jobs: list[Job] = []
-    yield jobs
-    for job in jobs:
-        if not job.is_terminal():
-            job.cancel()
-            wait_until(job.is_terminal, 60, "the job to end")
-
-
 @pytest.mark.slow
 def test_a_replayed_micro_batch_writes_its_dead_letters_once(
     client: sparkjet.Client, tmp_path: Path, cancel_at_end: list[Job]
@@ -190,12 +180,7 @@ def test_a_replayed_micro_batch_writes_its_dead_letters_once(
     Its letters were appended before the sinks committed: the replay finds
     them and the stream holds each bad item once, with its stream offset.
     """
-    import cloudpickle
-    from pyspark import cloudpickle as spark_cloudpickle
-
-    cloudpickle.register_pickle_by_value(flaky_sink)
-    spark_cloudpickle.register_pickle_by_value(flaky_sink)
-    client.register_plugin(flaky_sink, "flaky-sink")
+    flaky_sink.register(client)
     stream = client.get_stream("events", partitions=1)
     p = Pipeline.create()
     (p.read_from(StreamSource("events"))

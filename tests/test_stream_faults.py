@@ -573,29 +573,6 @@ def test_two_processes_resuming_a_dead_drivers_job_at_once(
 # --- 3: a sink whose commit fails once -------------------------------------------------
 
 
-@pytest.fixture
-def cancel_at_end() -> Iterator[list[Job]]:
-    """Jobs to cancel at teardown: a live streaming job's thread would keep pytest alive."""
-    jobs: list[Job] = []
-    yield jobs
-    for job in jobs:
-        with contextlib.suppress(Exception):
-            if not job.is_terminal():
-                job.cancel()
-        with contextlib.suppress(Exception):
-            job.join(timeout=60)
-
-
-def _register_flaky(client: sparkjet.Client) -> None:
-    # Executors cannot import tests.faults: ship the plugin's code with the closures.
-    import cloudpickle
-    from pyspark import cloudpickle as spark_cloudpickle
-
-    cloudpickle.register_pickle_by_value(flaky_sink)
-    spark_cloudpickle.register_pickle_by_value(flaky_sink)
-    client.register_plugin(flaky_sink, "flaky-sink")
-
-
 def _committed(job: Job) -> int:
     return int(job.get_metrics().get("lastCommittedBatch", -1))
 
@@ -610,7 +587,7 @@ def test_sink_commit_failing_once_suspends_and_resume_replays(
     The job suspends naming the sink's stage; resume() replays batch 2 from its
     recorded offsets and the list ends with every item exactly once.
     """
-    _register_flaky(client)
+    flaky_sink.register(client)
     # One partition: each publish_all is one chunk, so it lands in one micro-batch whole.
     stream = client.get_stream("events", partitions=1)
     marker = str(tmp_path / "flaky-failed")

@@ -14,7 +14,6 @@ import json
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,20 +28,6 @@ from tests.conftest import TEST_SPARK, run_pipeline, wait_until
 
 EXACTLY_ONCE = ProcessingGuarantee.EXACTLY_ONCE
 NAMED = "is corrupt or truncated"
-
-
-@pytest.fixture
-def cancel_at_end() -> Iterator[list[Job]]:
-    """Jobs to cancel when the test ends, whatever it left them doing."""
-    jobs: list[Job] = []
-    yield jobs
-    for job in jobs:
-        try:
-            if not job.status.is_terminal():
-                job.cancel()
-                job.join(timeout=30)
-        except Exception:  # best effort: the test has its own verdict
-            pass
 
 
 def truncate(path: str | Path, keep: int | None = None) -> str:

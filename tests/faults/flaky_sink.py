@@ -8,7 +8,8 @@ raises before anything lands; ``when="after"`` raises after the list commit
 landed, as a driver would that died right after committing. The marker file
 makes it fail only once, across processes and resumes.
 
-Register it with ``client.register_plugin(flaky_sink, "flaky-sink")``.
+Register it with :func:`register` (which also ships this module's code to Spark's
+workers, which cannot import ``tests.faults``).
 """
 
 from __future__ import annotations
@@ -62,3 +63,16 @@ class FlakyListSink(ListSink):
 def register_sinks(register: Any) -> None:
     """Register the flaky list sink."""
     register(FlakyListSink)
+
+
+def register(client: Any) -> None:
+    """Register the plugin on ``client``; its code travels to the workers by value."""
+    import sys
+
+    import cloudpickle
+    from pyspark import cloudpickle as spark_cloudpickle
+
+    module = sys.modules[__name__]
+    cloudpickle.register_pickle_by_value(module)
+    spark_cloudpickle.register_pickle_by_value(module)
+    client.register_plugin(module, "flaky-sink")
