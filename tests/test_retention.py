@@ -65,7 +65,8 @@ def test_keep_bytes_and_keep_seconds_and_the_strictest_wins(client: sparkjet.Cli
 def test_retention_is_checked_and_configured(
     tmp_path: Path, client: sparkjet.Client, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with pytest.raises(ValueError, match="keep_items must be 0 or more, got -1"):
+    with pytest.raises(ValueError, match="stream 'events': stream retention: keep_items must "
+                                         "be 0 or more, got -1"):
         client.trim_stream("events", keep_items=-1)
     publish_chunks(client, "events", 2)
     with pytest.raises(ValueError, match=r"stream 'events': no retention given, and none "
@@ -80,6 +81,10 @@ def test_retention_is_checked_and_configured(
         sparkjet.connect(str(bad))
     bad.write_text("[streams.events]\nkeep_forever = 1\n", encoding="utf-8")
     with pytest.raises(ConfigError, match=r"unknown key 'keep_forever' in \[streams.events\]"):
+        sparkjet.connect(str(bad))
+    bad.write_text("[streams.events]\n", encoding="utf-8")  # gc would have nothing to apply
+    with pytest.raises(ConfigError, match=r"\[streams.events\] sets no limit \(expected one or "
+                                          r"more of: keep_items, keep_seconds, keep_bytes\)"):
         sparkjet.connect(str(bad))
 
     # Configured retention: trim without limits, and gc applies it.

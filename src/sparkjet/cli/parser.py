@@ -70,16 +70,6 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _seconds_or_zero(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}")
-    return value
-
-
 def _offset(text: str) -> int:
     try:
         value = int(text)
@@ -183,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(state matched by stage name; refused if it is missing, corrupt or incompatible)",
     )
     submit.add_argument(
-        "--progress-every", type=_seconds_or_zero, metavar="SECONDS",
+        "--progress-every", type=_non_negative_seconds, metavar="SECONDS",
         help="when stdout is not a terminal, print a streaming job's progress line every "
         "SECONDS (default 30; 0: never); on a terminal the line is kept up to date",
     )

@@ -213,17 +213,19 @@ class Client:
         snapshot, still needs (see ``sparkjet trim``): the report says what
         held each partition back. ValueError if no limit is given or configured.
         """
-        retention = Retention(keep_items, keep_seconds, keep_bytes) if (
-            keep_items, keep_seconds, keep_bytes) != (None, None, None) else None
-        if retention is None:
-            configured = self.config.streams.get(name)
-            if not configured:
+        limits: dict[str, Any] = {"keep_items": keep_items, "keep_seconds": keep_seconds,
+                                  "keep_bytes": keep_bytes}
+        if all(value is None for value in limits.values()):
+            limits = dict(self.config.streams.get(name) or {})
+            if not limits:
                 raise ValueError(
                     f"stream {name!r}: no retention given, and none configured "
                     f"([streams.{name}] keep_items, keep_seconds or keep_bytes)"
                 )
-            retention = Retention(configured.get("keep_items"), configured.get("keep_seconds"),
-                                  configured.get("keep_bytes"))
+        try:
+            retention = Retention(**limits)
+        except ValueError as exc:
+            raise ValueError(f"stream {name!r}: {exc}") from None
         return trim_stream(self.store, self.snapshots, name, retention, dry_run=dry_run)
 
     def redact(self, text: str) -> str:

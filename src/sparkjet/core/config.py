@@ -250,6 +250,9 @@ def _check_stream(where: str, name: str, table: Any) -> None:
     if not isinstance(table, Mapping):
         raise ConfigError(f"{where}: [streams] {name}: expected a table of retention limits "
                           f"([streams.{name}]), got {_kind(table)}")
+    if not table:
+        raise ConfigError(f"{where}: [streams.{name}] sets no limit (expected one or more "
+                          f"of: {', '.join(_STREAM_KEYS)})")
     for key, value in table.items():
         spec = _STREAM_KEYS.get(key)
         if spec is None:

@@ -144,7 +144,11 @@ def trim_stream(
             for stage, offsets in snapshot.manifest.sources.items():
                 if _reads(stage, offsets, name, partitions):
                     hold(offsets, f"snapshot {snapshot.name!r} (stage {stage!r})")
-    now = store.now()
+    # (The store's clock costs a probe write: only when an age limit needs it.)
+    now = store.now() if retention.keep_seconds is not None else None
+    if retention.keep_seconds is not None and now is None:
+        log.warning("stream %r: store %r keeps no modification times, so keep_seconds "
+                    "cannot be applied; the other limits are", name, store.shown_url)
     report = TrimReport(name, retention, dry_run)
     for p in range(partitions):
         chunks = stream.chunks(p)
