@@ -45,7 +45,6 @@ from sparkjet.core.model import ERROR_POLICIES
 __all__ = [
     "DEAD_LETTER",
     "ERROR_POLICIES",
-    "FAIL",
     "DeadLetterPlan",
     "DeadLettersParam",
     "commit_dead_letters",
@@ -54,7 +53,7 @@ __all__ = [
     "plan_dead_letters",
 ]
 
-FAIL, DEAD_LETTER = ERROR_POLICIES
+DEAD_LETTER = ERROR_POLICIES[1]
 #: The stage name the dead-letter writer commits as (its writer id and tokens).
 WRITER_STAGE = "(dead letters)"
 
@@ -121,7 +120,8 @@ def commit_dead_letters(
     ``context`` is a driver context of the job (any stage's): its batch id
     and checkpoint make the append's token. Each letter gets the job and the
     batch: ``{"job", "job_id", "batch", "stage", "item", "item_pickled",
-    "error", "traceback", "source", "partition", "index"}``, in position order.
+    "error", "traceback", "source", "partition", "index", "offset"}``, in
+    position order.
     """
     if not letters:
         return 0

@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import enum
 import logging
+import pickle
 import sys
 import traceback
 from collections.abc import Callable, Iterator
@@ -30,6 +31,7 @@ from typing import Any
 import cloudpickle
 
 from sparkjet.core.graph import OpKind
+from sparkjet.core.naming import PICKLE_PROTOCOL
 
 _MISSING = object()
 #: Stateless ops that change the number of items, so the pass counts their output.
@@ -396,8 +398,8 @@ def dead_letter(stage: str, item: Any, exc: BaseException, index: int) -> dict[s
     exception that cannot be pickled is kept as its ``repr``: a dead letter
     must reach the driver whatever went wrong.
     """
-    try:
-        cloudpickle.dumps(item)
+    try:  # as the stream log will pickle it (plain pickle: no lambdas, no local classes)
+        pickle.dumps(item, protocol=PICKLE_PROTOCOL)
         kept, pickled = item, True
     except Exception:
         kept, pickled = repr(item), False

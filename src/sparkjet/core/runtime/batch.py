@@ -192,7 +192,9 @@ class Task:
                          "offset": _safely(reader.source.offset_of, descriptor,
                                            letter["index"]),
                          "index": letter["index"]}
-            reported[(self.stage, pidx, seq)] = {**letter, **where}
+            # Keyed by the letter's own stage: a merge's branches run passes under one
+            # task stage and the same partition numbers, but a stage is in one pass only.
+            reported[(letter["stage"], pidx, seq)] = {**letter, **where}
         fused.dead.add(reported)
         self.count(counted)
 
