@@ -90,6 +90,22 @@ def test_gc_removes_what_nothing_needs_and_keeps_the_rest(store: Store) -> None:
     assert collect_garbage(store).total == 0  # a second run finds nothing
 
 
+def test_gc_frees_the_name_an_ended_job_it_removes_still_holds(store: Store) -> None:
+    """A driver that could not store its outcome keeps its name; gc frees it with the job."""
+    records = JobRecords(store)
+    eight_days_ago = int((time.time() - 8 * DAY) * 1000)
+    records.write({"id": "old", "name": "nightly", "status": "FAILED",
+                   "completion_time": eight_days_ago})
+    assert records.claim_name("nightly", "old") is None
+    records.write({"id": "other", "name": "hourly", "status": "RUNNING", "completion_time": -1})
+    assert records.claim_name("hourly", "other") is None
+    assert collect_garbage(store, dry_run=True).removed.keys() == {"ended jobs"}
+    assert records.claim_name("nightly", "new") == "old"  # a dry run frees nothing
+    collect_garbage(store)
+    assert records.claim_name("nightly", "new") is None  # free: no wait for a gone record
+    assert records.claim_name("hourly", "new") == "other"  # a live job keeps its name
+
+
 def test_gc_leaves_young_files_and_dry_runs_remove_nothing(store: Store) -> None:
     paths = layout(store)
     assert collect_garbage(store, grace_seconds=3 * 3600).removed.keys() == {"ended jobs"}

@@ -154,6 +154,11 @@ class _Collector:
             old = ended > 0 and self.now - ended / 1000 > self.retention
             if record.status.is_terminal() and old:
                 self.remove("ended jobs", folder, recursive=True)
+                if record.name and not self.report.dry_run:
+                    # A name its ended job still holds (its driver could not free it)
+                    # would make the next submit of that name wait for a record that
+                    # is gone now.
+                    self.records.release_name(record.name, job_id)
                 continue
             self._job_leftovers(job_id, record)
 

@@ -289,6 +289,8 @@ class JetService:
             holder_id = self.records.claim_name(name, job_id)
             if holder_id is None:
                 return None
+            if holder_id == "unknown":  # released and taken again under us: claim again
+                continue
             holder = self.get_job(holder_id)
             deadline = time.monotonic() + NAME_PENDING_SECONDS
             while holder is None and time.monotonic() < deadline:
