@@ -282,6 +282,17 @@ def test_a_malformed_file_fails_the_job_naming_file_and_line(
     assert any(__import__("re").search(message, text) for text in chain), chain
 
 
+def test_a_batch_job_on_a_folder_that_does_not_exist_fails_naming_it(
+    fclient: sparkjet.Client, tmp_path: Path
+) -> None:
+    p = Pipeline.create()
+    p.read_from(FileSource(str(tmp_path / "typo"), streaming=False)).write_to(
+        Pipeline.to_list("out"))
+    with pytest.raises(JobFailedError, match=r"stage 'from-files\(\S*/typo\)'") as info:
+        fclient.get_jet().submit(p).join(timeout=120)
+    assert "typo does not exist" in str(info.value), str(info.value)
+
+
 # --- the sink ------------------------------------------------------------------------------
 
 

@@ -222,8 +222,12 @@ class FileSource(Source):
 
     # --- listing (driver) ------------------------------------------------------
 
-    def _list(self) -> list[tuple[int, str, int]]:
-        """Every matching file as (mtime in µs, path relative to the url, size), sorted."""
+    def _list(self, missing_ok: bool = True) -> list[tuple[int, str, int]]:
+        """Every matching file as (mtime in µs, path relative to the url, size), sorted.
+
+        A folder that does not exist holds no files yet (a stream's folder may
+        appear later); with ``missing_ok`` False it is an error naming it.
+        """
         fs, root = _open_fs(self.url, self.storage_options)
         with contextlib.suppress(Exception):  # a filesystem without a listing cache
             fs.invalidate_cache(root)
@@ -232,8 +236,11 @@ class FileSource(Source):
                 entries = list(fs.find(root, detail=True).values())
             else:
                 entries = fs.ls(root, detail=True)
-        except FileNotFoundError:
-            return []
+        except FileNotFoundError as exc:
+            if missing_ok:
+                return []
+            raise FileNotFoundError(
+                f"{self.describe()}: folder {root} does not exist") from exc
         prefix = root.rstrip("/") + "/"
         found = []
         for info in entries:
@@ -369,7 +376,8 @@ class FileSource(Source):
 
     def partitions(self, context: JobContext) -> Sequence[Any]:
         """Runs on the driver (batch jobs): every matching file, as it is now."""
-        return self._pack([(name, 0, size) for _, name, size in self._list()], context)
+        listing = self._list(missing_ok=False)  # a batch job reading nothing: a typo, say so
+        return self._pack([(name, 0, size) for _, name, size in listing], context)
 
     def _pack(self, batch: Sequence[Sequence[Any]], context: JobContext) -> list[Any]:
         """Pieces of at most ``split_bytes`` (JSON lines by bytes, Parquet by row groups)."""
