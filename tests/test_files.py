@@ -293,6 +293,15 @@ def test_a_batch_job_on_a_folder_that_does_not_exist_fails_naming_it(
     assert "typo does not exist" in str(info.value), str(info.value)
 
 
+def test_a_name_names_the_stages_in_place_of_the_url(tmp_path: Path) -> None:
+    p = Pipeline.create()
+    source = p.read_from(FileSource(str(tmp_path / "in"), name="orders"))
+    sink = source.write_to(FileSink(str(tmp_path / "out"), name="archive"))
+    assert (source.name, sink.name) == ("from-files(orders)", "to-files(archive)")
+    unnamed = p.read_from(FileSource(str(tmp_path / "in")))
+    assert unnamed.name == f"from-files({tmp_path / 'in'})"
+
+
 # --- the sink ------------------------------------------------------------------------------
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import datetime
 import fnmatch
 import hashlib
 import io
@@ -59,7 +60,6 @@ log = logging.getLogger(__name__)
 #: The formats the source reads; the sink writes ``jsonl`` and ``parquet``.
 FORMATS = ("jsonl", "csv", "parquet")
 _SINK_FORMATS = ("jsonl", "parquet")
-_EXTENSIONS = {"jsonl": "jsonl", "csv": "csv", "parquet": "parquet"}
 #: The folder of the sink's commit markers, under its URL.
 MARKERS = "_committed"
 
@@ -82,8 +82,6 @@ def _open_fs(url: str, storage_options: Mapping[str, Any]) -> tuple[Any, str]:
 
 def _mtime_us(info: Mapping[str, Any]) -> int:
     """A listing entry's modification time, in microseconds (local, S3, GCS)."""
-    import datetime
-
     for key in ("mtime", "LastModified", "last_modified", "updated", "created"):
         value = info.get(key)
         if value is None:
@@ -156,11 +154,11 @@ class FileSource(Source):
         name: str | None = None,
     ) -> None:
         url = str(url)
-        super().__init__(name or posixpath.basename(url.rstrip("/")) or url)
+        super().__init__(name or url)
         where = f"FileSource({url!r})"
         if format not in FORMATS:
             raise ValueError(f"{where}: format must be one of {', '.join(FORMATS)}; got {format!r}")
-        glob = f"*.{_EXTENSIONS[format]}" if glob is None else glob
+        glob = f"*.{format}" if glob is None else glob
         if not isinstance(glob, str) or not glob or glob.startswith("/") or ".." in glob.split("/"):
             raise ValueError(
                 f"{where}: glob must be a pattern relative to the folder, like '*.jsonl'; "
@@ -217,8 +215,8 @@ class FileSource(Source):
         self._reset()
 
     def describe(self) -> str:
-        """``files:<url>``."""
-        return f"files:{self.url}"
+        """``files:<name>``: the ``name`` given, else the url (stage names come from it)."""
+        return f"files:{self.name}"
 
     # --- listing (driver) ------------------------------------------------------
 
@@ -566,7 +564,7 @@ class FileSink(Sink):
         name: str | None = None,
     ) -> None:
         url = str(url)
-        super().__init__(name or posixpath.basename(url.rstrip("/")) or url)
+        super().__init__(name or url)
         if format not in _SINK_FORMATS:
             raise ValueError(
                 f"FileSink({url!r}): format must be one of {', '.join(_SINK_FORMATS)}; "
@@ -577,8 +575,8 @@ class FileSink(Sink):
         self.storage_options = dict(storage_options or {})
 
     def describe(self) -> str:
-        """``files:<url>``."""
-        return f"files:{self.url}"
+        """``files:<name>``: the ``name`` given, else the url (stage names come from it)."""
+        return f"files:{self.name}"
 
     def prepare(self, context: JobContext) -> Any:
         """Runs on the driver: the name of this micro-batch's files (from its commit token)."""
@@ -594,7 +592,7 @@ class FileSink(Sink):
         if not rows:
             return None
         fs, root = _open_fs(self.url, self.storage_options)
-        name = f"part-{state['batch']}-{context.partition:05d}.{_EXTENSIONS[self.format]}"
+        name = f"part-{state['batch']}-{context.partition:05d}.{self.format}"
         if self.format == "jsonl":
             lines = []
             for i, item in enumerate(rows):
