@@ -24,7 +24,9 @@ from sparkjet.core.jobs.record import this_driver
 from sparkjet.errors import JobFailedError, StoreError
 from sparkjet.job import Job, JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.pipeline import Pipeline, StreamSource
+from sparkjet.plugin import ALL_GUARANTEES, JobContext, Source, TaskContext
 from tests.conftest import TEST_SPARK, run_pipeline, wait_until
+from tests.test_plugins import Registers
 
 EXACTLY_ONCE = ProcessingGuarantee.EXACTLY_ONCE
 NAMED = "is corrupt or truncated"
@@ -235,6 +237,31 @@ def test_a_truncated_file_in_a_store_with_a_secret_never_shows_it(
 
 
 # --- a stage emitting an item that cannot be pickled ------------------------------------
+
+
+class LockingSource(Source):
+    """A source plugin whose partition descriptors cannot be pickled."""
+
+    kind = "locking"
+    guarantees = ALL_GUARANTEES
+
+    def partitions(self, context: JobContext) -> list[Any]:
+        return [threading.Lock()]
+
+    def read(self, partition: Any, context: TaskContext) -> list[Any]:
+        return []  # pragma: no cover - never reached
+
+
+def test_a_source_planning_unpicklable_descriptors_names_its_stage(
+    client: sparkjet.Client,
+) -> None:
+    client.register_plugin(Registers(sources=(LockingSource,)), "locking")
+    p = Pipeline.create()
+    p.read_from(LockingSource("x")).write_to(Pipeline.to_list("never"))
+    with pytest.raises(JobFailedError) as info:
+        client.get_jet().submit(p).join(timeout=120)
+    assert info.value.stage == "from-locking(x)"
+    assert "item of type _thread.lock cannot be pickled" in str(info.value)
 
 
 def test_a_batch_map_emitting_an_unpicklable_item_names_the_stage(

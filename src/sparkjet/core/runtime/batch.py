@@ -527,7 +527,8 @@ class BatchRun:
                 name,
             ) from exc
         task_ctx = TaskContext(ctx.job_id, 0, ctx.store, ctx.options)
-        rdd = self.sc.parallelize(descriptors, max(1, len(descriptors)))
+        # A descriptor that cannot be pickled is the source stage's failure, named.
+        rdd = parallelize(self.sc, descriptors, max(1, len(descriptors)), name)
         return Flow(rdd, reader=ReadTask(source, name, task_ctx, self.counts),
                     stamp=self._stamp(node, name))
 
