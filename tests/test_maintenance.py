@@ -197,3 +197,35 @@ def test_the_client_collects_what_killed_snapshot_exports_left(tmp_path: Path) -
     assert report.removed["snapshot export attempts"] == [killed]
     assert not backend.exists(f"{killed}/state/half.state")
     assert backend.exists(f"{young}/state/half.state")
+
+
+def test_listing_times_read_alike_on_every_backend(tmp_path: Path) -> None:
+    """gc, retention and the file source read a file's age through one function.
+
+    Each backend puts the time under its own key and type: local folders a float
+    ``mtime``, memory a ``created`` datetime, s3fs an aware ``LastModified``,
+    gcsfs an ISO ``updated`` string. A time without a zone is UTC (fsspec's
+    backends stamp in UTC), whatever the machine's zone.
+    """
+    import datetime
+
+    import fsspec
+
+    from sparkjet.plugin import file_modified
+
+    written = tmp_path / "f"
+    written.write_bytes(b"x")
+    os.utime(written, (1_700_000_000.5, 1_700_000_000.5))
+    local = fsspec.filesystem("file").info(str(written))
+    assert file_modified(local) == 1_700_000_000.5
+    memory = fsspec.filesystem("memory")
+    memory.pipe("/listing-times/f", b"x")
+    assert abs(file_modified(memory.info("/listing-times/f")) - time.time()) < 60  # type: ignore[operator]
+    then = datetime.datetime(2026, 11, 25, 10, 0, tzinfo=datetime.UTC)
+    expected = then.timestamp()
+    assert file_modified({"LastModified": then}) == expected
+    assert file_modified({"LastModified": then.replace(tzinfo=None)}) == expected
+    assert file_modified({"updated": "2026-11-25T10:00:00.000Z"}) == expected
+    assert file_modified({"updated": "2026-11-25T11:00:00+01:00"}) == expected
+    assert file_modified({"size": 1, "updated": "not a time"}) is None
+    assert file_modified({"size": 1}) is None

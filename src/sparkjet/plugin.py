@@ -54,6 +54,7 @@ from sparkjet.core.contracts import (
 from sparkjet.core.hookspecs import JobView, ManifestView, StageView, hookimpl
 from sparkjet.core.model import ProcessingGuarantee
 from sparkjet.core.plugin_manager import Category, PluginInfo, Registered
+from sparkjet.core.store.fs import file_modified
 from sparkjet.core.windows import KeyedWindowResult, WindowResult
 
 __all__ = [
@@ -81,6 +82,7 @@ __all__ = [
     "StreamLogAccess",
     "TaskContext",
     "WindowResult",
+    "file_modified",
     "hookimpl",
     "open_file_store",
 ]

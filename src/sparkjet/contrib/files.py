@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import datetime
 import fnmatch
 import hashlib
 import io
@@ -44,6 +43,7 @@ from sparkjet.plugin import (
     Sink,
     Source,
     TaskContext,
+    file_modified,
     hookimpl,
 )
 
@@ -81,20 +81,8 @@ def _open_fs(url: str, storage_options: Mapping[str, Any]) -> tuple[Any, str]:
 
 
 def _mtime_us(info: Mapping[str, Any]) -> int:
-    """A listing entry's modification time, in microseconds (local, S3, GCS)."""
-    for key in ("mtime", "LastModified", "last_modified", "updated", "created"):
-        value = info.get(key)
-        if value is None:
-            continue
-        if isinstance(value, int | float):
-            return round(float(value) * 1_000_000)
-        if isinstance(value, str):
-            value = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
-        if isinstance(value, datetime.datetime):
-            if value.tzinfo is None:
-                value = value.replace(tzinfo=datetime.UTC)
-            return round(value.timestamp() * 1_000_000)
-    return 0
+    """A listing entry's modification time in microseconds; 0 if the backend gives none."""
+    return round((file_modified(info) or 0.0) * 1_000_000)
 
 
 def _fingerprint(offsets: Any) -> str:

@@ -30,14 +30,12 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any
 
 from sparkjet.core.checkpoint import Checkpoint
 from sparkjet.core.errors import StoreError
 from sparkjet.core.jobs.record import JobRecord, checkpoint_path, read_record
 from sparkjet.core.store.commit_log import CommitLog
-from sparkjet.core.store.fs import Store
+from sparkjet.core.store.fs import Store, file_modified
 from sparkjet.core.store.job_records import JobRecords
 
 log = logging.getLogger("sparkjet.store")
@@ -66,24 +64,6 @@ class GarbageReport:
         return sum(len(paths) for paths in self.removed.values())
 
 
-def _mtime(info: dict[str, Any]) -> float | None:
-    """Seconds since the epoch when a file was last written, from any fsspec backend's info."""
-    for key in ("mtime", "LastModified", "updated", "created", "last_modified"):
-        value = info.get(key)
-        if value is None:
-            continue
-        if isinstance(value, int | float):
-            return float(value)
-        if isinstance(value, datetime):
-            return value.timestamp()
-        if isinstance(value, str):
-            try:
-                return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-            except ValueError:
-                continue
-    return None
-
-
 class _Collector:
     def __init__(
         self, store: Store, grace: float, retention: float, dry_run: bool, now: float
@@ -102,12 +82,12 @@ class _Collector:
             info = self.store.info(path)
             if info.get("type") == "directory":
                 found = self.store.find(path)
-                times = [_mtime(i) for i in found.values()]
+                times = [file_modified(i) for i in found.values()]
                 if None in times:
                     return False
                 written = max((t for t in times if t is not None), default=0.0)
             else:
-                written = _mtime(info) or self.now
+                written = file_modified(info) or self.now
         except FileNotFoundError:
             return False
         return self.now - written > self.grace

@@ -21,7 +21,7 @@ import posixpath
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import fsspec
@@ -492,13 +492,37 @@ class Store:
 
 
 def _seconds(stamp: Any) -> float | None:
-    """A filesystem's modification time (a datetime, or seconds) as seconds since the epoch."""
+    """A filesystem's modification time (a datetime, an ISO string, or seconds) as epoch seconds."""
+    if isinstance(stamp, str):
+        try:
+            stamp = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+        except ValueError:
+            return None
     if isinstance(stamp, datetime.datetime):
         if stamp.tzinfo is None:  # fsspec's filesystems stamp in UTC
             stamp = stamp.replace(tzinfo=datetime.UTC)
         return float(stamp.timestamp())
-    if isinstance(stamp, (int, float)):
+    if isinstance(stamp, (int, float)) and not isinstance(stamp, bool):
         return float(stamp)
+    return None
+
+
+#: Where fsspec's backends put a listing entry's modification time: local and
+#: memory (``mtime``, ``created``), s3fs (``LastModified``), gcsfs (``updated``).
+_TIME_KEYS = ("mtime", "LastModified", "updated", "last_modified", "created")
+
+
+def file_modified(info: Mapping[str, Any]) -> float | None:
+    """When a file was last written, in seconds since the epoch, from an fsspec listing entry.
+
+    The one reading of every backend's listing times: local, memory, S3 and
+    GCS (a time without a zone is UTC, as fsspec's backends stamp). None when
+    the entry carries no time it can read.
+    """
+    for key in _TIME_KEYS:
+        seconds = _seconds(info.get(key))
+        if seconds is not None:
+            return seconds
     return None
 
 
