@@ -45,6 +45,7 @@ from sparkjet.plugin import (
     TaskContext,
     file_modified,
     hookimpl,
+    open_file_store,
 )
 
 __all__ = [
@@ -619,19 +620,23 @@ class FileSink(Sink):
         return out.getvalue()
 
     def commit(self, state: Any, messages: list[Any], context: JobContext) -> None:
-        """Runs on the driver: write the commit marker, once per micro-batch."""
-        fs, root = _open_fs(self.url, self.storage_options)
-        marker = f"{root}/{MARKERS}/{state['batch']}.json"
-        if fs.exists(marker):
-            return  # committed before a failure: a replayed commit is a no-op
+        """Runs on the driver: write the commit marker, once per micro-batch.
+
+        The marker is created only if absent (the filesystem's conditional
+        create where it has one): a commit replayed after a failure, or by a
+        second driver, finds it there and is a no-op.
+        """
+        files = open_file_store(self.url, self.storage_options)
         written = [m for m in messages if m is not None]
         record = {
             "token": state["token"], "job_id": state["job_id"], "batch_id": state["batch_id"],
             "files": [m["file"] for m in written], "items": sum(m["items"] for m in written),
             "committed_ms": int(time.time() * 1000),
         }
-        fs.makedirs(f"{root}/{MARKERS}", exist_ok=True)
-        _put(fs, marker, json.dumps(record, indent=1).encode())
+        files.fs.makedirs(files.path(MARKERS), exist_ok=True)
+        files.create_exclusive(
+            files.path(MARKERS, f"{state['batch']}.json"), json.dumps(record, indent=1).encode()
+        )
 
     def abort(self, state: Any, messages: list[Any], context: JobContext) -> None:
         """Runs on the driver: remove the failed micro-batch's files (unless it committed)."""
