@@ -19,6 +19,7 @@ from sparkjet.core.store.fs import Store
 from sparkjet.errors import JobAlreadyExistsError, JobStateError
 from sparkjet.job import JobConfig, JobStatus
 from sparkjet.pipeline import Pipeline, StreamSource
+from sparkjet.plugin import hookimpl
 from tests.conftest import TEST_SPARK, wait_until
 
 
@@ -481,3 +482,51 @@ def test_gc_collects_temp_files_a_killed_writer_left(client: sparkjet.Client) ->
     assert young.exists()
     assert lookalike.exists()
     assert client.get_list("kept").get_all() == [1]
+
+
+def test_a_job_whose_failure_handling_fails_still_ends_failed_for_everyone(
+    client: sparkjet.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug while a job fails (here its final metrics raise) still ends it FAILED.
+
+    ``join`` raises naming both errors, listeners and plugins hear FAILED, the
+    store holds it with the stage, and the name is free for the next submit.
+    """
+    from sparkjet.core.jobs.runner import JobRunner
+
+    def broken_metrics(self: JobRunner) -> dict[str, Any]:
+        raise RuntimeError("metrics broke")
+
+    monkeypatch.setattr(JobRunner, "metrics", broken_metrics)
+
+    def boom(x: int) -> int:
+        raise ValueError(f"bad item {x}")
+
+    p = Pipeline.create()
+    p.read_from(Pipeline.from_list("ff-in", [1])).map(boom).set_name("boom") \
+        .write_to(Pipeline.to_list("ff-out"))
+    heard: list[JobStatus] = []
+
+    class Listener:
+        @hookimpl
+        def on_job_status_changed(self, job: Any, old_status: Any, new_status: Any) -> None:
+            heard.append(new_status)
+
+    client.register_plugin(Listener(), "double-fault-listener")
+    job = client.get_jet().submit(
+        p, JobConfig(name="double-fault", store_metrics_after_job_completion=True))
+    with pytest.raises(sparkjet_errors.JobFailedError) as caught:
+        job.join(timeout=120)
+    assert "bad item 1" in str(caught.value) and "metrics broke" in str(caught.value)
+    assert caught.value.stage == "boom"
+    assert heard[-1] is JobStatus.FAILED
+    monkeypatch.undo()
+    other = sparkjet.connect(store={"url": client.store.url}, spark=TEST_SPARK)
+    seen = other.get_jet().get_job(job.id)  # from the store, not this process
+    assert seen is not None and seen.status is JobStatus.FAILED
+    assert "metrics broke" in (seen.get_failure() or "")
+    plain = Pipeline.create()
+    plain.read_from(Pipeline.from_list("ff-in", [1])).write_to(Pipeline.to_list("ff-out"))
+    again = client.get_jet().submit(plain, JobConfig(name="double-fault"))
+    again.join(timeout=120)
+    assert client.get_list("ff-out").get_all() == [1]

@@ -433,11 +433,12 @@ class JobRunner:
                 self._failed_to_fail(exc, handling)
 
     def _failed_to_fail(self, exc: BaseException, handling: BaseException) -> None:
-        """Handling the job's failure failed too (a plugin's hook, say): end it FAILED here.
+        """Handling the job's failure failed too (a bug, a broken metric): end it FAILED here.
 
-        ``join()`` raises the job's error with the second failure named; the
-        record is written as for any failure, by the watcher if the store
-        does not take it now.
+        ``join()`` raises the job's error with the second failure named. The
+        status goes through :meth:`set_status` as for any failure, so listeners
+        and plugins hear of it, and the store gets the record now or from the
+        watcher later; only if even that raises is the record staged directly.
         """
         log.error("job %s: failed (%s: %s), and handling that failed too: %s: %s",
                   self.job.label, type(exc).__name__, exc, type(handling).__name__, handling)
@@ -452,10 +453,15 @@ class JobRunner:
         error.__cause__ = exc
         self.error = error
         failure = Failure(self.services.redact(str(error)), error.stage, False)
-        self.lease.stage(lambda r: replace(r, status=JobStatus.FAILED, failure=failure,
-                                           completion_time=now_ms()))
-        with contextlib.suppress(Exception):
-            self.lease.write()  # else the watcher writes it once the store takes it
+        self.lease.stage(lambda r: replace(r, failure=failure, completion_time=now_ms()))
+        try:
+            if self.lease.status is not JobStatus.FAILED:
+                self.set_status(JobStatus.FAILED, failure.message, outcome=True)
+        except BaseException:
+            log.exception("job %s: storing its FAILED status failed", self.job.label)
+            self.lease.stage(lambda r: replace(r, status=JobStatus.FAILED))
+            with contextlib.suppress(Exception):
+                self.lease.write()  # else the watcher writes it once the store takes it
         self.done.set()
 
     def _run_batch(self) -> None:
