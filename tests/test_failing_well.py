@@ -530,3 +530,23 @@ def test_a_job_whose_failure_handling_fails_still_ends_failed_for_everyone(
     again = client.get_jet().submit(plain, JobConfig(name="double-fault"))
     again.join(timeout=120)
     assert client.get_list("ff-out").get_all() == [1]
+
+
+def test_a_submit_that_fails_part_way_leaves_no_files(
+    client: sparkjet.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store error after the pipeline is written (taking the name, here) removes the pipeline.
+
+    gc would never know those files: a job folder without a record (it also
+    collects such folders after the grace, for a submitter that was killed).
+    """
+    from sparkjet.core.store.job_records import JobRecords
+
+    def store_down(self: JobRecords, name: str, job_id: str) -> str | None:
+        raise sparkjet_errors.StoreError(f"cannot create the lock of name {name!r}: store down")
+
+    before = set(client.store.listdir(client.store.layout.jobs))
+    monkeypatch.setattr(JobRecords, "claim_name", store_down)
+    with pytest.raises(sparkjet_errors.StoreError, match="store down"):
+        client.get_jet().submit(_stream_pipeline(), JobConfig(name="half-submitted"))
+    assert set(client.store.listdir(client.store.layout.jobs)) == before

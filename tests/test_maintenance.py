@@ -57,6 +57,7 @@ def layout(store: Store) -> dict[str, Path]:
     store.write_bytes(f'{at.checkpoint("running", "scratch-0000000b")}/meta.json', b"{}")
     store.write_bytes(at.quarantined("running", "x.req"), b"garbage")
     store.write_bytes(at.probe("create-only-1"), b"1")
+    store.write_bytes(at.pipeline("died-submitting"), b"pipeline")  # no record was written
     paths = {
         "named": Path(named), "orphan": Path(orphan),
         "marker": Path(log.paths.abort_marker("w2")),
@@ -68,12 +69,14 @@ def layout(store: Store) -> dict[str, Path]:
         "current": Path(at.checkpoint("running", "scratch-0000000b")),
         "quarantined": Path(at.quarantined("running", "x.req")),
         "probe": Path(at.probe("create-only-1")),
+        "recordless": Path(at.job("died-submitting")),
     }
     age(root, 2 * 3600)
     return paths
 
 
-GONE = ["orphan", "marker", "old-done", "claim1", "claim2", "unused", "quarantined", "probe"]
+GONE = ["orphan", "marker", "old-done", "claim1", "claim2", "unused", "quarantined", "probe",
+        "recordless"]
 KEPT = ["named", "new-done", "claim3", "current"]
 
 
@@ -83,6 +86,7 @@ def test_gc_removes_what_nothing_needs_and_keeps_the_rest(store: Store) -> None:
     assert {k: len(v) for k, v in report.removed.items()} == {
         "orphan segments": 1, "abort markers": 1, "ended jobs": 1, "old take-over claims": 2,
         "unused checkpoints": 1, "quarantined control requests": 1, "probe files": 1,
+        "job folders without a record": 1,
     }
     assert [name for name in GONE if paths[name].exists()] == []
     assert [name for name in KEPT if not paths[name].exists()] == []
@@ -111,7 +115,7 @@ def test_gc_leaves_young_files_and_dry_runs_remove_nothing(store: Store) -> None
     assert collect_garbage(store, grace_seconds=3 * 3600).removed.keys() == {"ended jobs"}
     assert paths["old-done"].exists() is False and paths["orphan"].exists()
     report = collect_garbage(store, dry_run=True)
-    assert report.dry_run and report.total == 7
+    assert report.dry_run and report.total == 8
     assert [name for name in GONE if name != "old-done" and not paths[name].exists()] == []
     with pytest.raises(ValueError, match="must not be negative"):
         collect_garbage(store, grace_seconds=-1)
@@ -133,10 +137,10 @@ def test_sparkjet_gc_on_the_command_line(
     config.write_text(f"[store]\nurl = {json.dumps(store.url)}\n", encoding="utf-8")
     assert main(["-c", str(config), "gc", "--dry-run"]) == 0
     shown = capsys.readouterr().out
-    assert re.search(r"^orphan segments +1$", shown, re.M) and "Would remove 8 in all." in shown
+    assert re.search(r"^orphan segments +1$", shown, re.M) and "Would remove 9 in all." in shown
     assert str(paths["orphan"]) in shown and paths["orphan"].exists()
     assert main(["-c", str(config), "gc"]) == 0
-    assert "Removed 8 in all." in capsys.readouterr().out and not paths["orphan"].exists()
+    assert "Removed 9 in all." in capsys.readouterr().out and not paths["orphan"].exists()
     assert main(["-c", str(config), "gc"]) == 0
     assert capsys.readouterr().out.strip() == "Nothing to remove."
     assert main(["-c", str(config), "gc", "--grace", "-5"]) == 2
@@ -146,8 +150,8 @@ def test_sparkjet_gc_on_the_command_line(
 def test_the_client_collects_garbage(tmp_path: Path) -> None:
     client = Client(load_config({"store": {"url": str(tmp_path / "s")}}), engine=FakeEngine())
     paths = layout(client.store)
-    assert client.collect_garbage(dry_run=True).total == 8 and paths["orphan"].exists()
-    assert client.collect_garbage().total == 8 and not paths["orphan"].exists()
+    assert client.collect_garbage(dry_run=True).total == 9 and paths["orphan"].exists()
+    assert client.collect_garbage().total == 9 and not paths["orphan"].exists()
 
 
 def test_state_files_no_key_group_needs_go(store: Store) -> None:

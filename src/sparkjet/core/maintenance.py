@@ -16,6 +16,8 @@ here, by ``client.collect_garbage()`` or ``sparkjet gc``:
   state files of its checkpoint that no key group needs any more (a task
   removes its own older files as it goes; files written by another number of
   tasks, or a stray attempt's second copy of a batch, wait for this);
+- folders of jobs that have no record: a submit that died between writing
+  the pipeline (or a snapshot's state) and the record;
 - whole folders of jobs that ended (COMPLETED or FAILED) longer ago than the
   retention (Jet forgets job results after 7 days too).
 
@@ -129,6 +131,10 @@ class _Collector:
                 log.warning("gc: leaving job folder %s alone: %s", folder, exc)
                 continue
             if record is None:
+                # A submit that died between its first write and its record (a
+                # live one writes the record within seconds of the pipeline).
+                if self.old(folder):
+                    self.remove("job folders without a record", folder, recursive=True)
                 continue
             ended = record.completion_time
             old = ended > 0 and self.now - ended / 1000 > self.retention

@@ -229,35 +229,41 @@ class JetService:
             # The slow writes (a snapshot's state, the pipeline) come before the name is
             # taken: between taking it and writing the record there is one write, so
             # another submitter finding the name held without a record waits briefly
-            # for it (see _claim_name) instead of taking the name too.
-            if snapshot is not None:
-                runner.seed(snapshot)
-            if frozen is not None:
-                # A streaming job outlives its driver: resume() elsewhere needs the pipeline.
-                self.services.store.write_bytes(self.records.layout.pipeline(job.id), frozen)
-            if config.name:
-                active = self._claim_name(config.name, job_id)
-                if active is not None:
-                    self._discard(job_id)
-                    if if_absent:
-                        return active
-                    raise JobAlreadyExistsError(
-                        f"a job named '{config.name}' is already active: {active.id} "
-                        f"({active.status.value}); cancel it or use new_job_if_absent()"
-                    )
-            self.runners.add(runner)
+            # for it (see _claim_name) instead of taking the name too. A submit that
+            # fails part-way (or loses the name) leaves none of its files behind.
             try:
-                runner.lease.write()
-            except BaseException:
-                self.runners.remove(job_id)
+                if snapshot is not None:
+                    runner.seed(snapshot)
+                if frozen is not None:
+                    # A streaming job outlives its driver: resume() elsewhere needs the pipeline.
+                    self.services.store.write_bytes(self.records.layout.pipeline(job.id), frozen)
                 if config.name:
-                    self.records.release_name(config.name, job_id)
+                    active = self._claim_name(config.name, job_id)
+                    if active is not None and not if_absent:
+                        raise JobAlreadyExistsError(
+                            f"a job named '{config.name}' is already active: {active.id} "
+                            f"({active.status.value}); cancel it or use new_job_if_absent()"
+                        )
+                    if active is not None:
+                        self._discard(job_id)
+                        return active
+                self.runners.add(runner)
+                try:
+                    runner.lease.write()
+                except BaseException:
+                    self.runners.remove(job_id)
+                    if config.name:
+                        self.records.release_name(config.name, job_id)
+                    raise
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    self._discard(job_id)
                 raise
         runner.start()
         return job
 
     def _discard(self, job_id: str) -> None:
-        """Remove what a submit that lost its name wrote (a seeded checkpoint, the pipeline)."""
+        """Remove what a failed or beaten submit wrote (a seeded checkpoint, the pipeline)."""
         with contextlib.suppress(FileNotFoundError):
             self.services.store.remove(self.records.layout.job(job_id), recursive=True)
 
