@@ -23,11 +23,11 @@ from pyspark import cloudpickle as pyspark_cloudpickle
 import sparkjet
 from sparkjet.aggregate import counting
 from sparkjet.cli import main
-from sparkjet.core.fusion import FusedPass, Op
+from sparkjet.core.fusion import FusedPass, Op, Stamp, StampKind, Terminal, TerminalKind
 from sparkjet.core.graph import OpKind
 from sparkjet.errors import ConfigError, JobFailedError, PipelineDefinitionError
 from sparkjet.job import Job, JobConfig, JobStatus, ProcessingGuarantee
-from sparkjet.pipeline import Pipeline, StreamSource
+from sparkjet.pipeline import KeyedWindowResult, Pipeline, StreamSource, WindowDefinition
 from tests.conftest import wait_until
 from tests.faults import flaky_sink
 from tests.test_cli import write_config
@@ -110,6 +110,25 @@ def test_a_stage_without_the_policy_still_fails_and_an_unpicklable_item_is_kept_
         (False, repr(lock)), (False, repr(holds_a_lambda))]
 
 
+@pytest.mark.parametrize("kind", [TerminalKind.FRAMES, TerminalKind.SESSIONS])
+def test_a_window_pass_sets_late_items_aside_when_asked(kind: TerminalKind) -> None:
+    """Frames: late when the frame (slide 10) ends at or before 50; sessions: below 50."""
+    terminal = Terminal(kind, "w", None, list, lambda acc, x: [*acc, x], span=10,
+                        late_letters=True)
+    fused = FusedPass([], terminal, stamp=Stamp(StampKind.FN, "src", lambda e: e["t"]))
+    state: dict[str, Any] = {"accs": {}, "firsts": {}, "wm": 50}
+    items = [{"t": 60}, {"t": 49}, {"t": 55}, {"t": 3}]
+    list(fused.run(iter(items), {}, state))
+    assert [(d["index"], d["item"], d["timestamp"], d["watermark"], d["traceback"])
+            for d in state["dead"]] == [(1, {"t": 49}, 49, 50, None), (3, {"t": 3}, 3, 50, None)]
+    assert state["late"] == 2 and all(d["stage"] == "w" for d in state["dead"])
+    quiet = FusedPass([], Terminal(kind, "w", None, list, lambda acc, x: [*acc, x], span=10),
+                      stamp=Stamp(StampKind.FN, "src", lambda e: e["t"]))
+    state = {"accs": {}, "firsts": {}, "wm": 50}
+    list(quiet.run(iter(items), {}, state))
+    assert state["late"] == 2 and "dead" not in state  # counted only
+
+
 def test_bad_policies_are_refused_naming_the_stage() -> None:
     p = Pipeline.create()
     source = p.read_from(Pipeline.from_list("raw", ["1"]))
@@ -117,7 +136,8 @@ def test_bad_policies_are_refused_naming_the_stage() -> None:
                        "policy is 'fail' or 'dead-letter', got 'skip'"):
         source.map(parse).set_name("parse").on_error("skip")
     grouped = source.group_by(len).aggregate(counting()).set_name("per-len")
-    with pytest.raises(PipelineDefinitionError, match="'per-len' is a group_aggregate stage"):
+    with pytest.raises(PipelineDefinitionError, match=r"apply to map, filter, flat_map and peek "
+                       r"stages and windowed aggregations .*'per-len' is a group_aggregate stage"):
         grouped.on_error("dead-letter")
     with pytest.raises(PipelineDefinitionError, match="'from-list\\(raw\\)' is a source stage"):
         source.on_error("dead-letter")
@@ -229,6 +249,50 @@ def test_a_replayed_micro_batch_writes_its_dead_letters_once(
     assert Counter(out) == Counter(100 // (n % 7) for n in range(60) if n % 7)
     wait_until(lambda: job.get_metrics()["stages"]["divide"].get("deadLetters", 0) > 0, 30,
                "the stage's count")
+
+
+def test_a_window_with_the_dead_letter_policy_sets_its_late_items_aside(
+    client: sparkjet.Client, cancel_at_end: list[Job]
+) -> None:
+    """Late items of a dead-letter window become letters; another window only counts its own.
+
+    Both windows drop the late item from their results and count it in
+    ``lateEventsDropped``; only the one whose policy says so writes it, once,
+    with its timestamp and the watermark it was judged by.
+    """
+    stream = client.get_stream("clicks", partitions=1)
+    p = Pipeline.create()
+    clicks = p.read_from(StreamSource("clicks")).with_timestamps(lambda e: e["ts"], 0)
+    (clicks.window(WindowDefinition.tumbling(100)).group_by(lambda e: e["k"])
+     .aggregate(counting()).set_name("per-100").on_error("dead-letter")
+     .write_to(Pipeline.to_list("per-100")))
+    (clicks.window(WindowDefinition.session(30)).group_by(lambda e: e["k"])
+     .aggregate(counting()).set_name("sessions")
+     .write_to(Pipeline.to_list("sessions")))
+    job = client.get_jet().submit(p, JobConfig(
+        name="late-letters", processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
+        snapshot_interval_millis=100))
+    cancel_at_end.append(job)
+    out = client.get_list("per-100")
+    stream.publish_all([{"ts": t, "k": "a"} for t in (5, 50, 120, 150)])
+    wait_until(lambda: KeyedWindowResult(0, 100, "a", 2) in out.get_all(), 60,
+               "[0, 100) once the watermark (150) passed 100")
+    stream.publish_all([{"ts": 40, "k": "a"}, {"ts": 260, "k": "a"}])  # 40 is late for both
+    wait_until(lambda: KeyedWindowResult(100, 200, "a", 2) in out.get_all(), 60,
+               "[100, 200) complete")
+    stages = wait_until(
+        lambda: (m := job.get_metrics()["stages"])["sessions"]["lateEventsDropped"] == 1
+        and m["per-100"]["lateEventsDropped"] == 1 and m, 60, "the late item counted")
+    assert stages["per-100"]["deadLetters"] == 1 and "deadLetters" not in stages["sessions"]
+    [letter] = letters_of(client, "late-letters.dead-letters")
+    assert letter["stage"] == "per-100" and letter["item"] == {"ts": 40, "k": "a"}
+    assert (letter["timestamp"], letter["watermark"]) == (40, 150)
+    assert letter["error"] == "late: timestamp 40 is behind the watermark 150"
+    assert letter["traceback"] is None
+    # The source feeds two windows: read once and shared, so the origin is unknown (as
+    # documented for letters behind a branch).
+    assert (letter["source"], letter["partition"], letter["offset"]) == (None, None, None)
+    assert [r for r in out.get_all() if r.start == 0] == [KeyedWindowResult(0, 100, "a", 2)]
 
 
 def test_the_cli_submits_with_a_policy_and_reads_the_letters(

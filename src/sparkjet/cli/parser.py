@@ -160,7 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--on-error", choices=("fail", "dead-letter"), metavar="POLICY",
         help="JobConfig.error_policy: what a failing map, filter, flat_map or peek function "
         "does when its stage sets no on_error(): fail (the default) fails the job; "
-        "dead-letter sends the item to the dead-letter stream and goes on",
+        "dead-letter sends the item to the dead-letter stream and goes on (and a window's "
+        "late items)",
     )
     submit.add_argument(
         "--dead-letter-stream", metavar="STREAM",

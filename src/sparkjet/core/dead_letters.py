@@ -5,7 +5,9 @@ fails, naming the stage) or ``"dead-letter"``. It is set per stage with
 ``Stage.on_error()`` and per job with ``JobConfig.error_policy``, the default
 of the stages that set none; it applies to the stateless stages (map,
 filter, flat_map, peek), where a bad item is the item's fault and dropping it
-leaves the rest of the results right. Key, timestamp and aggregation
+leaves the rest of the results right, and to windowed aggregations, whose
+late items (behind the watermark: the window drops them either way) it sets
+aside instead of only counting them. Key, timestamp and aggregation
 functions fail the job whatever the policy: skipping an item there would
 corrupt state silently.
 
@@ -39,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkjet.core.contracts import JobContext
-from sparkjet.core.graph import STATELESS, Transform
+from sparkjet.core.graph import ERROR_POLICY_OPS, Transform
 from sparkjet.core.model import ERROR_POLICIES
 
 __all__ = [
@@ -77,7 +79,8 @@ class DeadLetterPlan:
 
     #: The stream the letters are appended to.
     stream: str
-    #: The stateless stages whose error policy is dead-letter.
+    #: The stages whose error policy is dead-letter: stateless stages (items
+    #: their function raises on) and windowed ones (late items).
     stages: frozenset[str]
 
 
@@ -90,7 +93,8 @@ def plan_dead_letters(
     """
     stages = frozenset(
         names[node] for node in nodes
-        if node.op in STATELESS and node.params.get("on_error", job_policy) == DEAD_LETTER
+        if node.op in ERROR_POLICY_OPS
+        and node.params.get("on_error", job_policy) == DEAD_LETTER
     )
     return DeadLetterPlan(stream, stages) if stages else None
 

@@ -137,6 +137,8 @@ class Terminal:
     inline: tuple[str, Callable[[Any], Any] | None] | None = None
     #: ``frames``: the slide; ``sessions``: the timeout (milliseconds).
     span: int = 0
+    #: ``frames``/``sessions``: late items become dead letters too (still counted late).
+    late_letters: bool = False
 
 
 @dataclass
@@ -165,13 +167,13 @@ class FusedPass:
 
     def _source(self) -> tuple[str, dict[int, str], dict[str, Any]]:
         env: dict[str, Any] = {"_MISSING": _MISSING, "_peek": _peek, "_freeze": freeze,
-                               "_dead": _dead}
+                               "_dead": _dead, "_late": _late}
         lines = ["def run(it, counts, state):"]
         line_stage: dict[int, str] = {}
         counters = [f"c{i}" for i, op in enumerate(self.ops) if op.counted]
         t = self.terminal
         # A dead letter says which input item it was: the pass counts its input then too.
-        counting_in = self.metrics or any(op.dead for op in self.ops)
+        counting_in = self.metrics or t.late_letters or any(op.dead for op in self.ops)
         if counting_in:
             lines.append("    n_in = 0")
         if self.metrics:
@@ -278,6 +280,8 @@ class FusedPass:
                 # The frame an item lies in ends at the first multiple of the slide above t.
                 emit("f = t - t % _span + _span", stage)
                 emit("if f <= wm:", None)
+                if t.late_letters:
+                    emit(f"    _late(state, {stage!r}, x, t, wm, n_in - 1)", None)
                 emit("    late += 1; continue", None)
                 emit("k = (0 if _key is None else _key(x), f)", stage)
             else:
@@ -307,6 +311,8 @@ class FusedPass:
             emit("if new: seen[k] = (pos, x)", stage)
         elif t.kind == TerminalKind.SESSIONS:
             emit("if t < wm:", None)
+            if t.late_letters:
+                emit(f"    _late(state, {stage!r}, x, t, wm, n_in - 1)", None)
             emit("    late += 1; continue", None)
             emit("k = 0 if _key is None else _key(x)", stage)
             emit("evs = get(k)", stage)
@@ -390,6 +396,41 @@ def _dead(state: dict[str, Any], stage: str, item: Any, exc: Exception, index: i
     state.setdefault("dead", []).append(dead_letter(stage, item, exc, index))
 
 
+def _late(state: dict[str, Any], stage: str, item: Any, t: int, wm: int, index: int) -> None:
+    """Set late ``item`` aside as a dead letter of window ``stage`` (generated code calls this)."""
+    state.setdefault("dead", []).append(late_letter(stage, item, t, wm, index))
+
+
+def late_letter(
+    stage: str, item: Any, timestamp: int, watermark: int, index: int
+) -> dict[str, Any]:
+    """The dead letter of ``item``, which windowed ``stage`` received behind its watermark.
+
+    As :func:`dead_letter`'s, with no traceback (nothing raised) and the
+    item's ``timestamp`` and the ``watermark`` it was judged by.
+    """
+    kept, pickled = _kept(item)
+    return {
+        "stage": stage,
+        "item": kept,
+        "item_pickled": pickled,
+        "error": f"late: timestamp {timestamp} is behind the watermark {watermark}",
+        "traceback": None,
+        "index": index,
+        "timestamp": timestamp,
+        "watermark": watermark,
+    }
+
+
+def _kept(item: Any) -> tuple[Any, bool]:
+    """``item`` as a letter keeps it, and whether that is the item (else its ``repr``)."""
+    try:  # as the stream log will pickle it (plain pickle: no lambdas, no local classes)
+        pickle.dumps(item, protocol=PICKLE_PROTOCOL)
+        return item, True
+    except Exception:
+        return repr(item), False
+
+
 def dead_letter(stage: str, item: Any, exc: BaseException, index: int) -> dict[str, Any]:
     """The dead letter of ``item``, which ``stage`` failed on with ``exc``.
 
@@ -398,11 +439,7 @@ def dead_letter(stage: str, item: Any, exc: BaseException, index: int) -> dict[s
     exception that cannot be pickled is kept as its ``repr``: a dead letter
     must reach the driver whatever went wrong.
     """
-    try:  # as the stream log will pickle it (plain pickle: no lambdas, no local classes)
-        pickle.dumps(item, protocol=PICKLE_PROTOCOL)
-        kept, pickled = item, True
-    except Exception:
-        kept, pickled = repr(item), False
+    kept, pickled = _kept(item)
     # From the user's function on: the first frame is the generated pass's.
     tb = exc.__traceback__
     lines = traceback.format_exception(type(exc), exc, tb.tb_next if tb is not None else None)

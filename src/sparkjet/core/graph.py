@@ -52,6 +52,10 @@ KEYED = frozenset(
      OpKind.WINDOW}
 )
 
+#: Operations an error policy applies to: the stateless ones (an item their
+#: function raises on) and windows (an item behind the watermark).
+ERROR_POLICY_OPS = STATELESS | {OpKind.WINDOW}
+
 _MAX_NAME = 200
 
 
@@ -213,7 +217,10 @@ class Stage(_Handle):
         traceback and where the item came from, goes to the job's dead-letter
         stream (``JobConfig.dead_letter_stream``), counted in the stage's
         ``deadLetters`` metric, and the job goes on without it. Applies to
-        map, filter, flat_map and peek stages.
+        map, filter, flat_map and peek stages, and to windowed aggregations:
+        there it sets the late items aside (behind the watermark, which the
+        window drops and counts in ``lateEventsDropped`` either way); their
+        key and aggregate functions still fail the job.
         """
         node = self._node
         if policy not in ERROR_POLICIES:
@@ -222,11 +229,12 @@ class Stage(_Handle):
                 f"got {policy!r}",
                 self.name,
             )
-        if node.op not in STATELESS:
+        if node.op not in ERROR_POLICY_OPS:
             raise PipelineDefinitionError(
                 f"on_error() on stage '{self.name}': error policies apply to map, filter, "
-                f"flat_map and peek stages, and '{self.name}' is a {node.op} stage (its "
-                "functions fail the job: skipping an item there would change results silently)",
+                f"flat_map and peek stages and windowed aggregations (their late items), and "
+                f"'{self.name}' is a {node.op} stage (its functions fail the job: skipping an "
+                "item there would change results silently)",
                 self.name,
             )
         node.params["on_error"] = policy

@@ -112,7 +112,8 @@ class JobConfig:
     key_groups: int = DEFAULT_KEY_GROUPS
     #: What a failing map, filter, flat_map or peek function does to the job when its
     #: stage sets no policy (``Stage.on_error``): ``"fail"`` (Jet's behaviour) or
-    #: ``"dead-letter"`` (the item goes to the dead-letter stream, the job goes on).
+    #: ``"dead-letter"`` (the item goes to the dead-letter stream, the job goes on; a
+    #: windowed stage sends its late items there too).
     error_policy: str = "fail"
     #: The stream dead letters go to; default ``<job name or id>.dead-letters``.
     dead_letter_stream: str | None = None

@@ -551,9 +551,11 @@ class BatchRun:
     def _pass(
         self, flow: Flow, stage: str, terminal: Terminal | None = None, pairs_out: bool = False
     ) -> FusedPass:
-        return FusedPass(list(flow.ops), terminal or Terminal(TerminalKind.YIELD), self.metrics,
+        terminal = terminal or Terminal(TerminalKind.YIELD)
+        letters = terminal.late_letters or any(op.dead for op in flow.ops)
+        return FusedPass(list(flow.ops), terminal, self.metrics,
                          flow.stamp, pairs_out and flow.stamp is not None,
-                         dead=self.dead if any(op.dead for op in flow.ops) else None)
+                         dead=self.dead if letters else None)
 
     def _materialize(
         self, flow: Flow, stage: str, pairs: bool = False, emitter: str | None = None
@@ -594,6 +596,9 @@ class BatchRun:
         stateful transforms).
         """
         terminal = fold.terminal(name, node.fn)
+        if node.op == OpKind.WINDOW and self.dead_letters is not None:
+            # A window whose policy is dead-letter sets its late items aside.
+            terminal.late_letters = name in self.dead_letters.stages
         clock = getattr(fold, "clock", None)
         return name_output(flow.rdd.mapPartitionsWithIndex(
             PassTask(self._pass(flow, name, terminal), name, self.counts, flow.reader,
