@@ -10,6 +10,12 @@ Events {"user": f"u{i % keys}"}, a running count per user, in one run:
 - sparkjet stream EXACTLY_ONCE: the same job reading sparkjet's own stream
   (StreamSource), the events published with publish_all.
 
+And the Kafka sink's latency under AT_LEAST_ONCE: a stream -> KafkaSink job
+is fed --sink-rounds micro-batches of 100 events, one at a time; each round
+times from the publish until a consumer of the output topic has read them.
+Beside it, the same rounds through a hand-written, long-lived idempotent
+producer (produce, flush) and the same consumer.
+
 The sparkjet jobs run warm (a warm-up of 2 micro-batches first); the
 throughput phase times from the first publish until the map holds every count
 (the producer's work counts for both). The plain loop times reading the events
@@ -49,6 +55,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--chunks", type=int, default=10, help="publish calls for the stream")
     parser.add_argument("--interval-ms", type=int, default=100, help="snapshot interval")
     parser.add_argument("--poll-ms", type=int, default=10, help="how often the sink is polled")
+    parser.add_argument("--sink-rounds", type=int, default=20,
+                        help="micro-batches timed through the Kafka sink")
     parser.add_argument("--bootstrap", default=None, help="a broker to use instead of Tansu")
     parser.add_argument("--master", default="local[2]", help="Spark master")
     return parser.parse_args()
@@ -130,6 +138,79 @@ def wait_total(job: Any, sink: Any, total: int, poll: float) -> float:
             raise TimeoutError(f"the map holds {sum(sink.values())} of {total} counts")
         time.sleep(poll)
     return time.perf_counter()
+
+
+class TopicReader:
+    """Counts what arrives in a topic, from its start (read_committed)."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        from confluent_kafka import Consumer, TopicPartition
+
+        self.consumer = Consumer({"bootstrap.servers": bootstrap,
+                                  "group.id": f"reader-{uuid.uuid4().hex}",
+                                  "enable.auto.commit": False,
+                                  "isolation.level": "read_committed",
+                                  "fetch.wait.max.ms": 5})
+        self.consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+        self.seen = 0
+
+    def wait_for(self, total: int) -> float:
+        """Read until ``total`` records have arrived; the time then."""
+        deadline = time.monotonic() + TIMEOUT
+        while self.seen < total:
+            messages = self.consumer.consume(num_messages=1000, timeout=0.005)
+            self.seen += sum(1 for m in messages if m.error() is None)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.seen} of {total} records arrived")
+        return time.perf_counter()
+
+
+def sink_latencies(client: Any, bootstrap: str, rounds: int, interval_ms: int) -> dict[str, float]:
+    """Median publish-to-consumer ms: through sparkjet's Kafka sink, and a plain producer."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from sparkjet.contrib.kafka import KafkaSink
+
+    size = 100
+    topics = [f"sink-{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(t, PARTITIONS, 1) for t in topics]).values():
+        future.result(10)
+    medians: dict[str, float] = {}
+
+    stream = client.get_stream("sink-events", partitions=PARTITIONS)
+    p = Pipeline.create()
+    p.read_from(StreamSource("sink-events")).write_to(KafkaSink(topics[0], bootstrap))
+    job = client.get_jet().submit(p, JobConfig(
+        name="kafka-sink", processing_guarantee=ProcessingGuarantee.AT_LEAST_ONCE,
+        snapshot_interval_millis=interval_ms))
+    reader = TopicReader(bootstrap, topics[0])
+    times = []
+    try:
+        for r in range(rounds + 2):  # two rounds to warm up
+            started = time.perf_counter()
+            stream.publish_all([{"user": f"u{i}", "round": r} for i in range(size)])
+            arrived = reader.wait_for((r + 1) * size) - started
+            if r >= 2:
+                times.append(arrived)
+    finally:
+        stop(job)
+    medians["sparkjet KafkaSink AT_LEAST_ONCE"] = sorted(times)[len(times) // 2] * 1000
+
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    reader = TopicReader(bootstrap, topics[1])
+    times = []
+    for r in range(rounds + 2):
+        started = time.perf_counter()
+        for i in range(size):
+            producer.produce(topics[1], json.dumps({"user": f"u{i}", "round": r}).encode())
+        producer.flush(60)
+        arrived = reader.wait_for((r + 1) * size) - started
+        if r >= 2:
+            times.append(arrived)
+    medians["plain long-lived producer"] = sorted(times)[len(times) // 2] * 1000
+    return medians
 
 
 def stop(job: Any) -> None:
@@ -237,6 +318,15 @@ def main() -> None:
             print(f"{label:<32}{rate / 1e3:>11,.1f}k{kafka_rate / rate:>13.2f}x")
         print("\n(Kafka vs it: sparkjet's Kafka source's rate over the contender's; "
               "below 1.00x is slower)")
+
+        print(f"\nKafka sink: {args.sink_rounds} micro-batches of 100 events, publish to "
+              "consumer (median)", flush=True)
+        latencies = sink_latencies(client, bootstrap, args.sink_rounds, args.interval_ms)
+        plain = latencies["plain long-lived producer"]
+        for label, ms in latencies.items():
+            print(f"  {label:<36}{ms:>9.1f} ms{ms / plain:>9.2f}x")
+        print("  (x: over the plain producer's; a micro-batch also waits for the loop's "
+              "interval and plans, runs and commits a Spark job)")
     finally:
         if broker is not None:
             broker.stop()

@@ -48,8 +48,9 @@ RUNS = {
          "vs the hand-written"],
     ),
     "kafka": (
-        ["-n", "2000", "--keys", "20", "--chunks", "2"],
-        ["sparkjet Kafka EXACTLY_ONCE", "plain confluent-kafka loop", "sparkjet stream", "vs it"],
+        ["-n", "2000", "--keys", "20", "--chunks", "2", "--sink-rounds", "3"],
+        ["sparkjet Kafka EXACTLY_ONCE", "plain confluent-kafka loop", "sparkjet stream", "vs it",
+         "sparkjet KafkaSink AT_LEAST_ONCE", "plain long-lived producer"],
     ),
     "liveness": (["--checks", "20", "--s3"], ["heartbeat vs", "store's clock", "vs heartbeat"]),
     "files": (

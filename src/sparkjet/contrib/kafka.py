@@ -141,26 +141,39 @@ def _topic_partitions(
 # --- the source --------------------------------------------------------------------------
 
 
-_CONSUMERS: dict[str, Any] = {}
-_CONSUMERS_LOCK = threading.Lock()
+class _ClientPool:
+    """Kafka clients per configuration, reused across tasks of one executor's Python worker.
+
+    A task takes a client out and gives it back when it is done with it, so
+    no two tasks share one; a client whose task failed is not given back.
+    """
+
+    def __init__(self, make: Callable[[dict[str, Any]], Any], close: Callable[[Any], None]):
+        self._make, self._close = make, close
+        self._idle: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def take(self, config: dict[str, Any]) -> tuple[str, Any]:
+        """A client for ``config`` (an idle one, else a new one), and the key to give it back."""
+        key = json.dumps(config, sort_keys=True, default=str)
+        with self._lock:
+            client = self._idle.pop(key, None)
+        return key, client if client is not None else self._make(config)
+
+    def give_back(self, key: str, client: Any) -> None:
+        """Keep ``client`` for the next task (or close it when one is kept already)."""
+        with self._lock:
+            if key not in self._idle:
+                self._idle[key] = client
+                return
+        self._close(client)
 
 
-def _pooled_consumer(config: dict[str, Any]) -> tuple[str, Any]:
-    """A consumer per configuration, reused across tasks of one executor's Python worker."""
-    key = json.dumps(config, sort_keys=True, default=str)
-    with _CONSUMERS_LOCK:
-        consumer = _CONSUMERS.pop(key, None)
-    if consumer is None:
-        consumer = _confluent_kafka().Consumer(config)
-    return key, consumer
-
-
-def _return_consumer(key: str, consumer: Any) -> None:
-    with _CONSUMERS_LOCK:
-        if key in _CONSUMERS:
-            consumer.close()
-        else:
-            _CONSUMERS[key] = consumer
+_CONSUMERS = _ClientPool(lambda config: _confluent_kafka().Consumer(config),
+                         lambda consumer: consumer.close())
+#: Producers of the non-transactional sink (a producer holds no resources once flushed).
+_PRODUCERS = _ClientPool(lambda config: _confluent_kafka().Producer(config),
+                         lambda producer: producer.flush(0))
 
 
 class KafkaSource(Source):
@@ -431,7 +444,7 @@ class KafkaSource(Source):
     def read(self, partition: Any, context: TaskContext) -> Iterable[Any]:
         """Runs on an executor: the items of one partition's offset range, in order."""
         p, start, end = partition
-        key, consumer = _pooled_consumer(self._config(context.options))
+        key, consumer = _CONSUMERS.take(self._config(context.options))
         items: list[Any] = []
         ok = False
         try:
@@ -448,7 +461,7 @@ class KafkaSource(Source):
             ok = True
         finally:
             if ok:
-                _return_consumer(key, consumer)
+                _CONSUMERS.give_back(key, consumer)
             else:
                 consumer.close()
         return items
@@ -574,8 +587,11 @@ class KafkaSink(Sink):
             return records
         config = self._config(context.options)
         config.setdefault("enable.idempotence", True)
-        producer = _confluent_kafka().Producer(config)
+        key, producer = _PRODUCERS.take(config)
+        # Given back only when every record was acknowledged: a producer that failed
+        # (a fatal error, unacknowledged records) is dropped.
         self._produce_all(producer, records, config["bootstrap.servers"])
+        _PRODUCERS.give_back(key, producer)
         return len(records)
 
     def _produce_all(
