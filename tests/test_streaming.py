@@ -323,7 +323,9 @@ def test_failure_suspends_or_fails_per_config(client) -> None:  # type: ignore[n
         assert client.get_list("ok").get_all() == []  # the failed batch committed nothing
     finally:
         stop(job)
-    failing = start(client, pipeline(), "fails")
+    # The stream holds 13 already: the job may fail before a poll could see it RUNNING.
+    failing = client.get_jet().submit(pipeline(), JobConfig(
+        name="fails", processing_guarantee=EXACTLY_ONCE, snapshot_interval_millis=100))
     with pytest.raises(JobFailedError, match="stage 'fragile' failed: ValueError: unlucky") as info:
         failing.join(timeout=60)
     assert isinstance(info.value.__cause__, ValueError)
