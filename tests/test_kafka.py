@@ -291,10 +291,10 @@ def test_a_direct_sink_reuses_its_producer_and_drops_one_that_failed(
     context = TaskContext("job-1", 0, StoreLocation(store_url).store())
     sink = KafkaSink(topic, bootstrap)
     assert sink.write("direct", iter([1, 2]), context) == 2
-    key, first = plugin._PRODUCERS.take(sink._config({}) | {"enable.idempotence": True})
+    key, first = plugin._PRODUCERS.take(sink._config(context) | {"enable.idempotence": True})
     plugin._PRODUCERS.give_back(key, first)
     assert sink.write("direct", iter([3]), context) == 1
-    key, second = plugin._PRODUCERS.take(sink._config({}) | {"enable.idempotence": True})
+    key, second = plugin._PRODUCERS.take(sink._config(context) | {"enable.idempotence": True})
     assert second is first  # the same producer, the next task too
     plugin._PRODUCERS.give_back(key, second)
     assert sorted(committed_values(bootstrap, topic, 3)) == [1, 2, 3]
@@ -302,7 +302,7 @@ def test_a_direct_sink_reuses_its_producer_and_drops_one_that_failed(
     gone = KafkaSink(topic, f"127.0.0.1:{free_port()}", timeout=1)  # no broker there
     with pytest.raises(KafkaError, match=f"to-kafka\\({topic}\\): producing to topic"):
         gone.write("direct", iter([1]), context)
-    config = gone._config({}) | {"enable.idempotence": True}
+    config = gone._config(context) | {"enable.idempotence": True}
     assert json.dumps(config, sort_keys=True, default=str) not in plugin._PRODUCERS._idle
 
 
@@ -315,7 +315,8 @@ def sink_context(store_url: str, batch: int, job_id: str = "job-1") -> JobContex
 def commit_batch(sink: KafkaSink, context: JobContext, values: list[Any]) -> None:
     state = sink.prepare(context)
     assert state == "transactional"
-    messages = [sink.write(state, iter(values), None)]  # type: ignore[arg-type]
+    task = TaskContext(context.job_id, 0, context.store, stage=context.stage)
+    messages = [sink.write(state, iter(values), task)]
     sink.commit(state, messages, context)
 
 
@@ -383,6 +384,13 @@ def test_an_unknown_topic_is_named(kclient: sparkjet.Client, bootstrap: str) -> 
     q.read_from(KafkaSource(topic, bootstrap)).write_to(KafkaSink("no-such-out", bootstrap))
     text = failure_of(kclient, q, "unknown-sink")
     assert f"to-kafka(no-such-out): topic 'no-such-out' does not exist on {bootstrap}" in text
+    # A renamed sink stage is named by its name, on the driver.
+    r = Pipeline.create()
+    r.read_from(KafkaSource(topic, bootstrap)).write_to(
+        KafkaSink("no-such-out", bootstrap)).set_name("audit-out")
+    text = failure_of(kclient, r, "unknown-renamed-sink")
+    assert f"audit-out: topic 'no-such-out' does not exist on {bootstrap}" in text
+    assert "to-kafka(" not in text
 
 
 def test_a_failing_deserializer_names_stage_partition_and_offset(
@@ -394,13 +402,20 @@ def test_a_failing_deserializer_names_stage_partition_and_offset(
     p.read_from(KafkaSource(topic, bootstrap)).write_to(Pipeline.to_list("out"))
     text = failure_of(kclient, p, "bad-record")
     assert f"from-kafka({topic}): cannot deserialize the record at {topic}/0 offset 1" in text
+    # A renamed source stage is named by its name, on executors too.
+    q = Pipeline.create()
+    q.read_from(KafkaSource(topic, bootstrap)).set_name("payments-in").write_to(
+        Pipeline.to_list("out"))
+    text = failure_of(kclient, q, "bad-record-renamed")
+    assert f"payments-in: cannot deserialize the record at {topic}/0 offset 1" in text
+    assert "from-kafka(" not in text
 
 
-def test_bad_arguments_are_refused() -> None:
+def test_bad_arguments_are_refused(store_url: str) -> None:
     with pytest.raises(ValueError, match="start must be 'earliest', 'latest' or a timestamp"):
         KafkaSource("t", "x:1", start="oldest")
     with pytest.raises(KafkaError, match="no bootstrap servers"):
-        KafkaSource("t")._config({})
+        KafkaSource("t")._config(TaskContext("job-1", 0, StoreLocation(store_url).store()))
 
 
 def test_without_confluent_kafka_the_plugin_loads_and_says_what_to_install(

@@ -138,6 +138,11 @@ def _topic_partitions(
     return sorted(found.partitions)
 
 
+def _stage_of(plugin: KafkaSource | KafkaSink, context: JobContext | TaskContext) -> str:
+    """The stage's name for messages: the job's name for it, else the default one."""
+    return context.stage or plugin.stage_name
+
+
 # --- the source --------------------------------------------------------------------------
 
 
@@ -248,8 +253,11 @@ class KafkaSource(Source):
         """The stage name this source gets: ``from-kafka(<topic>)``."""
         return f"from-{self.kind}({self.name})"
 
-    def _config(self, options: Mapping[str, Any], group: str | None = None) -> dict[str, Any]:
-        config = _client_config(self.bootstrap_servers, self.config, options, self.stage_name)
+    def _config(
+        self, context: JobContext | TaskContext, group: str | None = None
+    ) -> dict[str, Any]:
+        config = _client_config(self.bootstrap_servers, self.config, context.options,
+                                _stage_of(self, context))
         config.setdefault("group.id", group or self.commit_group or f"sparkjet-{self.topic}")
         config.update({
             "allow.auto.create.topics": False,
@@ -265,11 +273,11 @@ class KafkaSource(Source):
 
     def _driver_consumer(self, context: JobContext) -> Any:
         if self._consumer is None:
-            self._consumer = _confluent_kafka().Consumer(self._config(context.options))
+            self._consumer = _confluent_kafka().Consumer(self._config(context))
         return self._consumer
 
     def _servers(self, context: JobContext) -> str:
-        return str(self._config(context.options)["bootstrap.servers"])
+        return str(self._config(context)["bootstrap.servers"])
 
     def _partition_ids(self, context: JobContext) -> list[int]:
         """The topic's partitions, refreshed every ``metadata_refresh`` seconds."""
@@ -277,7 +285,7 @@ class KafkaSource(Source):
         if not self._partitions or now - self._partitions_at >= self.metadata_refresh:
             self._partitions = _topic_partitions(
                 self._driver_consumer(context), self.topic, self._servers(context),
-                self.timeout, self.stage_name, by_name=True,
+                self.timeout, _stage_of(self, context), by_name=True,
             )
             self._partitions_at = now
         return self._partitions
@@ -295,14 +303,14 @@ class KafkaSource(Source):
         except ck.KafkaException as exc:
             self._partitions = []  # look again next time
             raise KafkaError(
-                f"{self.stage_name}: cannot list the offsets of topic '{self.topic}' at "
+                f"{_stage_of(self, context)}: cannot list the offsets of topic '{self.topic}' at "
                 f"{self._servers(context)} within {self.timeout:g} s: "
                 f"{_describe_kafka_error(exc)}"
             ) from exc
         for tp in answered:
             if tp.error is not None:
                 raise KafkaError(
-                    f"{self.stage_name}: listing offsets of {self.topic}/{tp.partition} "
+                    f"{_stage_of(self, context)}: listing offsets of {self.topic}/{tp.partition} "
                     f"failed: {tp.error.str()}"
                 )
         return {tp.partition: tp.offset for tp in answered}
@@ -333,11 +341,12 @@ class KafkaSource(Source):
         ends = self._ends(context, partitions)
         found = self._list_offsets(context, partitions, timestamp)
         result: dict[int, int] = {}
-        consumer = ck.Consumer(self._config(context.options))
+        consumer = ck.Consumer(self._config(context))
         try:
             for p in partitions:
                 offset = found[p] if found[p] >= 0 else ends[p]
-                for record in self._records(consumer, p, offset, ends[p]):
+                for record in self._records(consumer, p, offset, ends[p],
+                                            _stage_of(self, context)):
                     if record.timestamp()[1] >= timestamp:
                         offset = record.offset()
                         break
@@ -382,7 +391,7 @@ class KafkaSource(Source):
         except ck.KafkaException as exc:  # informational only: never fail the job for it
             context.logger.warning(
                 "%s: committing offsets for group %s failed: %s",
-                self.stage_name, self.commit_group, _describe_kafka_error(exc),
+                _stage_of(self, context), self.commit_group, _describe_kafka_error(exc),
             )
 
     def watermark_partition(self, descriptor: Any) -> str:
@@ -400,9 +409,12 @@ class KafkaSource(Source):
     # --- executors ------------------------------------------------------------------
 
     def _records(
-        self, consumer: Any, partition: int, start: int, end: int
+        self, consumer: Any, partition: int, start: int, end: int, what: str
     ) -> Iterator[Any]:
-        """The records of ``[start, end)``; offsets may skip (transaction markers, compaction)."""
+        """The records of ``[start, end)``; offsets may skip (transaction markers, compaction).
+
+        ``what``: the stage, for errors.
+        """
         ck = _confluent_kafka()
         if end <= start:
             return
@@ -417,7 +429,7 @@ class KafkaSource(Source):
                         return
                     if time.monotonic() > deadline:
                         raise KafkaError(
-                            f"{self.stage_name}: reading {self.topic}/{partition} offsets "
+                            f"{what}: reading {self.topic}/{partition} offsets "
                             f"{start}..{end}: no record for {self.timeout:g} s"
                         )
                     continue
@@ -430,7 +442,7 @@ class KafkaSource(Source):
                                 return
                             continue
                         raise KafkaError(
-                            f"{self.stage_name}: reading {self.topic}/{partition} at offset "
+                            f"{what}: reading {self.topic}/{partition} at offset "
                             f"{start}..{end}: {error.str()}"
                         )
                     if message.offset() >= end:
@@ -444,18 +456,19 @@ class KafkaSource(Source):
     def read(self, partition: Any, context: TaskContext) -> Iterable[Any]:
         """Runs on an executor: the items of one partition's offset range, in order."""
         p, start, end = partition
-        key, consumer = _CONSUMERS.take(self._config(context.options))
+        what = _stage_of(self, context)
+        key, consumer = _CONSUMERS.take(self._config(context))
         items: list[Any] = []
         ok = False
         try:
             value_of, key_of = self.value_deserializer, self.key_deserializer
-            for message in self._records(consumer, p, start, end):
+            for message in self._records(consumer, p, start, end, what):
                 try:
                     value = value_of(message.value())
                     items.append(value if key_of is None else (key_of(message.key()), value))
                 except Exception as exc:
                     raise KafkaError(
-                        f"{self.stage_name}: cannot deserialize the record at "
+                        f"{what}: cannot deserialize the record at "
                         f"{self.topic}/{p} offset {message.offset()}: {exc!r}"
                     ) from exc
             ok = True
@@ -550,23 +563,25 @@ class KafkaSink(Sink):
         """The stage name this sink gets: ``to-kafka(<topic>)``."""
         return f"to-{self.kind}({self.name})"
 
-    def _config(self, options: Mapping[str, Any]) -> dict[str, Any]:
-        return _client_config(self.bootstrap_servers, self.config, options, self.stage_name)
+    def _config(self, context: JobContext | TaskContext) -> dict[str, Any]:
+        return _client_config(self.bootstrap_servers, self.config, context.options,
+                              _stage_of(self, context))
 
     def prepare(self, context: JobContext) -> Any:
         """Runs on the driver: checks the topic once; says how executors write."""
         if not self._checked:
-            config = self._config(context.options)
+            config = self._config(context)
             admin = _confluent_kafka().admin.AdminClient(config)
             _topic_partitions(
-                admin, self.topic, config["bootstrap.servers"], self.timeout, self.stage_name,
+                admin, self.topic, config["bootstrap.servers"], self.timeout,
+                _stage_of(self, context),
                 by_name=False,
             )
             self._checked = True
         transactional = context.processing_guarantee is ProcessingGuarantee.EXACTLY_ONCE
         return "transactional" if transactional else "direct"
 
-    def _serialize(self, items: Iterator[Any]) -> list[tuple[bytes | None, bytes]]:
+    def _serialize(self, items: Iterator[Any], what: str) -> list[tuple[bytes | None, bytes]]:
         records: list[tuple[bytes | None, bytes]] = []
         key_of, value_of = self.key, self.value_serializer
         key_bytes = self.key_serializer or (lambda k: str(k).encode("utf-8"))
@@ -576,26 +591,27 @@ class KafkaSink(Sink):
                 records.append((key, value_of(item)))
             except Exception as exc:
                 raise KafkaError(
-                    f"{self.stage_name}: cannot serialize item {item!r}: {exc!r}"
+                    f"{what}: cannot serialize item {item!r}: {exc!r}"
                 ) from exc
         return records
 
     def write(self, state: Any, items: Iterator[Any], context: TaskContext) -> Any:
         """Runs on an executor: produce and flush (``direct``), or serialize for the driver."""
-        records = self._serialize(items)
+        what = _stage_of(self, context)
+        records = self._serialize(items, what)
         if state == "transactional":
             return records
-        config = self._config(context.options)
+        config = self._config(context)
         config.setdefault("enable.idempotence", True)
         key, producer = _PRODUCERS.take(config)
         # Given back only when every record was acknowledged: a producer that failed
         # (a fatal error, unacknowledged records) is dropped.
-        self._produce_all(producer, records, config["bootstrap.servers"])
+        self._produce_all(producer, records, config["bootstrap.servers"], what)
         _PRODUCERS.give_back(key, producer)
         return len(records)
 
     def _produce_all(
-        self, producer: Any, records: list[tuple[bytes | None, bytes]], servers: str
+        self, producer: Any, records: list[tuple[bytes | None, bytes]], servers: str, what: str
     ) -> None:
         errors: list[Any] = []
 
@@ -615,7 +631,7 @@ class KafkaSink(Sink):
             reason = errors[0].str() if errors else f"{left} records not acknowledged"
             cause = _confluent_kafka().KafkaException(errors[0]) if errors else None
             raise KafkaError(
-                f"{self.stage_name}: producing to topic '{self.topic}' at {servers} failed "
+                f"{what}: producing to topic '{self.topic}' at {servers} failed "
                 f"within {self.timeout:g} s: {reason}"
             ) from cause
 
@@ -626,14 +642,14 @@ class KafkaSink(Sink):
         txid = self.transactional_id or f"sparkjet-{context.writer_id}"
         if self._producer is not None and self._producer_id == txid:
             return self._producer
-        config = self._config(context.options)
+        config = self._config(context)
         config["transactional.id"] = txid
         producer = ck.Producer(config)
         try:
             producer.init_transactions(self.timeout)  # fences the previous driver's producer
         except ck.KafkaException as exc:
             raise KafkaError(
-                f"{self.stage_name}: cannot start transactional id '{txid}' at "
+                f"{_stage_of(self, context)}: cannot start transactional id '{txid}' at "
                 f"{config['bootstrap.servers']}: {_describe_kafka_error(exc)}"
             ) from exc
         self._producer, self._producer_id = producer, txid
@@ -647,7 +663,7 @@ class KafkaSink(Sink):
     def _group_consumer(self, context: JobContext, group: str) -> Any:
         consumer = self._group_consumers.get(group)
         if consumer is None:
-            config = self._config(context.options)
+            config = self._config(context)
             config.update({"group.id": group, "enable.auto.commit": False,
                            "isolation.level": "read_committed"})
             consumer = _confluent_kafka().Consumer(config)
@@ -666,8 +682,8 @@ class KafkaSink(Sink):
                 )
             except ck.KafkaException as exc:
                 raise KafkaError(
-                    f"{self.stage_name}: cannot read the committed batch of group '{group}': "
-                    f"{_describe_kafka_error(exc)}"
+                    f"{_stage_of(self, context)}: cannot read the committed batch of group "
+                    f"'{group}': {_describe_kafka_error(exc)}"
                 ) from exc
             self._next_batch[group] = max(0, found[0].offset)
         return self._next_batch[group]
@@ -683,14 +699,14 @@ class KafkaSink(Sink):
         if batch < self.committed_batches(context):
             context.logger.info(
                 "%s: micro-batch %d was committed to Kafka before: not again",
-                self.stage_name, batch,
+                _stage_of(self, context), batch,
             )
             return
         try:
             producer.begin_transaction()
             self._produce_all(
                 producer, [r for message in messages for r in message],
-                str(self._config(context.options)["bootstrap.servers"]),
+                str(self._config(context)["bootstrap.servers"]), _stage_of(self, context),
             )
             producer.send_offsets_to_transaction(
                 [ck.TopicPartition(self.topic, 0, batch + 1)],
@@ -699,10 +715,10 @@ class KafkaSink(Sink):
             )
             producer.commit_transaction(self.timeout)
         except Exception as exc:
-            self._fail(producer, exc, batch)
+            self._fail(producer, exc, batch, _stage_of(self, context))
         self._next_batch[group] = batch + 1
 
-    def _fail(self, producer: Any, exc: Exception, batch: int) -> None:
+    def _fail(self, producer: Any, exc: Exception, batch: int, what: str) -> None:
         ck = _confluent_kafka()
         self._producer = None  # a fresh producer (and a fresh read of the batch) next time
         self._next_batch.clear()
@@ -711,7 +727,7 @@ class KafkaSink(Sink):
                         ck.KafkaError.INVALID_PRODUCER_EPOCH}
         if error is not None and error.code() in fenced_codes:
             raise KafkaFencedError(
-                f"{self.stage_name}: transactional id '{self._producer_id}' was fenced by a "
+                f"{what}: transactional id '{self._producer_id}' was fenced by a "
                 f"newer producer (another driver of this job took over): micro-batch {batch} "
                 "is not committed by this one"
             ) from exc
@@ -722,7 +738,7 @@ class KafkaSink(Sink):
         if isinstance(exc, KafkaError):
             raise exc
         raise KafkaError(
-            f"{self.stage_name}: committing micro-batch {batch} to topic '{self.topic}' "
+            f"{what}: committing micro-batch {batch} to topic '{self.topic}' "
             f"failed: {_describe_kafka_error(exc)}"
         ) from exc
 

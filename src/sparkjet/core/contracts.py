@@ -315,6 +315,8 @@ class TaskContext:
     partition: int
     store: StoreAccess
     options: Mapping[str, Any] = field(default_factory=dict)
+    #: The name of the stage being read or written (as ``JobContext.stage``).
+    stage: str = ""
 
 
 class _Participant(ABC):

@@ -21,7 +21,7 @@ import logging
 import re
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from operator import itemgetter
 from typing import Any
 
@@ -247,7 +247,7 @@ class ReadTask(Task):
         return self._counted(pidx, wanted, None)
 
     def _context(self, pidx: int) -> TaskContext:
-        return TaskContext(self.context.job_id, pidx, self.context.store, self.context.options)
+        return replace(self.context, partition=pidx)
 
     def _counted(self, pidx: int, descriptors: list[Any], first: Any) -> Iterator[Any]:
         n = 0
@@ -415,7 +415,7 @@ class SinkTask(Task):
     def __call__(self, pidx: int, items: Iterator[Any]) -> Iterator[Any]:
         counts: dict[str, int] = {}
         state: dict[str, Any] = {"pidx": pidx}
-        ctx = TaskContext(self.context.job_id, pidx, self.context.store, self.context.options)
+        ctx = replace(self.context, partition=pidx)
         descriptors = None
         with self.attributing():
             source: Any = items
@@ -526,7 +526,7 @@ class BatchRun:
                 f"{type(exc).__name__}: {exc}",
                 name,
             ) from exc
-        task_ctx = TaskContext(ctx.job_id, 0, ctx.store, ctx.options)
+        task_ctx = TaskContext(ctx.job_id, 0, ctx.store, ctx.options, stage=name)
         # A descriptor that cannot be pickled is the source stage's failure, named.
         rdd = parallelize(self.sc, descriptors, max(1, len(descriptors)), name)
         return Flow(rdd, reader=ReadTask(source, name, task_ctx, self.counts),
@@ -682,7 +682,7 @@ class BatchRun:
             state = sink.prepare(ctx)
         except Exception as exc:
             raise StageFailure(name, exc) from None
-        task_ctx = TaskContext(ctx.job_id, 0, ctx.store, ctx.options)
+        task_ctx = TaskContext(ctx.job_id, 0, ctx.store, ctx.options, stage=name)
         task = SinkTask(
             self._pass(flow, name), sink, state, name, task_ctx, self.counts, flow.reader,
             self.event_times,
