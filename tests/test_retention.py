@@ -164,3 +164,54 @@ def test_a_job_that_committed_nothing_holds_the_whole_stream(client: sparkjet.Cl
                                        "micro-batch yet")
     finally:
         job.cancel()
+
+
+def test_gc_reads_what_holds_streams_back_once_and_lists_each_partition_once(
+    client: sparkjet.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gc trims every configured stream with one read of the jobs' commits and the snapshots,
+    and sizes and dates a partition's chunks from one listing (no stat per chunk)."""
+    from sparkjet.core.checkpoint import Checkpoint
+    from sparkjet.core.snapshots import SnapshotStore
+    from sparkjet.core.store.fs import Store
+
+    for name in ("events", "clicks", "views"):
+        publish_chunks(client, name, 3)
+    job = stream_job(client, "reader")  # reads "events"
+    out = client.get_list("reader-out")
+    wait_until(lambda: len(out.get_all()) == 30, 120, "the job to read 30 items")
+    job.suspend()
+    job.wait_for_status(JobStatus.SUSPENDED, timeout=60)
+    publish_chunks(client, "events", 1)  # items 0-9 again at offsets 30-39, not read yet
+    configured = sparkjet.connect(str(write_config(client, "\n".join(
+        f"[streams.{name}]\nkeep_items = 0" for name in ("events", "clicks", "views")))))
+
+    calls = {"commit_record": 0, "snapshot list": 0, "chunk stat": 0}
+
+    def counted(key: str, original: object) -> object:
+        def call(*args: object, **kwargs: object) -> object:
+            calls[key] += 1
+            return original(*args, **kwargs)  # type: ignore[operator]
+        return call
+
+    def chunk_stat(original: object) -> object:
+        def call(self: Store, path: str) -> object:
+            if path.endswith(".chunk"):
+                calls["chunk stat"] += 1
+            return original(self, path)  # type: ignore[operator]
+        return call
+
+    monkeypatch.setattr(Checkpoint, "commit_record",
+                        counted("commit_record", Checkpoint.commit_record))
+    monkeypatch.setattr(SnapshotStore, "list", counted("snapshot list", SnapshotStore.list))
+    monkeypatch.setattr(Store, "info", chunk_stat(Store.info))
+    monkeypatch.setattr(Store, "modified", chunk_stat(Store.modified))
+    report = configured.collect_garbage()
+    assert calls == {"commit_record": 1, "snapshot list": 1, "chunk stat": 0}
+    assert sorted(report.removed["stream items past their retention"]) == [
+        "stream 'clicks' partition 0: offsets 0 to 19",
+        "stream 'events' partition 0: offsets 0 to 29",
+        "stream 'views' partition 0: offsets 0 to 19",
+    ]
+    assert configured.get_stream("events").read(0, 30) == list(range(10))  # offsets 30-39
+    job.cancel()

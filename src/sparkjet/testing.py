@@ -447,6 +447,20 @@ class StoreConformance:
         for writer in range(4):  # each publisher's own items stay in its order
             assert [i for w, i, _ in items if w == writer] == [0, 1, 2]
 
+    def test_a_listing_sizes_and_dates_files(self, location: StoreLocation) -> None:
+        """``entries`` gives in one listing what ``info`` and ``modified`` give file by file."""
+        store = location.store()
+        store.write_bytes(store.path("listed", "a"), b"abc")
+        store.write_bytes(store.path("listed", "b"), b"")
+        found = store.entries(store.path("listed"))
+        assert sorted(found) == ["a", "b"]
+        for name, size in (("a", 3), ("b", 0)):
+            path = store.path("listed", name)
+            assert found[name].size == size == store.info(path)["size"]
+            assert found[name].modified is not None
+            assert found[name].modified == pytest.approx(store.modified(path), abs=1e-3)
+        assert store.entries(store.path("absent")) == {}
+
     def test_the_stores_clock_dates_writes(self, location: StoreLocation) -> None:
         """Modification times and the store's clock agree: a driver's liveness rests on them.
 

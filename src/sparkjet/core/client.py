@@ -23,7 +23,7 @@ from sparkjet.core.maintenance import (
     collect_garbage,
 )
 from sparkjet.core.plugin_manager import PluginHost, PluginInfo
-from sparkjet.core.retention import Retention, TrimReport, trim_stream
+from sparkjet.core.retention import Holders, Retention, TrimReport, trim_stream
 from sparkjet.core.snapshots import SnapshotStore, kind_for_url, snapshot_store
 from sparkjet.core.store.fs import Store
 from sparkjet.core.store.job_records import JobRecords
@@ -186,10 +186,14 @@ class Client:
         )
         for folder in self.snapshots.gc(grace_seconds, dry_run=dry_run):
             report.add("snapshot export attempts", folder)
+        holders = None  # what jobs and snapshots need, read once for every stream
         for name in sorted(self.config.streams):
             if not IStream(self.store, name).exists():
                 continue
-            trimmed = self.trim_stream(name, dry_run=dry_run)
+            if holders is None:
+                holders = Holders(self.store, self.snapshots)
+            trimmed = trim_stream(self.store, self.snapshots, name, self._retention(name),
+                                  dry_run=dry_run, holders=holders)
             for part in trimmed.partitions:
                 if part.trimmed:
                     report.add("stream items past their retention",
@@ -213,9 +217,14 @@ class Client:
         snapshot, still needs (see ``sparkjet trim``): the report says what
         held each partition back. ValueError if no limit is given or configured.
         """
-        limits: dict[str, Any] = {"keep_items": keep_items, "keep_seconds": keep_seconds,
-                                  "keep_bytes": keep_bytes}
-        if all(value is None for value in limits.values()):
+        retention = self._retention(name, {"keep_items": keep_items,
+                                           "keep_seconds": keep_seconds,
+                                           "keep_bytes": keep_bytes})
+        return trim_stream(self.store, self.snapshots, name, retention, dry_run=dry_run)
+
+    def _retention(self, name: str, limits: dict[str, Any] | None = None) -> Retention:
+        """``limits``, or without any the configured ``[streams.<name>]``, as a Retention."""
+        if limits is None or all(value is None for value in limits.values()):
             limits = dict(self.config.streams.get(name) or {})
             if not limits:
                 raise ValueError(
@@ -223,10 +232,9 @@ class Client:
                     f"([streams.{name}] keep_items, keep_seconds or keep_bytes)"
                 )
         try:
-            retention = Retention(**limits)
+            return Retention(**limits)
         except ValueError as exc:
             raise ValueError(f"stream {name!r}: {exc}") from None
-        return trim_stream(self.store, self.snapshots, name, retention, dry_run=dry_run)
 
     def redact(self, text: str) -> str:
         """``text`` with every configured secret (``${env:...}`` value) masked."""

@@ -110,6 +110,50 @@ class TrimReport:
         return sum(p.trimmed for p in self.partitions)
 
 
+class Holders:
+    """What live jobs and kept snapshots hold back, read once for any number of streams.
+
+    Reading it costs a listing of the job records, a read of each live
+    stream-reading job's last commit and of every snapshot's manifest: ``gc``
+    reads it once and trims every configured stream with it. Read before the
+    trims, it holds at least as much as a later read would: jobs only commit
+    further.
+    """
+
+    def __init__(self, store: Store, snapshots: SnapshotStore | None) -> None:
+        self._jobs = _live_jobs(store)
+        self._snapshots = ([] if snapshots is None else
+                           [(s.name, dict(s.manifest.sources)) for s in snapshots.list()])
+
+    def needs(self, name: str, partitions: int) -> list[tuple[Any, str]]:
+        """``(offsets, who)`` for every job stage and snapshot that may read stream ``name``.
+
+        ``offsets`` None: the whole stream (a job that has committed nothing).
+        StoreError naming the stream and the job if a job's last commit lacks
+        a stage that reads the stream.
+        """
+        needs: list[tuple[Any, str]] = []
+        for job in self._jobs:
+            stages = [stage for stage, source in job.sources.items()
+                      if source == f"stream:{name}"]
+            if not job.sources:  # written before records named their sources
+                stages = job.legacy_stages
+            for stage in stages:
+                if job.ends is None:
+                    needs.append((None, f"job {job.label}, which has committed no micro-batch "
+                                        f"yet (stage {stage!r})"))
+                elif stage in job.ends:
+                    needs.append((job.ends[stage], f"job {job.label} (stage {stage!r})"))
+                elif job.sources:
+                    raise StoreError(f"job {job.label}: its last commit has no offsets for "
+                                     f"stage {stage!r}; not trimming stream {name!r}")
+        for snapshot, sources in self._snapshots:
+            for stage, offsets in sources.items():
+                if _reads(stage, offsets, name, partitions):
+                    needs.append((offsets, f"snapshot {snapshot!r} (stage {stage!r})"))
+        return needs
+
+
 def trim_stream(
     store: Store,
     snapshots: SnapshotStore | None,
@@ -117,33 +161,28 @@ def trim_stream(
     retention: Retention,
     *,
     dry_run: bool = False,
+    holders: Holders | None = None,
 ) -> TrimReport:
     """Trim stream ``name`` by ``retention``, holding back what jobs and snapshots need.
 
     ``snapshots``: the snapshot store whose snapshots count (None: none).
+    ``holders``: what jobs and snapshots need, read before (read now if None).
     StoreError naming the stream if it does not exist.
     """
     stream = store.stream_log(name)
     partitions = stream.partitions  # StoreError naming the stream if it does not exist
     floors: list[tuple[int, str | None]] = [(2**63, None)] * partitions
-
-    def hold(offsets: Any, who: str) -> None:
+    if holders is None:
+        holders = Holders(store, snapshots)
+    for offsets, who in holders.needs(name, partitions):
         if isinstance(offsets, list) and len(offsets) == partitions and all(
                 type(o) is int for o in offsets):
             for p, offset in enumerate(offsets):
                 if offset < floors[p][0]:
                     floors[p] = (offset, who)
-        else:  # not offsets this stream's source writes: keep everything, to be safe
+        else:  # none committed, or not offsets this stream's source writes: keep everything
             for p in range(partitions):
                 floors[p] = (0, who)
-
-    for stage, who, offsets in _job_needs(store, name):
-        hold(offsets, f"{who} (stage {stage!r})")
-    if snapshots is not None:
-        for snapshot in snapshots.list():
-            for stage, offsets in snapshot.manifest.sources.items():
-                if _reads(stage, offsets, name, partitions):
-                    hold(offsets, f"snapshot {snapshot.name!r} (stage {stage!r})")
     # (The store's clock costs a probe write: only when an age limit needs it.)
     now = store.now() if retention.keep_seconds is not None else None
     if retention.keep_seconds is not None and now is None:
@@ -157,14 +196,7 @@ def trim_stream(
         floor, holder = floors[p]
         target = min(wanted, floor)
         held_by = holder if floor < wanted else None
-        if dry_run:  # what StreamLog.trim would do
-            after = start
-            for i, (_, chunk_end, _, _) in enumerate(chunks[:-1]):
-                if chunk_end > target:
-                    break
-                after = chunks[i + 1][0]
-        else:
-            after = stream.trim(p, target)
+        after = stream.trim(p, target, dry_run=dry_run)
         report.partitions.append(PartitionTrim(p, start, after, wanted, held_by,
                                                floor if held_by is not None else None))
     if report.trimmed and not dry_run:
@@ -210,35 +242,38 @@ def _reads(stage: str, offsets: Any, name: str, partitions: int) -> bool:
         type(o) is int for o in offsets)
 
 
-def _job_needs(store: Store, name: str) -> list[tuple[str, str, Any]]:
-    """``(stage, job, offsets)`` for every live job's source stage that reads ``name``."""
+@dataclass(frozen=True)
+class _LiveJob:
+    """A job that is not COMPLETED or FAILED, as retention sees it."""
+
+    label: str
+    #: Source stage -> what it reads (``"stream:clicks"``), from the job's record.
+    sources: dict[str, str]
+    #: The ``from-...`` stages of a record written before records named their sources.
+    legacy_stages: list[str]
+    #: The source offsets of its last committed micro-batch; None if none is committed.
+    ends: dict[str, Any] | None
+
+
+def _live_jobs(store: Store) -> list[_LiveJob]:
+    """Every live job that may read a stream, with its last commit's offsets."""
     records = JobRecords(store)
-    needs: list[tuple[str, str, Any]] = []
+    jobs = []
     for record in all_records(records):
         if record.status.is_terminal():
             continue
-        stages = [stage for stage, source in record.sources.items()
-                  if source == f"stream:{name}"]
-        if not record.sources:  # written before records named their sources
-            stages = [s for s in record.stages if s.startswith("from-")]
-        if not stages:
+        if record.sources and not any(source.startswith("stream:")
+                                      for source in record.sources.values()):
             continue
-        who = f"job {record.label}"
+        legacy = [] if record.sources else [s for s in record.stages if s.startswith("from-")]
+        if not record.sources and not legacy:
+            continue
         path = checkpoint_path(records, record)
-        committed = -1
-        checkpoint = None
+        ends = None
         if path is not None:
             checkpoint = Checkpoint(store, path)
             committed = checkpoint.last_commit()
-        if checkpoint is None or committed < 0:
-            for stage in stages:
-                needs.append((stage, f"{who}, which has committed no micro-batch yet", None))
-            continue
-        ends = checkpoint.commit_record(committed).ends
-        for stage in stages:
-            if stage in ends:
-                needs.append((stage, who, ends[stage]))
-            elif record.sources:
-                raise StoreError(f"job {record.label}: its last commit has no offsets for "
-                                 f"stage {stage!r}; not trimming stream {name!r}")
-    return needs
+            if committed >= 0:
+                ends = dict(checkpoint.commit_record(committed).ends)
+        jobs.append(_LiveJob(f"{record.label}", dict(record.sources), legacy, ends))
+    return jobs

@@ -9,9 +9,19 @@ cycle, and lets a log run on anything that reads and writes files this way.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from sparkjet.core.store.layout import StoreLayout
+
+
+class Entry(NamedTuple):
+    """A file as a folder's listing shows it."""
+
+    #: Its size in bytes.
+    size: int
+    #: When it was last written, in seconds since the epoch by the store's clock
+    #: (None where the store keeps no times).
+    modified: float | None
 
 
 class StoreFiles(Protocol):
@@ -87,6 +97,9 @@ class StoreFiles(Protocol):
 
     def listdir(self, path: str) -> list[str]:
         """Base names of the entries in ``path`` (empty if it does not exist), listed afresh."""
+
+    def entries(self, path: str) -> dict[str, Entry]:
+        """The entries of ``path`` by base name with their sizes and times, in one listing."""
 
     def remove(self, path: str, recursive: bool = False) -> None:
         """Delete ``path`` (a whole folder with ``recursive``)."""

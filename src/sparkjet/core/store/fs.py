@@ -30,6 +30,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 from sparkjet.core.errors import StoreError
 from sparkjet.core.naming import decode, json_loads
 from sparkjet.core.store.commit_log import CommitLog
+from sparkjet.core.store.files import Entry
 from sparkjet.core.store.layout import StoreLayout
 from sparkjet.core.store.memoryfs import ThreadSafeMemoryFileSystem
 from sparkjet.core.store.stream_log import StreamLog
@@ -441,6 +442,20 @@ class Store:
         except FileNotFoundError:
             return []
         return sorted(e.rstrip("/").rsplit("/", 1)[-1] for e in entries)
+
+    def entries(self, path: str) -> dict[str, Entry]:
+        """The entries of the folder ``path`` by base name with their sizes and times.
+
+        One listing, made afresh (a stat per file would cost a request each on
+        S3 and GCS). Empty if ``path`` does not exist.
+        """
+        self._fresh(path)
+        try:
+            found = self._listing(path, lambda: self.fs.ls(path, detail=True))
+        except FileNotFoundError:
+            return {}
+        return {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]:
+                Entry(int(e.get("size") or 0), file_modified(e)) for e in found}
 
     def find(self, path: str) -> dict[str, dict[str, Any]]:
         """Every file under the folder ``path`` with its details, listed afresh.

@@ -165,32 +165,38 @@ class StreamLog:
         """``(start, end, bytes, written)`` of each chunk of ``partition``, oldest first.
 
         ``written``: the store's modification time (None where it keeps none).
+        One listing of the partition and one read of the newest chunk's header.
         """
-        starts = self.chunk_starts(partition)
+        listed = {}
+        for name, entry in self.store.entries(self.paths.partition(partition)).items():
+            start = self.paths.chunk_start(name)
+            if start is not None:
+                listed[start] = entry
+        starts = sorted(listed)
         out = []
         for i, start in enumerate(starts):
-            path = self.paths.chunk(partition, start)
             if i + 1 < len(starts):
                 end = starts[i + 1]
             else:
                 end = start + self._header(partition, start)[0]
-            info = self.store.info(path)
-            out.append((start, end, int(info.get("size", 0)), self.store.modified(path)))
+            out.append((start, end, listed[start].size, listed[start].modified))
         return out
 
-    def trim(self, partition: int, before: int) -> int:
+    def trim(self, partition: int, before: int, *, dry_run: bool = False) -> int:
         """Delete the chunks of ``partition`` whose items all lie below offset ``before``.
 
         The newest chunk always stays: it carries the partition's end offset,
         so offsets are never handed out twice. Chunks go oldest first, so a
         reader finds the partition starting later, never a gap. Returns the
-        offset the partition starts at now.
+        offset the partition starts at now (with ``dry_run``: would start at;
+        nothing is deleted).
         """
         starts = self.chunk_starts(partition)
         for i, start in enumerate(starts[:-1]):
             if starts[i + 1] > before:
                 return start
-            self.store.remove(self.paths.chunk(partition, start))
+            if not dry_run:
+                self.store.remove(self.paths.chunk(partition, start))
         return starts[-1] if starts else 0
 
     # --- writing --------------------------------------------------------------
