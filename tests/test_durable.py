@@ -462,6 +462,20 @@ def test_a_replayed_stream_sink_batch_lands_with_its_first_split(
     assert not any(n.endswith(".pending") for n in store.listdir(stream.paths.writers))
 
 
+def test_append_buckets_is_once_per_token_and_plain_without_one(store: Store) -> None:
+    """What a sink's commit calls: a micro-batch's token appends once; no token, every time."""
+    stream = StreamLog(store, "out")
+    stream.create(2)
+    for _ in range(2):  # a replayed micro-batch
+        stream.append_buckets([["a"], []], "job:sink", "job:sink:cp:7")
+    assert stream.end_offsets() == [1, 0]
+    for _ in range(2):  # a batch job (no micro-batch): plain appends, empty buckets skipped
+        stream.append_buckets([["b"], []], "job:sink", None)
+    assert stream.end_offsets() == [3, 0]
+    assert stream.read(0, 0, 3) == ["a", "b", "b"]
+    assert store.listdir(stream.paths.partition(1)) == []
+
+
 def test_a_batch_appended_twice_by_racing_drivers_is_read_once(store: Store) -> None:
     """Two drivers both found no chunk of batch 7 and both appended one (the first,
     fenced off, was paused between its check and its append): the registered one counts."""

@@ -233,6 +233,12 @@ class StreamLogAccess(Protocol):
         replayed call appends the recorded split where the token is missing.
         """
 
+    def append_buckets(self, buckets: list[list[Any]], writer: str, token: str | None) -> None:
+        """A sink's commit: :meth:`append_batch` with a ``token``, plain appends without one.
+
+        ``token`` is :attr:`JobContext.commit_token` (None outside micro-batches).
+        """
+
 
 class StoreAccess(FileStore, Protocol):
     """The store as plugins see it: its files, and the job's lists, maps and streams.

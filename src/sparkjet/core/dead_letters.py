@@ -138,11 +138,6 @@ def commit_dead_letters(
     log = ctx.store.stream_log(stream)
     if not log.exists():
         log.create(1)
-    token = ctx.commit_token
-    if token:
-        buckets: list[list[Any]] = [[] for _ in range(log.partitions)]
-        buckets[0] = ordered
-        log.append_batch(ctx.writer_id, token, buckets)
-    else:
-        log.append(0, ordered)
+    buckets: list[list[Any]] = [ordered] + [[] for _ in range(log.partitions - 1)]
+    log.append_buckets(buckets, ctx.writer_id, ctx.commit_token)
     return len(ordered)

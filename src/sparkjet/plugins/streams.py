@@ -109,13 +109,7 @@ class StreamSink(Sink):
         items = [item for message in messages for item in message]
         n = log.partitions
         buckets = [items[partition::n] for partition in range(n)]
-        token = context.commit_token
-        if token:
-            log.append_batch(context.writer_id, token, buckets)
-            return
-        for partition, bucket in enumerate(buckets):
-            if bucket:
-                log.append(partition, bucket)
+        log.append_buckets(buckets, context.writer_id, context.commit_token)
 
 
 @hookimpl

@@ -355,6 +355,19 @@ class StreamLog:
             waited += 0.05
         return standing == start
 
+    def append_buckets(self, buckets: list[list[Any]], writer: str, token: str | None) -> None:
+        """Append ``buckets[p]`` to partition ``p``, as a sink's commit does.
+
+        With a ``token``, once per token (see :meth:`append_batch`); without one,
+        as plain appends of the non-empty buckets.
+        """
+        if token:
+            self.append_batch(writer, token, buckets)
+            return
+        for partition, bucket in enumerate(buckets):
+            if bucket:
+                self.append(partition, bucket)
+
     def append_batch(self, writer: str, token: str, buckets: list[list[Any]]) -> None:
         """Append one batch's items, ``buckets[p]`` to partition ``p``, once per ``token``.
 
