@@ -634,7 +634,7 @@ class JobRunner:
 
     def _progress_change(self) -> Change:
         """The record's ``progress`` set to the loop's metrics now, stage counts included."""
-        progress = {**self.progress.as_metrics(), "stages": self.metrics()["stages"]}
+        progress = {**self.progress.as_metrics(), "stages": self._stage_metrics()}
         return lambda r: replace(r, progress=progress)
 
     def stop_reason(self) -> StopReason | None:
@@ -787,6 +787,21 @@ class JobRunner:
 
     def metrics(self) -> dict[str, Any]:
         """The job's metrics as ``Job.get_metrics()`` returns them (see there)."""
+        metrics: dict[str, Any] = {
+            "executionStartTime": self.execution_start,
+            "executionCompletionTime": self.execution_completion,
+            "stages": self._stage_metrics(),
+        }
+        if self.plan.streaming:
+            metrics.update(self.progress.as_metrics())
+            restore = self.lease.record.restore
+            if restore:
+                # Which stages the job's initial snapshot restored, started empty or dropped.
+                metrics["snapshotRestore"] = dict(restore)
+        return metrics
+
+    def _stage_metrics(self) -> dict[str, dict[str, int]]:
+        """Each stage's counts (empty when the job's metrics are off)."""
         streaming = self.plan.streaming
         if streaming:
             counts = self.progress.stage_totals
@@ -815,15 +830,4 @@ class JobRunner:
                         stage["watermark"] = self.progress.watermarks.get(names[node],
                                                                           NO_WATERMARK)
                 stages[names[node]] = stage
-        metrics: dict[str, Any] = {
-            "executionStartTime": self.execution_start,
-            "executionCompletionTime": self.execution_completion,
-            "stages": stages,
-        }
-        if streaming:
-            metrics.update(self.progress.as_metrics())
-            restore = self.lease.record.restore
-            if restore:
-                # Which stages the job's initial snapshot restored, started empty or dropped.
-                metrics["snapshotRestore"] = dict(restore)
-        return metrics
+        return stages
