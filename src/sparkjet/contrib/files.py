@@ -271,22 +271,17 @@ class FileSource(Source):
         """Runs on the driver: the offsets after the next micro-batch's files.
 
         ``start``: where the next micro-batch starts (sparkjet passes it), so
-        the caps apply to it. The folder is listed at most every
-        ``poll_seconds``; in between the previous listing stands.
+        the caps apply to it; None: from :meth:`initial_offsets`. The folder
+        is listed at most every ``poll_seconds``; in between the previous
+        listing stands.
         """
+        if start is None:
+            start = self.initial_offsets(context)
         now = time.monotonic()
         if self._settled is None or now - self._listed_at >= self.poll_seconds:
             self._settled = self._stable(self._list())
             self._listed_at = now
-        if start is None:
-            return self._everything(self._settled)
         return self._advance(start, self._settled)
-
-    def _everything(self, stable: list[tuple[int, str, int]]) -> Any:
-        # Where the next batch starts is not given (a caller that does not pass
-        # it): every stable file, uncapped; plan_range takes the difference.
-        return {"floor": None, "done": [[mtime, name] for mtime, name, _ in stable],
-                "open": None, "batch": None, "after": ""}
 
     def _advance(self, start: Any, stable: list[tuple[int, str, int]]) -> Any:
         floor = start["floor"]
@@ -337,29 +332,13 @@ class FileSource(Source):
 
     def plan_range(self, start: Any, end: Any, context: JobContext) -> Sequence[Any]:
         """Runs on the driver: the micro-batch's file ranges, packed into partitions."""
-        if end["batch"] is None:
-            batch = self._difference(start, end)
-        else:
-            if end["after"] != _fingerprint(start):
-                raise RuntimeError(
-                    f"{self.describe()}: micro-batch {context.batch_id} was planned after "
-                    "other offsets than it starts from; the source's files are out of step "
-                    "with the checkpoint"
-                )
-            batch = [tuple(b) for b in end["batch"]]
-        return self._pack(batch, context)
-
-    def _difference(self, start: Any, end: Any) -> list[tuple[str, int, int]]:
-        floor = start["floor"]
-        done = {name for _, name in start["done"]}
-        opened = start["open"]
-        batch: list[tuple[str, int, int]] = []
-        for mtime, name in end["done"]:
-            if name in done or (floor is not None and mtime < floor):
-                continue
-            begin = opened[1] if opened is not None and opened[0] == name else 0
-            batch.append((name, begin, -1))  # -1: to the end of the file
-        return batch
+        if end["after"] != _fingerprint(start):
+            raise RuntimeError(
+                f"{self.describe()}: micro-batch {context.batch_id} was planned after "
+                "other offsets than it starts from; the source's files are out of step "
+                "with the checkpoint"
+            )
+        return self._pack([tuple(b) for b in end["batch"]], context)
 
     def partitions(self, context: JobContext) -> Sequence[Any]:
         """Runs on the driver (batch jobs): every matching file, as it is now."""
@@ -370,14 +349,14 @@ class FileSource(Source):
         """Pieces of at most ``split_bytes`` (JSON lines by bytes, Parquet by row groups)."""
         pieces: list[tuple[str, int, int, int]] = []  # (file, begin, end, size)
         for name, begin, end in batch:
-            if self.format == "jsonl" and end >= 0 and end - begin > self.split_bytes:
+            if self.format == "jsonl" and end - begin > self.split_bytes:
                 for at in range(begin, end, self.split_bytes):
                     stop = min(at + self.split_bytes, end)
                     pieces.append((name, at, stop, stop - at))
             elif self.format == "parquet":
                 pieces.extend(self._row_groups(name))
             else:
-                pieces.append((name, begin, end, end - begin if end >= 0 else self.split_bytes))
+                pieces.append((name, begin, end, end - begin))
         if not pieces:
             return []
         total = sum(p[3] for p in pieces)
@@ -452,7 +431,7 @@ class FileSource(Source):
             if begin > 0:  # the line starting before `begin` belongs to the range before
                 fh.seek(begin - 1)
                 pos = begin - 1 + len(fh.readline())
-            while end < 0 or pos < end:
+            while pos < end:
                 line = fh.readline()
                 if not line:
                     break
@@ -503,7 +482,7 @@ class FileSource(Source):
         try:
             with fs.open(path, "rb") as fh:
                 pf = pq.ParquetFile(fh)
-                groups = list(range(begin, end if end >= 0 else pf.metadata.num_row_groups))
+                groups = list(range(begin, end))
                 if not groups:
                     return []
                 return list(pf.read_row_groups(groups).to_pylist())
