@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import re
+import threading
 import time
 from collections import Counter
 from typing import Any
@@ -95,13 +96,31 @@ def test_batch_windows_through_the_shuffle_and_without_a_combiner(
      .set_name("no-combiner").write_to(Pipeline.to_list("a")))
     (stamped.window(WindowDefinition.tumbling(50)).aggregate(agg.counting())
      .set_name("global").write_to(Pipeline.to_list("b")))
-    jet.submit(p).join()
+    job = jet.submit(p)
+    job.join()
     assert _rows(client.get_list("a").get_all()) == oracle.sliding(events, 30, 10, 10**9)
     got = client.get_list("b").get_all()
+    # Each window result counted once (the shuffle path's sort once ran the reduce thrice).
+    stages = job.get_metrics()["stages"]
+    assert stages["no-combiner"]["emittedCount"] == len(client.get_list("a").get_all())
+    assert stages["global"]["emittedCount"] == len(got)
     assert all(isinstance(r, WindowResult) for r in got)
     counts = Counter(ts // 50 for _p, ts, _k, _v in events)
     assert [(r.start, r.end, r.result) for r in got] == [
         (w * 50, w * 50 + 50, counts[w]) for w in sorted(counts)]
+
+
+def test_a_window_result_that_cannot_be_pickled_names_its_stage(
+    jet: Any, client: sparkjet.Client, reduce_path: str
+) -> None:
+    p = Pipeline.create()
+    (p.read_from(Pipeline.from_list("in", list(range(20)))).with_timestamps(lambda x: x, 0)
+     .window(WindowDefinition.tumbling(5)).group_by(lambda x: x % 2)
+     .aggregate(accumulator=lambda n, _x: n + 1, initial=0, combiner=lambda a, b: a + b,
+                finisher=lambda _n: threading.Lock())
+     .set_name("locked").write_to(Pipeline.to_list("out")))
+    with pytest.raises(JobFailedError, match=r"stage 'locked'.*_thread.lock.* cannot be pickled"):
+        jet.submit(p).join()
 
 
 def test_ingestion_timestamps_put_a_batch_job_in_one_window(jet: Any, client: sparkjet.Client

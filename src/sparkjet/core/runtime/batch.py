@@ -34,7 +34,6 @@ from sparkjet.core.fusion import (
     FOLDING,
     FusedPass,
     Op,
-    SortKey,
     StageFailure,
     Stamp,
     StampKind,
@@ -369,12 +368,15 @@ def _restore_order(records: Iterator[tuple[int, Any]]) -> Iterator[Any]:
 
 
 class SortTask(Task):
-    """Sorts one range partition of ``(SortKey, item)`` pairs."""
+    """Sorts one range partition of ``(key, item)`` pairs, yielding the items.
+
+    ``counts`` None: the items are counted elsewhere (a windowed stage's reduce).
+    """
 
     def __init__(self, stage: str, counts: Any) -> None:
         self.stage, self.counts = stage, counts
 
-    def __call__(self, pairs: Iterator[tuple[SortKey, Any]]) -> Iterator[Any]:
+    def __call__(self, pairs: Iterator[tuple[Any, Any]]) -> Iterator[Any]:
         with self.attributing():
             ordered = sorted(pairs, key=_first)
         self.count({self.stage: len(ordered)})
@@ -383,12 +385,12 @@ class SortTask(Task):
 
 
 class RangePartition:
-    """Partition function for sort: the range a SortKey falls into."""
+    """Partition function for a range sort: the range a key (a SortKey, a position) falls into."""
 
-    def __init__(self, bounds: list[SortKey]) -> None:
+    def __init__(self, bounds: list[Any]) -> None:
         self.bounds = bounds
 
-    def __call__(self, key: SortKey) -> int:
+    def __call__(self, key: Any) -> int:
         return bisect.bisect_left(self.bounds, key)
 
 
@@ -634,8 +636,42 @@ class BatchRun:
             return parallelize(self.sc, items, slices, task.stage)
         reduced = mapped.partitionBy(partitions).mapPartitions(task)
         if by_position:  # positions that are not (pidx, pos, j): a sort by them
-            return reduced.sortByKey(numPartitions=partitions).values()
+            return self._by_position(reduced, partitions, task.stage)
         return self._reorder(reduced, mapped.getNumPartitions(), task.stage)
+
+    def _by_position(self, tagged: Any, partitions: int, stage: str) -> Any:
+        """``(position, item)`` records (``stage``'s output), their items in order of position.
+
+        What ``sortByKey`` does, but ``sortByKey`` computes its input three
+        times (a count, a sample, the shuffle), so the reduce side ran, and
+        counted its output, three times. Here it runs once, persisted, and an
+        item that cannot be pickled is named as ``stage``'s.
+        """
+        from pyspark import StorageLevel
+
+        tagged = name_output(tagged, stage).persist(StorageLevel.MEMORY_AND_DISK)
+        self._persisted.append(tagged)
+        bounds = self._range_bounds(tagged, partitions, stage)
+        ranged = tagged.partitionBy(len(bounds) + 1, RangePartition(bounds))
+        return ranged.mapPartitions(SortTask(stage, None), True)
+
+    def _range_bounds(self, keyed: Any, partitions: int, stage: str) -> list[Any]:
+        """Bounds splitting ``(key, item)`` records into ``partitions`` ranges of keys.
+
+        From a sample of about 30 keys per range, as Spark's own range sort
+        samples; a key that does not compare fails as ``stage``'s.
+        """
+        total = keyed.count() if partitions > 1 else 0
+        if total <= 1:
+            return []
+        fraction = min(1.0, 30.0 * partitions / total)
+        sample = keyed.map(_first).sample(False, fraction, 17).collect()
+        try:
+            sample.sort()
+        except Exception as exc:
+            raise StageFailure(stage, exc) from None
+        step = len(sample) / partitions
+        return [sample[int(step * i)] for i in range(1, partitions) if sample]
 
     def _reorder(self, tagged: Any, partitions: int, stage: str) -> Any:
         """Put ``((pidx, pos, j), item)`` records (``stage``'s output) back in encounter order."""
@@ -659,19 +695,7 @@ class BatchRun:
             True,
         ), name).persist(StorageLevel.MEMORY_AND_DISK)
         self._persisted.append(keyed)
-        partitions = self.parallelism
-        bounds: list[SortKey] = []
-        total = keyed.count() if partitions > 1 else 0
-        if total > 1:
-            # About 30 keys per output partition, as Spark's own range sort samples.
-            fraction = min(1.0, 30.0 * partitions / total)
-            sample = keyed.map(_first).sample(False, fraction, 17).collect()
-            try:
-                sample.sort()
-            except Exception as exc:
-                raise StageFailure(name, exc) from None
-            step = len(sample) / partitions
-            bounds = [sample[int(step * i)] for i in range(1, partitions) if sample]
+        bounds = self._range_bounds(keyed, self.parallelism, name)
         ranged = keyed.partitionBy(len(bounds) + 1, RangePartition(bounds))
         return Flow(ranged.mapPartitions(SortTask(name, self.counts), True))
 
