@@ -14,17 +14,19 @@ import json
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark import cloudpickle as pyspark_cloudpickle
 
 import sparkjet
 from sparkjet.core.jobs.record import this_driver
 from sparkjet.errors import JobFailedError, StoreError
 from sparkjet.job import Job, JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.pipeline import Pipeline, StreamSource
-from sparkjet.plugin import ALL_GUARANTEES, JobContext, Source, TaskContext
+from sparkjet.plugin import ALL_GUARANTEES, JobContext, Sink, Source, TaskContext
 from tests.conftest import TEST_SPARK, run_pipeline, wait_until
 from tests.test_plugins import Registers
 
@@ -276,6 +278,48 @@ def test_a_batch_map_emitting_an_unpicklable_item_names_the_stage(
     assert info.value.stage == "locker"
     assert "stage 'locker': item of type _thread.lock cannot be pickled" in str(info.value)
     assert client.get_list("never").get_all() == []
+
+
+# The sink below runs on Spark's workers, which cannot import this module: pickle it by value.
+pyspark_cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+class LockingSink(Sink):
+    """A sink plugin whose commit messages cannot be pickled."""
+
+    kind = "locking"
+    guarantees = ALL_GUARANTEES
+
+    def write(self, state: Any, items: Iterator[Any], context: TaskContext) -> Any:
+        return threading.Lock()
+
+    def commit(self, state: Any, messages: list[Any], context: JobContext) -> None:
+        raise AssertionError("never reached")  # pragma: no cover
+
+
+def test_an_unpicklable_sink_message_names_the_sink_and_its_input(
+    client: sparkjet.Client,
+) -> None:
+    """A commit message is pickled where Spark collects it: the error names the sink stage
+    it came from, and the input stage (a stream sink's messages carry that stage's items)."""
+    client.register_plugin(Registers(sinks=(LockingSink,)), "locking-sink")
+    p = Pipeline.create()
+    (p.read_from(Pipeline.from_list("in", [1, 2])).map(lambda x: x).set_name("feeder")
+     .write_to(LockingSink("x")).set_name("locked-out"))
+    with pytest.raises(JobFailedError) as info:
+        client.get_jet().submit(p).join(timeout=120)
+    assert info.value.stage == "feeder"
+    assert ("stage 'feeder': item of type _thread.lock cannot be pickled (in the commit "
+            "message of sink stage 'locked-out')") in str(info.value)
+    # A stream sink's message is the items: an item the map emitted is named the same way.
+    q = Pipeline.create()
+    (q.read_from(Pipeline.from_list("in", [1, 2])).map(lambda x: threading.Lock())
+     .set_name("locker").write_to(Pipeline.to_stream("never")))
+    with pytest.raises(JobFailedError) as info:
+        client.get_jet().submit(q).join(timeout=120)
+    assert info.value.stage == "locker"
+    assert ("stage 'locker': item of type _thread.lock cannot be pickled (in the commit "
+            "message of sink stage 'to-stream(never)')") in str(info.value)
 
 
 def test_a_keyed_batch_stage_fed_an_unpicklable_item_names_the_stage(

@@ -714,7 +714,11 @@ class BatchRun:
         entry: tuple[Transform, Any, Any, list[Any]] = (node, sink, state, [])
         self._written.append(entry)
         started = time.perf_counter()
-        written = name_output(flow.rdd.mapPartitionsWithIndex(task), self.plan.name(node.inputs[0]))
+        # A sink's commit messages may carry the items its input emitted (the
+        # stream sink's do): one that cannot be pickled names the input stage
+        # and says it was found in the sink's message.
+        written = name_output(flow.rdd.mapPartitionsWithIndex(task), self.plan.name(node.inputs[0]),
+                              via=f"in the commit message of sink stage {name!r}")
         messages = written.collect()
         log.debug("stage '%s': wrote %d partitions in %.3f s", name, len(messages),
                   time.perf_counter() - started)

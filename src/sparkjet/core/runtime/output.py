@@ -44,8 +44,13 @@ def culprit(value: Any, dumps: Callable[[Any], bytes], depth: int = _DEPTH) -> A
     return value
 
 
-def unpicklable(stage: str, value: Any, dumps: Callable[[Any], bytes]) -> StageFailure | None:
-    """The StageFailure naming ``stage`` and what in ``value`` cannot be pickled (None: all can)."""
+def unpicklable(
+    stage: str, value: Any, dumps: Callable[[Any], bytes], via: str = ""
+) -> StageFailure | None:
+    """The StageFailure naming ``stage`` and what in ``value`` cannot be pickled (None: all can).
+
+    ``via``: where the item was found, added to the message.
+    """
     found = culprit(value, dumps)
     try:
         dumps(found)
@@ -53,8 +58,8 @@ def unpicklable(stage: str, value: Any, dumps: Callable[[Any], bytes]) -> StageF
         kind = type(found)
         cause = exc.__cause__ or exc.__context__ or exc
         return StageFailure(stage, UnpicklableItem(
-            f"item of type {kind.__module__}.{kind.__qualname__} cannot be pickled: "
-            f"{type(cause).__name__}: {cause}"
+            f"item of type {kind.__module__}.{kind.__qualname__} cannot be pickled"
+            f"{f' ({via})' if via else ''}: {type(cause).__name__}: {cause}"
         ))
     return None
 
@@ -64,12 +69,14 @@ class StageOutput(FramedSerializer):
 
     Reads as the serializer it wraps; equal to any other StageOutput over an
     equal one, so RDDs of different stages still union without re-pickling.
+    ``via`` says where the item was found (see :func:`name_output`).
     """
 
-    def __init__(self, stage: str, inner: Any) -> None:
+    def __init__(self, stage: str, inner: Any, via: str = "") -> None:
         super().__init__()
         self.stage = stage
         self.inner = inner
+        self.via = via
 
     def dumps(self, obj: Any) -> bytes:
         """``obj`` pickled by the wrapped serializer; StageFailure if it cannot be."""
@@ -77,7 +84,7 @@ class StageOutput(FramedSerializer):
             data: bytes = self.inner.dumps(obj)
             return data
         except Exception:
-            failure = unpicklable(self.stage, obj, self.inner.dumps)
+            failure = unpicklable(self.stage, obj, self.inner.dumps, self.via)
             if failure is None:
                 raise
             raise failure from None
@@ -96,19 +103,21 @@ class StageOutput(FramedSerializer):
         return f"StageOutput({self.stage!r}, {self.inner!r})"
 
 
-def name_output(rdd: Any, stage: str) -> Any:
+def name_output(rdd: Any, stage: str, via: str = "") -> Any:
     """``rdd``, its items pickled by a serializer naming ``stage`` when one cannot be.
 
     Takes effect where ``rdd``'s items are pickled: a persist, a collect, or
     a shuffle that does not pipeline further work onto ``rdd``. A serializer
     that batches through another one is wrapped; any other is left as it is.
+    ``via``: where such an item was found, for the message (a sink's commit
+    message, which may carry the items its input stage emitted).
     """
     batched = rdd._jrdd_deserializer
     inner = getattr(batched, "serializer", None)
     if inner is None or isinstance(inner, StageOutput):
         return rdd
     named = copy.copy(batched)
-    named.serializer = StageOutput(stage, inner)
+    named.serializer = StageOutput(stage, inner, via)
     rdd._jrdd_deserializer = named
     return rdd
 
