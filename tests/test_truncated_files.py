@@ -365,3 +365,39 @@ def test_records_json_reads_are_named_in_unit(client: sparkjet.Client) -> None:
     assert f"in store {store.shown_url!r}" in str(info.value)
     with pytest.raises(FileNotFoundError):
         store.read_json(store.path("plugin", "absent.json"))
+
+
+def test_a_shuffle_defined_during_another_jobs_swap_does_not_take_its_name(
+    client: sparkjet.Client,
+) -> None:
+    """Shuffles name their stage by swapping the SparkContext's serializer for a moment
+    (under a lock): a shuffle defined meanwhile by another job must not pick that up."""
+    from sparkjet.core.fusion import decode_failure
+    from sparkjet.core.runtime import output
+
+    sc = client.spark.sparkContext
+    swapped, release = threading.Event(), threading.Event()
+
+    def other_job() -> None:
+        with output._SHUFFLE_LOCK:
+            original = sc._unbatched_serializer
+            sc._unbatched_serializer = output.StageOutput("other-jobs-stage", original)
+            swapped.set()
+            release.wait(0.5)
+            sc._unbatched_serializer = original
+
+    holder = threading.Thread(target=other_job)
+    holder.start()
+    swapped.wait(10)
+    locks = sc.parallelize([1, 2], 2).map(lambda x: (x, threading.Lock()))
+    shuffled = output.partition_by(locks, 2, lambda _k: 0, None)  # waits for the lock
+    release.set()
+    holder.join()
+    with pytest.raises(Exception, match=r"_thread\.lock") as info:
+        shuffled.collect()
+    assert decode_failure(str(info.value)) is None  # no stage's failure: not the other job's
+    named = output.partition_by(locks, 2, lambda _k: 0, "mine")
+    with pytest.raises(Exception, match="SPARKJET_STAGE_FAILURE") as info:
+        named.collect()
+    failure = decode_failure(str(info.value))
+    assert failure is not None and failure[0] == "mine"

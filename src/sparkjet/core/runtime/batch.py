@@ -626,6 +626,7 @@ class BatchRun:
         and the results put back in order by a second shuffle.
         """
         from pyspark import StorageLevel
+        from pyspark.rdd import portable_hash
 
         mapped = mapped.persist(StorageLevel.MEMORY_AND_DISK)
         self._persisted.append(mapped)
@@ -634,7 +635,7 @@ class BatchRun:
             items = [item for _, item in outputs]
             slices = self.parallelism if len(items) > DRIVER_REDUCE_LIMIT // 10 else 1
             return parallelize(self.sc, items, slices, task.stage)
-        reduced = mapped.partitionBy(partitions).mapPartitions(task)
+        reduced = partition_by(mapped, partitions, portable_hash, None).mapPartitions(task)
         if by_position:  # positions that are not (pidx, pos, j): a sort by them
             return self._by_position(reduced, partitions, task.stage)
         return self._reorder(reduced, mapped.getNumPartitions(), task.stage)
@@ -652,7 +653,7 @@ class BatchRun:
         tagged = name_output(tagged, stage).persist(StorageLevel.MEMORY_AND_DISK)
         self._persisted.append(tagged)
         bounds = self._range_bounds(tagged, partitions, stage)
-        ranged = tagged.partitionBy(len(bounds) + 1, RangePartition(bounds))
+        ranged = partition_by(tagged, len(bounds) + 1, RangePartition(bounds), None)
         return ranged.mapPartitions(SortTask(stage, None), True)
 
     def _range_bounds(self, keyed: Any, partitions: int, stage: str) -> list[Any]:
@@ -696,7 +697,7 @@ class BatchRun:
         ), name).persist(StorageLevel.MEMORY_AND_DISK)
         self._persisted.append(keyed)
         bounds = self._range_bounds(keyed, self.parallelism, name)
-        ranged = keyed.partitionBy(len(bounds) + 1, RangePartition(bounds))
+        ranged = partition_by(keyed, len(bounds) + 1, RangePartition(bounds), None)
         return Flow(ranged.mapPartitions(SortTask(name, self.counts), True))
 
     def _sink(self, node: Transform, name: str, flow: Flow) -> None:

@@ -21,7 +21,8 @@ from pyspark.serializers import FramedSerializer
 
 from sparkjet.core.fusion import StageFailure, UnpicklableItem
 
-#: Orders the swaps of a SparkContext's shuffle serializer (see :func:`partition_by`).
+#: Orders the swaps of a SparkContext's shuffle serializer and its readers (see
+#: :func:`partition_by`).
 _SHUFFLE_LOCK = threading.Lock()
 #: How deep :func:`culprit` looks into lists, tuples, sets and dicts.
 _DEPTH = 8
@@ -122,17 +123,21 @@ def name_output(rdd: Any, stage: str, via: str = "") -> Any:
     return rdd
 
 
-def partition_by(rdd: Any, partitions: int, partition_fn: Any, stage: str) -> Any:
+def partition_by(rdd: Any, partitions: int, partition_fn: Any, stage: str | None) -> Any:
     """``rdd.partitionBy(...)``, an item that cannot be shuffled raised as ``stage``'s failure.
 
     PySpark's shuffle pickles with the SparkContext's unbatched serializer,
     which it reads when the shuffle is defined: it is swapped for one naming
-    ``stage`` for that moment (under a lock, so concurrent jobs name their own).
+    ``stage`` for that moment, under a lock that every shuffle and
+    :func:`parallelize` of sparkjet's takes, so concurrent jobs name their
+    own. ``stage`` None: no swap (items pickled by a named persist before),
+    only the lock, so this shuffle does not pick up another job's swap.
     """
     sc = rdd.ctx
     with _SHUFFLE_LOCK:
         original = sc._unbatched_serializer
-        sc._unbatched_serializer = StageOutput(stage, original)
+        if stage is not None:
+            sc._unbatched_serializer = StageOutput(stage, original)
         try:
             return rdd.partitionBy(partitions, partition_fn)
         finally:
@@ -140,9 +145,14 @@ def partition_by(rdd: Any, partitions: int, partition_fn: Any, stage: str) -> An
 
 
 def parallelize(sc: Any, items: list[Any], slices: int, stage: str) -> Any:
-    """``sc.parallelize(items, slices)``; an item that cannot be pickled is ``stage``'s failure."""
+    """``sc.parallelize(items, slices)``; an item that cannot be pickled is ``stage``'s failure.
+
+    Under the lock of :func:`partition_by`: PySpark pickles the items with the
+    serializer a concurrent shuffle's definition may have swapped.
+    """
     try:
-        return sc.parallelize(items, slices)
+        with _SHUFFLE_LOCK:
+            return sc.parallelize(items, slices)
     except Exception:
         failure = unpicklable(stage, items, sc._unbatched_serializer.dumps)
         if failure is None:
