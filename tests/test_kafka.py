@@ -136,6 +136,37 @@ def test_reads_a_topic_exactly_once_skipping_aborted_transactions(
         stop(job)
 
 
+def test_a_dead_letter_names_the_kafka_offset_of_its_record(
+    kclient: sparkjet.Client, bootstrap: str
+) -> None:
+    """Offsets skip (a committed transaction's marker takes one): a letter's offset is the
+    record's own, where the stream source's ``start + index`` would be off."""
+    from confluent_kafka import Producer
+
+    topic = new_topic(bootstrap, 1)
+    tx = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"tx-{topic}"})
+    tx.init_transactions(10)
+    for value in (1, 0, 2):  # records at offsets 0, 2 and 4: markers at 1, 3 and 5
+        tx.begin_transaction()
+        tx.produce(topic, json.dumps(value).encode(), partition=0)
+        tx.commit_transaction(10)
+    del tx  # destroyed now, not when the broker has gone
+    p = Pipeline.create()
+    (p.read_from(KafkaSource(topic, bootstrap)).map(lambda v: 10 // v).set_name("tenths")
+     .on_error("dead-letter").write_to(Pipeline.to_list("out")))
+    job = start(kclient, p, "offsets")
+    try:
+        assert sorted(settled_list(kclient, "out", 2, job)) == [5, 10]
+        letters = kclient.get_stream("offsets.dead-letters")
+        wait_until(lambda: letters.size() >= 1, 60, "the dead letter")
+        [letter] = letters.read_all()
+        assert (letter["stage"], letter["item"]) == ("tenths", 0)
+        assert (letter["source"], letter["partition"]) == (f"from-kafka({topic})", f"{topic}/0")
+        assert (letter["index"], letter["offset"]) == (1, 2)
+    finally:
+        stop(job)
+
+
 def test_start_latest_and_at_a_timestamp(kclient: sparkjet.Client, bootstrap: str) -> None:
     topic = new_topic(bootstrap, 2)
     publish(bootstrap, topic, list(range(10)), timestamps=[1000 + i for i in range(10)])

@@ -18,6 +18,7 @@ says which extra to install.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import logging
@@ -51,6 +52,9 @@ DEFAULT_TIMEOUT_S = 10.0
 #: How often a source looks for new partitions (latest_offsets runs every 50 ms when idle).
 DEFAULT_METADATA_REFRESH_S = 5.0
 _START_POSITIONS = ("earliest", "latest")
+#: How many descriptors' offset runs a source keeps on an executor (for dead letters,
+#: asked right after the read).
+_RUNS_KEPT = 64
 #: Where librdkafka's own log lines go (connection retries and the like).
 _LIBRDKAFKA_LOG = logging.getLogger("sparkjet.kafka.librdkafka")
 
@@ -242,10 +246,13 @@ class KafkaSource(Source):
         self._consumer: Any = None
         self._partitions: list[int] = []
         self._partitions_at = 0.0
+        #: On executors, per descriptor read: where runs of consecutive offsets start,
+        #: ``[(index, offset), ...]`` (see :meth:`offset_of`).
+        self._runs: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_consumer"] = None  # driver-only, not picklable
+        state.update(_consumer=None, _runs={})  # driver-only, not picklable; executor-only
         return state
 
     @property
@@ -459,10 +466,14 @@ class KafkaSource(Source):
         what = _stage_of(self, context)
         key, consumer = _CONSUMERS.take(self._config(context))
         items: list[Any] = []
+        runs: list[tuple[int, int]] = []
         ok = False
         try:
             value_of, key_of = self.value_deserializer, self.key_deserializer
             for message in self._records(consumer, p, start, end, what):
+                offset = message.offset()
+                if not runs or offset - runs[-1][1] != len(items) - runs[-1][0]:
+                    runs.append((len(items), offset))  # offsets skipped (markers, compaction)
                 try:
                     value = value_of(message.value())
                     items.append(value if key_of is None else (key_of(message.key()), value))
@@ -477,7 +488,23 @@ class KafkaSource(Source):
                 _CONSUMERS.give_back(key, consumer)
             else:
                 consumer.close()
+        if len(self._runs) >= _RUNS_KEPT:
+            self._runs.clear()
+        self._runs[(p, start, end)] = runs
         return items
+
+    def offset_of(self, descriptor: Any, index: int) -> Any:
+        """Runs on an executor: the Kafka offset of the ``index``-th record ``descriptor`` read.
+
+        Offsets skip transaction markers and compacted records, so :meth:`read`
+        notes where they skip. None for a descriptor not read here.
+        """
+        p, start, end = descriptor
+        runs = self._runs.get((p, start, end))
+        if not runs:
+            return None
+        first, offset = runs[bisect.bisect_right(runs, (index, 2**63)) - 1]
+        return offset + index - first
 
 
 def _kafka_error_in(exc: BaseException) -> Any:
