@@ -153,6 +153,43 @@ def test_a_large_json_lines_file_is_read_over_batches_by_position(
     assert batches == -(-size // 1000)
 
 
+def test_offset_of_names_each_items_file_and_line_or_row(
+    tmp_path: Path, store_url: str
+) -> None:
+    """What a dead letter shows as its offset: the file, and the line (JSON lines, CSV; 1-based,
+    also for a range starting mid-file and after blank lines) or the row (Parquet; 0-based)."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    lines = [json.dumps({"n": n, "pad": "x" * (n % 5)}) for n in range(60)]
+    lines[10:10] = [""]  # a blank line: n >= 10 are on line n + 2
+    (folder / "a.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    job, task = contexts(store_url)
+    source = FileSource(str(folder), streaming=False, split_bytes=200)
+    for descriptor in source.partitions(job):
+        items = list(source.read(descriptor, task))
+        for index, item in enumerate(items):
+            line = item["n"] + (1 if item["n"] < 10 else 2)
+            assert source.offset_of(descriptor, index) == {"file": "a.jsonl", "line": line}
+    assert len(source.partitions(job)) > 1  # the file was read in several ranges
+    with (folder / "a.csv").open("w", newline="", encoding="utf-8") as fh:
+        fh.write('k,v\nc,1\n\n"multi\nline",2\nd,3\n')
+    csv_source = FileSource(str(folder), format="csv", streaming=False)
+    [descriptor] = csv_source.partitions(job)
+    assert [row["v"] for row in csv_source.read(descriptor, task)] == ["1", "2", "3"]
+    assert [csv_source.offset_of(descriptor, i)["line"] for i in range(3)] == [2, 4, 6]
+    pq.write_table(pa.Table.from_pylist([{"n": n} for n in range(10)]), folder / "a.parquet",
+                   row_group_size=3)
+    pq_source = FileSource(str(folder), format="parquet", streaming=False, split_bytes=1)
+    rows = 0
+    for descriptor in pq_source.partitions(job):
+        for index, item in enumerate(pq_source.read(descriptor, task)):
+            assert pq_source.offset_of(descriptor, index) == {"file": "a.parquet",
+                                                              "row": item["n"]}
+            rows += 1
+    assert rows == 10
+    assert FileSource(str(folder)).offset_of([["a.jsonl", 0, 10]], 0) is None  # not read here
+
+
 def test_the_caps_hold_from_wherever_a_batch_starts(
     tmp_path: Path, store_url: str
 ) -> None:

@@ -518,6 +518,8 @@ def test_walkthrough(reader_folder: Path) -> None:
         letters = [json.loads(line)["item"] for line in out.splitlines()]
         assert [(d["item"]["order"], d["stage"]) for d in letters] == [(5, "check")] * 2, out
         assert len({d["batch"] for d in letters}) == 2, out  # one per file's micro-batch
+        assert [d["offset"] for d in letters] == [  # where each bad order is
+            {"file": "orders-1.jsonl", "line": 5}, {"file": "orders-2.jsonl", "line": 5}], out
         out, _ = reader.run("sparkjet cancel orders")
         assert "finished: FAILED (cancelled by user)" in out, out
         assert resume.wait(timeout=90) == 1, resume_err.read_text()[-3000:]

@@ -21,6 +21,8 @@ micro-batch was written twice after a failure.
 
 from __future__ import annotations
 
+import array
+import bisect
 import contextlib
 import csv
 import fnmatch
@@ -33,6 +35,7 @@ import posixpath
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import fsspec
@@ -192,10 +195,13 @@ class FileSource(Source):
         self._seen: dict[str, tuple[int, int, float]] = {}
         self._settled: list[tuple[int, str, int]] | None = None
         self._listed_at = -math.inf
+        # Executor-only memory: where the items of the partitions read last came
+        # from, for dead letters (see offset_of).
+        self._origins: dict[str, list[_Origin]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for key in ("_seen", "_settled", "_listed_at"):
+        for key in ("_seen", "_settled", "_listed_at", "_origins"):
             state.pop(key, None)
         return state
 
@@ -408,35 +414,77 @@ class FileSource(Source):
         """Runs on an executor: the items of a partition's file ranges, in order."""
         fs, root = _open_fs(self.url, self.storage_options)
         out: list[Any] = []
+        origins: list[_Origin] = []
         for name, begin, end in partition:
             path = f"{root}/{name}"
+            lines = array.array("q")
             try:
                 if self.format == "jsonl":
-                    out.extend(self._read_jsonl(fs, path, begin, end))
+                    start, items = self._read_jsonl(fs, path, begin, end, lines)
+                    origins.append(_Origin(len(out), name, path, start, lines))
                 elif self.format == "csv":
-                    out.extend(self._read_csv(fs, path))
+                    items = self._read_csv(fs, path, lines)
+                    origins.append(_Origin(len(out), name, path, None, lines))
                 else:
-                    out.extend(self._read_parquet(fs, path, begin, end))
+                    first_row, items = self._read_parquet(fs, path, begin, end)
+                    origins.append(_Origin(len(out), name, path, None, None, first_row))
             except FileNotFoundError as exc:
                 raise FileNotFoundError(
                     f"{self.describe()}: file {path} was listed but is gone "
                     "(deleted or renamed before it was read)"
                 ) from exc
+            out.extend(items)
+        if len(self._origins) >= _ORIGINS_KEPT:
+            self._origins.clear()
+        self._origins[_descriptor_key(partition)] = origins
         return out
 
-    def _read_jsonl(self, fs: Any, path: str, begin: int, end: int) -> list[Any]:
+    def offset_of(self, descriptor: Any, index: int) -> Any:
+        """Runs on an executor: where the ``index``-th item of ``descriptor`` is in its file.
+
+        ``{"file": name, "line": n}`` (JSON lines, CSV: the 1-based line the
+        item starts on) or ``{"file": name, "row": n}`` (Parquet: the 0-based
+        row). None for a descriptor not read by this executor's source.
+        """
+        origins = self._origins.get(_descriptor_key(descriptor))
+        if not origins:
+            return None
+        at = bisect.bisect_right([o.first for o in origins], index) - 1
+        if at < 0:
+            return None
+        origin = origins[at]
+        i = index - origin.first
+        if origin.lines is None:
+            return {"file": origin.name, "row": origin.first_row + i}
+        if origin.start is None:  # CSV: line numbers counted from the file's start
+            return {"file": origin.name, "line": origin.lines[i]}
+        if origin.base is None:  # JSON lines read from mid-file: count the lines before once
+            fs, _ = _open_fs(self.url, self.storage_options)
+            origin.base = _line_number(fs, origin.path, origin.start)
+        return {"file": origin.name, "line": origin.base + origin.lines[i]}
+
+    def _read_jsonl(
+        self, fs: Any, path: str, begin: int, end: int, lines: array.array[int]
+    ) -> tuple[int, list[Any]]:
+        """The items of the lines starting in ``[begin, end)``, and where the first starts.
+
+        ``lines`` gets each item's line, counted from 0 at that first line.
+        """
         items = []
         with fs.open(path, "rb") as fh:
             pos = begin
             if begin > 0:  # the line starting before `begin` belongs to the range before
                 fh.seek(begin - 1)
                 pos = begin - 1 + len(fh.readline())
+            start = pos
+            n = -1
             while pos < end:
                 line = fh.readline()
                 if not line:
                     break
                 at = pos
                 pos += len(line)
+                n += 1
                 text = line.strip()
                 if not text:
                     continue
@@ -447,9 +495,11 @@ class FileSource(Source):
                         f"{self.describe()}: file {path} line {_line_number(fs, path, at)}: "
                         f"malformed JSON: {exc}: {text[:80]!r}"
                     ) from exc
-        return items
+                lines.append(n)
+        return start, items
 
-    def _read_csv(self, fs: Any, path: str) -> list[Any]:
+    def _read_csv(self, fs: Any, path: str, lines: array.array[int]) -> list[Any]:
+        """The rows of a CSV file as dicts by its header; ``lines`` gets each row's line."""
         with fs.open(path, "rb") as fh:
             text = io.TextIOWrapper(fh, encoding="utf-8", newline="")
             reader = csv.reader(text, strict=True)
@@ -458,7 +508,11 @@ class FileSource(Source):
                 header = next(reader, None)
                 if header is None:
                     return []
-                for row in reader:
+                while True:
+                    first_line = reader.line_num + 1
+                    row = next(reader, None)
+                    if row is None:
+                        break
                     if not row:
                         continue
                     if len(row) != len(header):
@@ -467,6 +521,7 @@ class FileSource(Source):
                             f"{len(row)} fields, the header has {len(header)}"
                         )
                     rows.append(dict(zip(header, row, strict=True)))
+                    lines.append(first_line)
             except csv.Error as exc:
                 raise ValueError(
                     f"{self.describe()}: file {path} line {reader.line_num}: malformed CSV: {exc}"
@@ -477,21 +532,52 @@ class FileSource(Source):
                 ) from exc
         return rows
 
-    def _read_parquet(self, fs: Any, path: str, begin: int, end: int) -> list[Any]:
+    def _read_parquet(self, fs: Any, path: str, begin: int, end: int) -> tuple[int, list[Any]]:
+        """The rows of row groups ``[begin, end)``, and the file's row number of the first."""
         pq = _pyarrow_parquet(self.describe())
         try:
             with fs.open(path, "rb") as fh:
                 pf = pq.ParquetFile(fh)
+                first_row = sum(pf.metadata.row_group(g).num_rows for g in range(begin))
                 groups = list(range(begin, end))
                 if not groups:
-                    return []
-                return list(pf.read_row_groups(groups).to_pylist())
+                    return first_row, []
+                return first_row, list(pf.read_row_groups(groups).to_pylist())
         except FileNotFoundError:
             raise
         except Exception as exc:
             raise ValueError(
                 f"{self.describe()}: file {path} is not a readable Parquet file: {exc}"
             ) from exc
+
+
+#: How many descriptors' item origins a source keeps on an executor (for dead
+#: letters, asked right after the read).
+_ORIGINS_KEPT = 64
+
+
+@dataclass
+class _Origin:
+    """Where a run of a partition's items came from: one file's range."""
+
+    #: The index of the run's first item in the partition's items.
+    first: int
+    name: str
+    path: str
+    #: JSON lines: the byte the range's first line starts at (its line numbers
+    #: in ``lines`` count from there); None: ``lines`` are the file's own.
+    start: int | None
+    #: Each item's line (JSON lines, CSV); None for Parquet.
+    lines: array.array[int] | None
+    #: Parquet: the file's row number of the run's first row.
+    first_row: int = 0
+    #: JSON lines: the line number of ``start``, once counted.
+    base: int | None = None
+
+
+def _descriptor_key(descriptor: Any) -> str:
+    """A partition descriptor (a list of ``[file, begin, end]``) as a dictionary key."""
+    return json.dumps(descriptor)
 
 
 def _line_number(fs: Any, path: str, at: int) -> int:
