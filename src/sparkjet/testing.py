@@ -772,6 +772,19 @@ class SnapshotBackendConformance:
         with pytest.raises(SnapshotCorruptedError, match="is not in its manifest"):
             again.read_file("stages/counts/never-written.pkl")
 
+    def test_a_write_landing_beside_a_whole_snapshot_is_not_corruption(
+        self, snapshots: SnapshotStore, backend: SnapshotBackend
+    ) -> None:
+        """A write landing this moment is not corruption.
+
+        A local folder's create-only write links its temp file into place, then
+        removes it: a check between the two sees ``MANIFEST.json.<32 hex>.tmp``
+        beside the manifest.
+        """
+        snapshot = self.export(snapshots, "v1", "job-1")
+        backend.write_bytes(snapshot.path(f"{MANIFEST}.{'ab' * 16}.tmp"), b"{}")
+        snapshots.get("v1").verify()
+
     def test_a_damaged_manifest_is_refused(
         self, snapshots: SnapshotStore, backend: SnapshotBackend
     ) -> None:
@@ -816,7 +829,15 @@ class SnapshotBackendConformance:
                     else:
                         seen.append(snapshot.job_id)
 
-        watcher = threading.Thread(target=_race, args=(watch, 1))
+        watch_errors: list[BaseException] = []
+
+        def watched() -> None:
+            try:
+                _race(watch, 1)
+            except BaseException as exc:  # failed in the watcher's thread: failed here, below
+                watch_errors.append(exc)
+
+        watcher = threading.Thread(target=watched)
         watcher.start()
         try:
             _race(export, writers)
@@ -824,6 +845,7 @@ class SnapshotBackendConformance:
             done.set()
             watcher.join(120)
         assert not watcher.is_alive()
+        assert watch_errors == [], f"the lister failed: {watch_errors!r}"
         store = SnapshotStore(new_backend())
         final = store.get("raced")
         self.assert_whole(final, final.job_id)

@@ -23,6 +23,7 @@ from sparkjet.core.event_time import EventTime
 from sparkjet.core.snapshots.format import EVENT_TIME_FILE
 from sparkjet.core.snapshots.manifest import FileEntry, Manifest
 from sparkjet.core.snapshots.names import MANIFEST, snapshot_folder
+from sparkjet.core.store.fs import is_temp_file
 
 #: Reading a file or a checksum in pieces of this size.
 CHUNK_SIZE = 1 << 20
@@ -200,6 +201,7 @@ class Snapshot:
         listed = {
             p[len(self.folder) + 1 :]
             for p in self._store.list_files(self.folder)
+            if not is_temp_file(p)  # a write landing this moment (a local folder's)
         }
         if MANIFEST not in listed:
             raise SnapshotReplacedError(

@@ -545,6 +545,16 @@ def file_modified(info: Mapping[str, Any]) -> float | None:
 _TEMP_FILE = re.compile(r"\.[0-9a-f]{32}\.tmp$")
 
 
+def is_temp_file(path: str) -> bool:
+    """Whether ``path`` is the temp file of a local write (beside its target, for a moment).
+
+    A create-only write links its complete temp file into place and then
+    removes it, so a listing between the two shows both: readers that
+    check a folder's exact contents leave such names out.
+    """
+    return _TEMP_FILE.search(path) is not None
+
+
 def _complete_temp_file(path: str, data: bytes) -> str:
     """A uniquely named file beside ``path`` holding ``data``, to rename or link into place.
 
