@@ -215,3 +215,11 @@ def test_gc_reads_what_holds_streams_back_once_and_lists_each_partition_once(
     ]
     assert configured.get_stream("events").read(0, 30) == list(range(10))  # offsets 30-39
     job.cancel()
+
+
+def test_trimmed_start_keeps_the_chunk_holding_before_and_always_the_newest() -> None:
+    from sparkjet.core.store.stream_log import trimmed_start
+
+    starts = [0, 10, 20, 30]
+    assert [trimmed_start(starts, b) for b in (0, 9, 10, 25, 30, 99)] == [0, 0, 10, 20, 30, 30]
+    assert trimmed_start([], 5) == 0

@@ -37,6 +37,7 @@ from sparkjet.core.jobs.record import all_records, checkpoint_path
 from sparkjet.core.snapshots import SnapshotStore
 from sparkjet.core.store.fs import Store
 from sparkjet.core.store.job_records import JobRecords
+from sparkjet.core.store.stream_log import trimmed_start
 
 log = logging.getLogger("sparkjet.store")
 
@@ -196,7 +197,10 @@ def trim_stream(
         floor, holder = floors[p]
         target = min(wanted, floor)
         held_by = holder if floor < wanted else None
-        after = stream.trim(p, target, dry_run=dry_run)
+        if dry_run:  # from the listing just made, as trim would
+            after = trimmed_start([chunk[0] for chunk in chunks], target)
+        else:
+            after = stream.trim(p, target)
         report.partitions.append(PartitionTrim(p, start, after, wanted, held_by,
                                                floor if held_by is not None else None))
     if report.trimmed and not dry_run:
@@ -275,5 +279,5 @@ def _live_jobs(store: Store) -> list[_LiveJob]:
             committed = checkpoint.last_commit()
             if committed >= 0:
                 ends = dict(checkpoint.commit_record(committed).ends)
-        jobs.append(_LiveJob(f"{record.label}", dict(record.sources), legacy, ends))
+        jobs.append(_LiveJob(record.label, dict(record.sources), legacy, ends))
     return jobs

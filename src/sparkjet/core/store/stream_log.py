@@ -182,22 +182,21 @@ class StreamLog:
             out.append((start, end, listed[start].size, listed[start].modified))
         return out
 
-    def trim(self, partition: int, before: int, *, dry_run: bool = False) -> int:
+    def trim(self, partition: int, before: int) -> int:
         """Delete the chunks of ``partition`` whose items all lie below offset ``before``.
 
         The newest chunk always stays: it carries the partition's end offset,
         so offsets are never handed out twice. Chunks go oldest first, so a
         reader finds the partition starting later, never a gap. Returns the
-        offset the partition starts at now (with ``dry_run``: would start at;
-        nothing is deleted).
+        offset the partition starts at now (see :func:`trimmed_start`).
         """
         starts = self.chunk_starts(partition)
-        for i, start in enumerate(starts[:-1]):
-            if starts[i + 1] > before:
-                return start
-            if not dry_run:
-                self.store.remove(self.paths.chunk(partition, start))
-        return starts[-1] if starts else 0
+        after = trimmed_start(starts, before)
+        for start in starts:
+            if start >= after:
+                break
+            self.store.remove(self.paths.chunk(partition, start))
+        return after
 
     # --- writing --------------------------------------------------------------
 
@@ -493,3 +492,15 @@ class StreamLog:
                 f"partition {partition} starts at {next_start}: {gap}"
             )
         return items, raw[_HEADER.size : _HEADER.size + token_len].decode("utf-8", "replace")
+
+
+def trimmed_start(starts: list[int], before: int) -> int:
+    """Where a partition whose chunks start at ``starts`` starts once trimmed below ``before``.
+
+    What :meth:`StreamLog.trim` keeps: every chunk from the first one holding
+    an offset at or above ``before``, and always the newest.
+    """
+    for i, start in enumerate(starts[:-1]):
+        if starts[i + 1] > before:
+            return start
+    return starts[-1] if starts else 0
