@@ -83,6 +83,12 @@ def test_only_jets_moves_are_allowed() -> None:
         (Action.RESTART, S.STARTING, True, "cannot restart job j: it is STARTING, not RUNNING"),
         (Action.UPDATE_CONFIG, S.RUNNING, True, "cannot update the configuration of job j: it "
          "is RUNNING, not SUSPENDED"),
+        (Action.EXPORT_SNAPSHOT, S.FAILED, True, "cannot export a snapshot of job j: it is "
+         "FAILED, not RUNNING or SUSPENDED"),
+        # One wording whichever rule refuses it (a slow batch job read RUNNING gave
+        # "cannot export_snapshot job j" on Spark 4.0).
+        (Action.EXPORT_SNAPSHOT, S.RUNNING, False, "cannot export a snapshot of job j: it is a "
+         "batch job"),
     ],
 )
 def test_actions_refused_name_the_job_and_its_status(

@@ -74,28 +74,24 @@ STREAMING_ONLY = frozenset(
     {Action.SUSPEND, Action.RESUME, Action.RESTART, Action.EXPORT_SNAPSHOT})
 
 
+#: How messages name an action whose value does not read as a verb phrase.
+_PHRASES: Mapping[Action, str] = {
+    Action.EXPORT_SNAPSHOT: "export a snapshot of",
+    Action.UPDATE_CONFIG: "update the configuration of",
+}
+
+
 def check_action(action: Action, status: JobStatus, *, streaming: bool, label: str) -> None:
     """Raise :class:`JobStateError` naming the job and its status if ``action`` is not allowed."""
     allowed = ACTION_FROM[action]
+    what = f"cannot {_PHRASES.get(action, action.value)} job {label}"
     if status not in allowed:
         if action is Action.CANCEL:
-            raise JobStateError(f"cannot cancel job {label}: it has already {status.value}")
-        if action is Action.EXPORT_SNAPSHOT:
-            raise JobStateError(
-                f"cannot export a snapshot of job {label}: it is {status.value}, not RUNNING "
-                "or SUSPENDED"
-            )
-        if action is Action.UPDATE_CONFIG:
-            raise JobStateError(
-                f"cannot update the configuration of job {label}: it is {status.value}, "
-                "not SUSPENDED"
-            )
+            raise JobStateError(f"{what}: it has already {status.value}")
         wanted = " or ".join(s.value for s in allowed)
-        raise JobStateError(
-            f"cannot {action.value} job {label}: it is {status.value}, not {wanted}"
-        )
+        raise JobStateError(f"{what}: it is {status.value}, not {wanted}")
     if action in STREAMING_ONLY and not streaming:
-        raise JobStateError(f"cannot {action.value} job {label}: it is a batch job")
+        raise JobStateError(f"{what}: it is a batch job")
 
 
 @dataclass(frozen=True)
