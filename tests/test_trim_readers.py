@@ -10,6 +10,7 @@ naming its source stage rather than skip ahead.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from sparkjet.cli import main
 from sparkjet.errors import JobFailedError, StoreError
 from sparkjet.job import JobConfig, JobStatus
 from sparkjet.pipeline import Pipeline, StreamSource
+from sparkjet.testing import StoreLocation
 from tests.conftest import wait_until
 from tests.test_cli import no_spark, write_config
 from tests.test_retention import publish_chunks
@@ -150,3 +152,86 @@ def test_a_job_whose_offsets_were_trimmed_fails_naming_its_source(
     assert ("stream 'events' partition 0: offsets 30 to 39 were trimmed (retention)"
             in message), message
     assert sorted(out.get_all()) == list(range(30))  # nothing read past the gap
+
+
+# --- the start marker in every store ----------------------------------------------------------
+
+
+def trim_everything_while_publishing(location: StoreLocation) -> None:
+    """A trim that empties a partition races publishers: no offset is handed out twice."""
+    from sparkjet.core.store.stream_log import StreamLog
+
+    StreamLog(location.store(), "raced").create(1)
+    trims: list[int] = []
+
+    def work(worker: int) -> None:
+        stream = StreamLog(location.store(separate_client=True), "raced")
+        for i in range(4):
+            if worker == 0:
+                trims.append(stream.trim(0, 2**62))  # keep nothing
+            else:
+                stream.append(0, [(worker, i)])
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    stream = StreamLog(location.store(), "raced")
+    assert stream.end_offset(0) == 8  # every append took offsets of its own
+    assert trims == sorted(trims)  # the start never goes back
+    held = stream.read_held(0)
+    start = stream.start_offset(0)
+    assert len(held) == 8 - start
+    assert stream.trim(0, 2**62) == 8
+    other = StreamLog(location.store(separate_client=True), "raced")
+    assert (other.start_offset(0), other.end_offset(0), other.read_held(0)) == (8, 8, [])
+    other.append(0, ["after"])
+    assert stream.read(0, 8, 9) == ["after"]
+    assert stream.start_offset(0) == 8
+    assert stream.trim(0, 2**62) == 9
+    # One marker is left where the partition starts; the one at 8 went.
+    assert location.store().listdir(stream.paths.partition(0)) == [f"{9:020d}.start"]
+
+
+def test_a_trim_that_empties_a_partition_on_a_local_store(tmp_path: Path) -> None:
+    trim_everything_while_publishing(StoreLocation(str(tmp_path / "store"), {}))
+
+
+@pytest.mark.storage
+def test_a_trim_that_empties_a_partition_on_s3(s3_location: StoreLocation) -> None:
+    trim_everything_while_publishing(s3_location.fresh())
+
+
+@pytest.mark.storage
+def test_a_trim_that_empties_a_partition_on_gcs(gcs_location: StoreLocation) -> None:
+    trim_everything_while_publishing(gcs_location.fresh())
+
+
+def test_the_newest_chunk_trimmed_between_a_listing_and_its_header(
+    client: sparkjet.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A publisher or reader that listed the newest chunk just before a trim removed it."""
+    from sparkjet.core.store.stream_log import StreamLog
+
+    publish_chunks(client, "events", 2)
+    stream = client.store.stream_log("events")
+    listing = StreamLog._listing
+    trimmed: list[int] = []
+    armed = [False]
+
+    def then_trimmed(self: StreamLog, partition: int) -> tuple[list[int], list[int]]:
+        listed = listing(self, partition)
+        if armed[0]:  # another process empties the partition right after
+            armed[0] = False
+            trimmed.append(client.store.stream_log("events").trim(partition, 2**62))
+        return listed
+
+    monkeypatch.setattr(StreamLog, "_listing", then_trimmed)
+    armed[0] = True
+    assert stream.end_offset(0) == 20
+    armed[0] = True
+    assert stream.append(0, ["next"]) == 20
+    armed[0] = True
+    assert stream.read_held(0) == []
+    assert trimmed == [20, 20, 21]

@@ -151,8 +151,22 @@ class StreamLog:
 
     def end_offset(self, partition: int) -> int:
         """The offset after the last item of ``partition``."""
-        starts, marks = self._listing(partition)
-        return self._end(partition, starts, marks)
+        return self._listed_with_end(partition)[2]
+
+    def _listed_with_end(self, partition: int) -> tuple[list[int], list[int], int]:
+        """``partition``'s chunk starts, start markers and end offset.
+
+        Listed again if a trim removed the newest chunk before its header was
+        read (a marker carries the end offset then).
+        """
+        while True:
+            starts, marks = self._listing(partition)
+            try:
+                return starts, marks, self._end(partition, starts, marks)
+            except FileNotFoundError:
+                if self._listing(partition) == (starts, marks):
+                    raise  # not a trim: the chunk is missing
+                continue
 
     def _end(self, partition: int, starts: list[int], marks: list[int]) -> int:
         """The end offset of a partition listed as ``starts`` and ``marks``."""
@@ -185,8 +199,16 @@ class StreamLog:
 
         Chunks oldest first; ``written``: the store's modification time (None
         where it keeps none). One listing of the partition and one read of the
-        newest chunk's header.
+        newest chunk's header (listed again if a trim removed that chunk first).
         """
+        for _ in range(100):
+            try:
+                return self._chunks(partition)
+            except FileNotFoundError:
+                continue  # trimmed between the listing and the header's read
+        return self._chunks(partition)
+
+    def _chunks(self, partition: int) -> tuple[int, list[tuple[int, int, int, float | None]]]:
         listed = {}
         marks = []
         for name, entry in self.store.entries(self.paths.partition(partition)).items():
@@ -215,8 +237,7 @@ class StreamLog:
         twice. Markers below the new start go last. Returns the offset the
         partition starts at now (see :func:`trimmed_start`).
         """
-        starts, marks = self._listing(partition)
-        end = self._end(partition, starts, marks)
+        starts, marks, end = self._listed_with_end(partition)
         after = trimmed_start(starts, end, before)
         if starts and after >= end and end not in marks:
             self.store.create_exclusive(self.paths.start_mark(partition, end), b"")
