@@ -235,3 +235,29 @@ def test_the_newest_chunk_trimmed_between_a_listing_and_its_header(
     armed[0] = True
     assert stream.read_held(0) == []
     assert trimmed == [20, 20, 21]
+
+
+def test_a_job_started_from_a_snapshot_whose_offsets_were_trimmed_fails(
+    client: sparkjet.Client,
+) -> None:
+    publish_chunks(client, "events", 3)
+    job = stream_job(client, "first")
+    out = client.get_list("first-out")
+    wait_until(lambda: len(out.get_all()) == 30, 120, "the job to read 30 items")
+    job.cancel_and_export_snapshot("kept")
+    wait_until(job.is_terminal, 60, "the job to end")
+    publish_chunks(client, "events", 2)  # offsets 30-49
+    held = client.trim_stream("events", keep_items=0).partitions[0]
+    assert (held.start_after, held.held_at) == (30, 30)  # trim keeps what the snapshot needs
+    client.store.stream_log("events").trim(0, 40)  # what trim never does, done by hand
+    p = Pipeline.create()
+    p.read_from(StreamSource("events")).write_to(Pipeline.to_list("second-out"))
+    second = client.get_jet().submit(p, JobConfig(
+        name="second", processing_guarantee="EXACTLY_ONCE", snapshot_interval_millis=100,
+        initial_snapshot_name="kept"))
+    with pytest.raises(JobFailedError) as failed:
+        second.join()
+    message = str(failed.value)
+    assert message.startswith("stage 'from-stream(events)' failed: StoreError: stream 'events' "
+                              "partition 0: offsets 30 to 39 were trimmed (retention)"), message
+    assert client.get_list("second-out").get_all() == []
