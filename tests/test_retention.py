@@ -37,11 +37,11 @@ def test_keep_items_trims_whole_old_chunks_and_readers_are_told(client: sparkjet
                                          r"trimmed \(retention\); the partition starts at "
                                          r"offset 20 now"):
         stream.read(0, 5, 30)
-    # The newest chunk always stays: offsets are never handed out again.
-    assert client.trim_stream("events", keep_items=0).partitions[0].start_after == 40
+    # Keeping nothing: the partition starts at its end; offsets are never handed out again.
+    assert client.trim_stream("events", keep_items=0).partitions[0].start_after == 50
     stream.publish_all(["next"])
     assert stream.end_offsets() == [51]
-    assert stream.read(0, 40) == [*range(40, 50), "next"]
+    assert stream.read(0, 50) == ["next"]
 
 
 def test_keep_bytes_and_keep_seconds_and_the_strictest_wins(client: sparkjet.Client) -> None:
@@ -138,12 +138,13 @@ def test_a_live_job_and_a_snapshot_hold_a_stream_back(
     assert part.held_by == "snapshot 'kept' (stage 'from-stream(events)')"
     assert (part.held_at, part.start_after) == (60, 60)
     client.snapshots.delete("kept")
-    assert client.trim_stream("events", keep_items=0).partitions[0].start_after == 60
+    publish_chunks_more.publish_all(range(70, 80))
+    assert client.trim_stream("events", keep_items=10).partitions[0].start_after == 70
     # A new job reading from the oldest item starts where the stream starts now.
     late = stream_job(client, "late")
     late_out = client.get_list("late-out")
     wait_until(lambda: len(late_out.get_all()) == 10, 120, "the new job to read what is left")
-    assert sorted(late_out.get_all()) == list(range(60, 70))
+    assert sorted(late_out.get_all()) == list(range(70, 80))
     late.cancel()
 
 
@@ -209,17 +210,19 @@ def test_gc_reads_what_holds_streams_back_once_and_lists_each_partition_once(
     report = configured.collect_garbage()
     assert calls == {"commit_record": 1, "snapshot list": 1, "chunk stat": 0}
     assert sorted(report.removed["stream items past their retention"]) == [
-        "stream 'clicks' partition 0: offsets 0 to 19",
+        "stream 'clicks' partition 0: offsets 0 to 29",
         "stream 'events' partition 0: offsets 0 to 29",
-        "stream 'views' partition 0: offsets 0 to 19",
+        "stream 'views' partition 0: offsets 0 to 29",
     ]
     assert configured.get_stream("events").read(0, 30) == list(range(10))  # offsets 30-39
     job.cancel()
 
 
-def test_trimmed_start_keeps_the_chunk_holding_before_and_always_the_newest() -> None:
+def test_trimmed_start_keeps_the_chunk_holding_before_or_nothing_at_the_end() -> None:
     from sparkjet.core.store.stream_log import trimmed_start
 
-    starts = [0, 10, 20, 30]
-    assert [trimmed_start(starts, b) for b in (0, 9, 10, 25, 30, 99)] == [0, 0, 10, 20, 30, 30]
-    assert trimmed_start([], 5) == 0
+    starts = [0, 10, 20, 30]  # the newest chunk holds 30-39
+    assert [trimmed_start(starts, 40, b) for b in (0, 9, 10, 25, 30, 39, 40, 99)] == [
+        0, 0, 10, 20, 30, 30, 40, 40]
+    assert trimmed_start([], 0, 5) == 0
+    assert trimmed_start([], 40, 5) == 40  # emptied already: starts at its end

@@ -303,7 +303,14 @@ def plugin_distribution(page: Path, folder: Path) -> Path:
     return site
 
 
-def run_page(page: Path, folder: Path, **env: str) -> subprocess.CompletedProcess[str]:
+def run_page(
+    page: Path, folder: Path, expected: list[str] | None = None, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """Run the page's python blocks in ``folder``; check they print what they promise.
+
+    ``expected``: the lines to look for instead of the ``print(...)  # <literal>``
+    comments' (a block run again, when the page says it prints something else then).
+    """
     for path, code in file_blocks(page).items():
         if not path.startswith("src/"):
             (folder / path).write_text(code, encoding="utf-8")
@@ -317,7 +324,8 @@ def run_page(page: Path, folder: Path, **env: str) -> subprocess.CompletedProces
         f"{page_id(page)}: a python block failed:\n{run.stdout[-3000:]}\n{run.stderr[-5000:]}"
     )
     lines = run.stdout.splitlines()
-    missing = [line for line in expected_prints(page) if line not in lines]
+    promised = expected_prints(page) if expected is None else expected
+    missing = [line for line in promised if line not in lines]
     assert not missing, f"{page_id(page)}: printed\n{run.stdout}\nbut not {missing}"
     return run
 
@@ -462,12 +470,14 @@ def test_the_walkthrough_shows_the_orders_pipeline() -> None:
 
 
 def shell(reader: Reader, command: str) -> None:
-    """The page's ``mkdir -p`` and ``cp`` lines, done here (after checking the page has them)."""
+    """The page's ``mkdir -p``, ``cp`` and ``mv`` lines, done here (once the page has them)."""
     words = reader.words(command)
     if words[:2] == ["mkdir", "-p"]:
         (reader.folder / words[2]).mkdir(parents=True, exist_ok=True)
     elif words[0] == "cp":
         shutil.copyfile(reader.folder / words[1], reader.folder / words[2])
+    elif words[0] == "mv":
+        (reader.folder / words[1]).rename(reader.folder / words[2] / Path(words[1]).name)
     else:  # pragma: no cover - test bug
         raise AssertionError(command)
 
@@ -526,3 +536,28 @@ def test_walkthrough(reader_folder: Path) -> None:
     finally:
         reader.stop_all()
     run_page(WALKTHROUGH, reader_folder)  # fixes the two letters: prints 2
+    assert (reader_folder / "replayed.jsonl").read_text().count('"amount": 12') == 2
+    shell(reader, "mv replayed.jsonl inbox/")
+    out, _ = reader.run("sparkjet trim orders.dead-letters --keep-items 0")
+    assert out.splitlines() == [
+        "partition 0: removed offsets 0 to 1 (2 items); starts at 2",
+        "Removed 2 items of stream 'orders.dead-letters' (keep 0 items).",
+    ], out
+    # "A second run finds no letters and prints 0": nothing is replayed twice.
+    run_page(WALKTHROUGH, reader_folder, expected=["0"])
+    assert (reader_folder / "replayed.jsonl").read_text() == ""
+    out, err = reader.run("sparkjet get stream orders.dead-letters")
+    assert (out, err) == ("", "stream 'orders.dead-letters' partition 0: offsets 0 to 1 were "
+                              "trimmed (2 items); reading from 2\n"), (out, err)
+
+
+def test_the_walkthrough_says_how_to_make_the_virtualenv_it_activates() -> None:
+    """The README's setup command, with the extra the page needs, then the activation."""
+    [readme] = [words for words in documented_commands(ROOT / "README.md")
+                if words[:4] == ["python3", "-m", "venv", ".venv"] and "-e" in words]
+    setup = readme[:readme.index("-e") + 1]  # python3 -m venv .venv && .venv/bin/pip install -e
+    page = documented_commands(WALKTHROUGH)
+    assert [".", ".venv/bin/activate"] in page, "walkthrough.md: no `. .venv/bin/activate`"
+    made = [words for words in page if words[:len(setup)] == setup]
+    assert made, f"walkthrough.md: no bash line starting {' '.join(setup)!r} (the README's)"
+    assert made[0][len(setup)] == ".[files]", made[0]

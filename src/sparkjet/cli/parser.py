@@ -446,7 +446,8 @@ def _add_declarative_commands(subcommands: Any) -> None:
     )
     get.add_argument("--tail", type=_positive_int, metavar="N", help="list: the last N items")
     get.add_argument("--from", dest="start", type=_offset, metavar="OFFSET",
-                     help="stream: from this offset of each partition (default 0)")
+                     help="stream: from this offset of each partition (default: the oldest "
+                     "item each still holds)")
     get.add_argument("--partition", type=_offset, metavar="P",
                      help="stream: only this partition")
     get.add_argument("--json", action="store_true",

@@ -121,8 +121,24 @@ def get_stream(args: argparse.Namespace, client: Client) -> int:
             raise CliError(f"stream '{name}' has partitions 0 to {len(ends) - 1}, "
                            f"not {args.partition}", EXIT_FAILED)
         partitions = range(args.partition, args.partition + 1)
-    start = args.start or 0
+    # Without --from each partition is read from where it starts now (retention
+    # may have trimmed it), and stderr says so; --from below that is an error.
+    firsts = stream.start_offsets()
     for partition in partitions:
+        if args.start is not None and args.start < firsts[partition]:
+            raise CliError(
+                f"stream '{name}' partition {partition}: offsets {args.start} to "
+                f"{firsts[partition] - 1} were trimmed (retention); the partition starts at "
+                f"offset {firsts[partition]} now (leave out --from to read from there)",
+                EXIT_FAILED)
+    for partition in partitions:
+        start = args.start
+        if start is None:
+            start = firsts[partition]
+            if start:
+                print(f"stream '{name}' partition {partition}: offsets 0 to {start - 1} were "
+                      f"trimmed ({start:,} items); reading from {start}", file=sys.stderr,
+                      flush=True)
         for offset, item in enumerate(stream.read(partition, start, ends[partition]), start):
             if args.json:
                 out(dumps({"partition": partition, "offset": offset, "item": item}))

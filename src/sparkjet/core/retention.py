@@ -20,8 +20,10 @@ A job's record names what each source stage reads (``"stream:clicks"``); a
 snapshot names source stages only, so a stage called ``from-stream(<name>)``
 reads that stream, and a renamed source stage whose offsets have the shape of
 this stream's (one integer per partition) is counted as reading it too, to
-be safe. The newest chunk of each partition always stays (it carries the
-partition's end offset). The report says, per partition, what was trimmed and
+be safe. A limit of 0 keeps nothing: a partition whose every chunk goes keeps
+its end offset in a start marker, so offsets are never handed out twice and
+readers from the oldest item find it empty, starting at that offset. The
+report says, per partition, what was trimmed and
 what held the rest back.
 """
 
@@ -191,14 +193,14 @@ def trim_stream(
                     "cannot be applied; the other limits are", name, store.shown_url)
     report = TrimReport(name, retention, dry_run)
     for p in range(partitions):
-        chunks = stream.chunks(p)
-        start = chunks[0][0] if chunks else 0
+        start, chunks = stream.chunks(p)
+        end = chunks[-1][1] if chunks else start
         wanted = _wanted(chunks, retention, now)
         floor, holder = floors[p]
         target = min(wanted, floor)
         held_by = holder if floor < wanted else None
         if dry_run:  # from the listing just made, as trim would
-            after = trimmed_start([chunk[0] for chunk in chunks], target)
+            after = trimmed_start([chunk[0] for chunk in chunks], end, target)
         else:
             after = stream.trim(p, target)
         report.partitions.append(PartitionTrim(p, start, after, wanted, held_by,

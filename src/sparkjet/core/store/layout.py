@@ -135,8 +135,9 @@ class StreamPaths:
     """The files of one stream in its ``folder``.
 
     ``meta.json`` (the partition count), ``p<partition>/<offset>.chunk``
-    the chunks, ``registry/p<partition>/<token>`` the registered batch
-    chunks, and under ``writers/`` each exactly-once writer's end offsets and
+    the chunks, ``p<partition>/<offset>.start`` where a partition whose
+    every chunk was trimmed starts (and ends), ``registry/p<partition>/<token>``
+    the registered batch chunks, and under ``writers/`` each exactly-once writer's end offsets and
     pending batch.
     """
 
@@ -159,6 +160,15 @@ class StreamPaths:
     def chunk_start(entry: str) -> int | None:
         """The first offset of a chunk listed in a partition's folder; None for others."""
         return _numbered(entry, ".chunk")
+
+    def start_mark(self, partition: int, offset: int) -> str:
+        """The marker saying ``partition`` starts at ``offset`` (written when a trim empties it)."""
+        return _join(self.partition(partition), f"{offset:0{_SEQ_WIDTH}d}.start")
+
+    @staticmethod
+    def start_mark_offset(entry: str) -> int | None:
+        """The offset of a start marker listed in a partition's folder; None for others."""
+        return _numbered(entry, ".start")
 
     def registration(self, partition: int, token: str) -> str:
         """The registration of ``token``'s batch chunk in ``partition``."""

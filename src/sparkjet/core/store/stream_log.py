@@ -27,6 +27,13 @@ start where chunk ``n-1`` ends, and hold as many items as its header says.
 A gap (a missing or overstated chunk) or a truncated chunk is an error naming
 the file, never a silent loss. Where the files lie is
 :class:`~sparkjet.core.store.layout.StreamPaths`.
+
+Retention (:meth:`StreamLog.trim`) removes a partition's oldest chunks, so
+the partition starts later; offsets below its start are *trimmed*, and a read
+of them is an error saying so. When every chunk goes, a start marker
+``<offset>.start`` keeps the partition's end offset (offsets are never handed
+out twice): a partition starts at its first chunk, or at its highest marker
+when it has none.
 """
 
 from __future__ import annotations
@@ -114,9 +121,17 @@ class StreamLog:
 
     def chunk_starts(self, partition: int) -> list[int]:
         """The first offsets of ``partition``'s chunks, in order (listed afresh)."""
-        found = (self.paths.chunk_start(e)
-                 for e in self.store.listdir(self.paths.partition(partition)))
-        return sorted(start for start in found if start is not None)
+        return self._listing(partition)[0]
+
+    def _listing(self, partition: int) -> tuple[list[int], list[int]]:
+        """``partition``'s chunk starts and start markers, each in order, from one listing."""
+        starts, marks = [], []
+        for entry in self.store.listdir(self.paths.partition(partition)):
+            if (start := self.paths.chunk_start(entry)) is not None:
+                starts.append(start)
+            elif (mark := self.paths.start_mark_offset(entry)) is not None:
+                marks.append(mark)
+        return sorted(starts), sorted(marks)
 
     def _corrupt(self, path: str, why: str) -> StoreError:
         return StoreError(self.store.redact(f"stream {self.name!r}: chunk {path!r} {why}"))
@@ -136,11 +151,30 @@ class StreamLog:
 
     def end_offset(self, partition: int) -> int:
         """The offset after the last item of ``partition``."""
-        starts = self.chunk_starts(partition)
+        return self._listed_with_end(partition)[2]
+
+    def _listed_with_end(self, partition: int) -> tuple[list[int], list[int], int]:
+        """``partition``'s chunk starts, start markers and end offset.
+
+        Listed again if a trim removed the newest chunk before its header was
+        read (a marker carries the end offset then).
+        """
+        while True:
+            starts, marks = self._listing(partition)
+            try:
+                return starts, marks, self._end(partition, starts, marks)
+            except FileNotFoundError:
+                if self._listing(partition) == (starts, marks):
+                    raise  # not a trim: the chunk is missing
+                continue
+
+    def _end(self, partition: int, starts: list[int], marks: list[int]) -> int:
+        """The end offset of a partition listed as ``starts`` and ``marks``."""
+        mark = marks[-1] if marks else 0
         if not starts:
-            return 0
+            return mark
         count, _ = self._header(partition, starts[-1])
-        return starts[-1] + count
+        return max(starts[-1] + count, mark)
 
     def end_offsets(self) -> list[int]:
         """The end offset of every partition."""
@@ -152,8 +186,7 @@ class StreamLog:
 
     def start_offset(self, partition: int) -> int:
         """The first offset ``partition`` still holds (0 until it was trimmed)."""
-        starts = self.chunk_starts(partition)
-        return starts[0] if starts else 0
+        return _first(*self._listing(partition))
 
     def start_offsets(self) -> list[int]:
         """The first offset every partition still holds."""
@@ -161,17 +194,29 @@ class StreamLog:
 
     # --- retention ------------------------------------------------------------
 
-    def chunks(self, partition: int) -> list[tuple[int, int, int, float | None]]:
-        """``(start, end, bytes, written)`` of each chunk of ``partition``, oldest first.
+    def chunks(self, partition: int) -> tuple[int, list[tuple[int, int, int, float | None]]]:
+        """Where ``partition`` starts, and ``(start, end, bytes, written)`` of each chunk.
 
-        ``written``: the store's modification time (None where it keeps none).
-        One listing of the partition and one read of the newest chunk's header.
+        Chunks oldest first; ``written``: the store's modification time (None
+        where it keeps none). One listing of the partition and one read of the
+        newest chunk's header (listed again if a trim removed that chunk first).
         """
+        for _ in range(100):
+            try:
+                return self._chunks(partition)
+            except FileNotFoundError:
+                continue  # trimmed between the listing and the header's read
+        return self._chunks(partition)
+
+    def _chunks(self, partition: int) -> tuple[int, list[tuple[int, int, int, float | None]]]:
         listed = {}
+        marks = []
         for name, entry in self.store.entries(self.paths.partition(partition)).items():
             start = self.paths.chunk_start(name)
             if start is not None:
                 listed[start] = entry
+            elif (mark := self.paths.start_mark_offset(name)) is not None:
+                marks.append(mark)
         starts = sorted(listed)
         out = []
         for i, start in enumerate(starts):
@@ -180,22 +225,29 @@ class StreamLog:
             else:
                 end = start + self._header(partition, start)[0]
             out.append((start, end, listed[start].size, listed[start].modified))
-        return out
+        return _first(starts, sorted(marks)), out
 
     def trim(self, partition: int, before: int) -> int:
         """Delete the chunks of ``partition`` whose items all lie below offset ``before``.
 
-        The newest chunk always stays: it carries the partition's end offset,
-        so offsets are never handed out twice. Chunks go oldest first, so a
-        reader finds the partition starting later, never a gap. Returns the
-        offset the partition starts at now (see :func:`trimmed_start`).
+        Whole chunks go, oldest first, so a reader finds the partition starting
+        later, never a gap. When every chunk goes (``before`` at or past the
+        end), a start marker at the end offset is written first: it carries the
+        end offset the newest chunk carried, so offsets are never handed out
+        twice. Markers below the new start go last. Returns the offset the
+        partition starts at now (see :func:`trimmed_start`).
         """
-        starts = self.chunk_starts(partition)
-        after = trimmed_start(starts, before)
+        starts, marks, end = self._listed_with_end(partition)
+        after = trimmed_start(starts, end, before)
+        if starts and after >= end and end not in marks:
+            self.store.create_exclusive(self.paths.start_mark(partition, end), b"")
         for start in starts:
             if start >= after:
                 break
             self.store.remove(self.paths.chunk(partition, start))
+        for mark in marks:
+            if mark < after:
+                self.store.remove(self.paths.start_mark(partition, mark))
         return after
 
     # --- writing --------------------------------------------------------------
@@ -427,12 +479,13 @@ class StreamLog:
         skipped = 0
         if end <= start:
             return out
-        starts = self.chunk_starts(partition)
-        if starts and start < starts[0]:
+        starts, marks = self._listing(partition)
+        held_from = _first(starts, marks)
+        if start < held_from:
             raise StoreError(self.store.redact(
                 f"stream {self.name!r} partition {partition}: offsets {start} to "
-                f"{starts[0] - 1} were trimmed (retention); the partition starts at offset "
-                f"{starts[0]} now"
+                f"{held_from - 1} were trimmed (retention); the partition starts at offset "
+                f"{held_from} now"
             ))
         expected = None  # where the next chunk must start
         for i, chunk_start in enumerate(starts):
@@ -466,6 +519,24 @@ class StreamLog:
             ))
         return out
 
+    def read_held(self, partition: int, end: int | None = None) -> list[Any]:
+        """The items of ``partition`` from the first offset it still holds up to ``end``.
+
+        ``end`` None: up to its end. A trim that moves the start while this
+        reads is followed (the read starts again from the new start); a
+        range not yet published, or a chunk missing in the middle, is still
+        the error :meth:`read` raises.
+        """
+        while True:
+            first = self.start_offset(partition)
+            stop = self.end_offset(partition) if end is None else end
+            try:
+                return self.read(partition, first, stop)
+            except (StoreError, FileNotFoundError):
+                if self.start_offset(partition) <= first:
+                    raise
+                # Trimmed while reading: read what is held now.
+
     def _items(
         self, path: str, partition: int, start: int, next_start: int | None
     ) -> tuple[list[Any], str]:
@@ -494,13 +565,25 @@ class StreamLog:
         return items, raw[_HEADER.size : _HEADER.size + token_len].decode("utf-8", "replace")
 
 
-def trimmed_start(starts: list[int], before: int) -> int:
-    """Where a partition whose chunks start at ``starts`` starts once trimmed below ``before``.
+def _first(starts: list[int], marks: list[int]) -> int:
+    """Where a partition listed as chunk ``starts`` and start ``marks`` starts."""
+    if starts:
+        return starts[0]
+    return marks[-1] if marks else 0
 
+
+def trimmed_start(starts: list[int], end: int, before: int) -> int:
+    """Where a partition starts once trimmed below ``before``.
+
+    ``starts``: its chunks' first offsets, in order; ``end``: its end offset.
     What :meth:`StreamLog.trim` keeps: every chunk from the first one holding
-    an offset at or above ``before``, and always the newest.
+    an offset at or above ``before``; none if ``before`` is at or past ``end``
+    (the partition then starts at its end). A partition without chunks starts
+    at its end already.
     """
+    if not starts or before >= end:
+        return end
     for i, start in enumerate(starts[:-1]):
         if starts[i + 1] > before:
             return start
-    return starts[-1] if starts else 0
+    return starts[-1]

@@ -191,8 +191,20 @@ class IStream:
         """Per partition, the offset the next published item gets (its item count)."""
         return self._log.end_offsets()
 
-    def read(self, partition: int, start: int = 0, end: int | None = None) -> list[Any]:
-        """The items of ``partition`` from offset ``start`` up to ``end`` (its end if None)."""
+    def start_offsets(self) -> list[int]:
+        """Per partition, the first offset it still holds (0 until ``sparkjet trim`` ran)."""
+        return self._log.start_offsets()
+
+    def read(self, partition: int, start: int | None = None, end: int | None = None) -> list[Any]:
+        """The items of ``partition`` from offset ``start`` up to ``end`` (its end if None).
+
+        ``start`` None: from the oldest item the partition still holds (where
+        retention left it, see :meth:`start_offsets`). An explicit ``start``
+        below that is a StoreError naming the stream, the partition and the
+        offsets trimmed.
+        """
+        if start is None:
+            return self._log.read_held(partition, end)
         if end is None:
             end = self._log.end_offset(partition)
         if start >= end:
@@ -200,8 +212,8 @@ class IStream:
         return self._log.read(partition, start, end)
 
     def read_all(self) -> list[Any]:
-        """Every item, partition by partition (for tests and tools; streams are for jobs)."""
+        """Every item still held, partition by partition (for tests and tools)."""
         out: list[Any] = []
-        for partition, end in enumerate(self._log.end_offsets()):
-            out.extend(self._log.read(partition, 0, end))
+        for partition in range(self._log.partitions):
+            out.extend(self._log.read_held(partition))
         return out
