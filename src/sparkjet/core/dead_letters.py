@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkjet.core.contracts import JobContext
-from sparkjet.core.graph import StatelessSpec, Transform, WindowSpec
+from sparkjet.core.graph import ErrorPolicySpec, Transform
 from sparkjet.core.model import ERROR_POLICIES
 
 __all__ = [
@@ -93,7 +93,7 @@ def plan_dead_letters(
     """
     stages = frozenset(
         names[node] for node in nodes
-        if isinstance(node.spec, StatelessSpec | WindowSpec)  # graph.ERROR_POLICY_OPS
+        if isinstance(node.spec, ErrorPolicySpec)
         and (node.spec.on_error or job_policy) == DEAD_LETTER
     )
     return DeadLetterPlan(stream, stages) if stages else None

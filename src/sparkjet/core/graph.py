@@ -53,18 +53,6 @@ class OpKind(enum.StrEnum):
     WINDOW = "window_aggregate"
 
 
-#: Operations that keep no state: fused into one Python pass per partition.
-STATELESS = frozenset({OpKind.MAP, OpKind.FILTER, OpKind.FLAT_MAP, OpKind.PEEK})
-#: Operations that group items by key: map side, shuffle by key, reduce side per key.
-KEYED = frozenset(
-    {OpKind.GROUP_AGGREGATE, OpKind.GROUP_APPLY, OpKind.MAP_STATEFUL, OpKind.DISTINCT,
-     OpKind.WINDOW}
-)
-
-#: Operations an error policy applies to: the stateless ones (an item their
-#: function raises on) and windows (an item behind the watermark).
-ERROR_POLICY_OPS = STATELESS | {OpKind.WINDOW}
-
 _MAX_NAME = 200
 
 
@@ -83,7 +71,7 @@ class SourceSpec:
 
 @dataclass(frozen=True, slots=True)
 class StatelessSpec:
-    """A stateless stage: ``fn`` applied per item (fused into one pass per partition)."""
+    """A stateless stage: ``fn`` applied per item (fused into one Python pass per partition)."""
 
     op: ClassVar[OpKind]
     fn: Callable[[Any], Any]
@@ -206,10 +194,14 @@ class SortSpec:
     reverse: bool = False
 
 
-#: The specs of the keyed stages (in :data:`KEYED`): state per key, kept by streaming jobs.
+#: The keyed stages: map side, shuffle by key, reduce side per key; streaming jobs keep
+#: their state per key (they are a snapshot's stateful stages).
 KeyedSpec: TypeAlias = (
     GroupAggregateSpec | GroupApplySpec | MapStatefulSpec | DistinctSpec | WindowSpec
 )
+#: The stages an error policy (``on_error()``) applies to: the stateless ones (an item
+#: their function raises on) and windows (an item behind the watermark).
+ErrorPolicySpec: TypeAlias = StatelessSpec | WindowSpec
 #: Every kind of node.
 NodeSpec: TypeAlias = (
     SourceSpec | MapSpec | FilterSpec | FlatMapSpec | PeekSpec | MergeSpec | SinkSpec
@@ -218,7 +210,7 @@ NodeSpec: TypeAlias = (
 
 
 def keyed_spec(node: Transform) -> KeyedSpec | None:
-    """``node``'s spec if it is a keyed stage (one of :data:`KEYED`), else None."""
+    """``node``'s spec if it is a keyed stage (:data:`KeyedSpec`), else None."""
     return node.spec if isinstance(node.spec, KeyedSpec) else None
 
 
@@ -407,7 +399,7 @@ class Stage(_Handle):
                 f"got {policy!r}",
                 self.name,
             )
-        if not isinstance(node.spec, StatelessSpec | WindowSpec):  # ERROR_POLICY_OPS
+        if not isinstance(node.spec, ErrorPolicySpec):
             raise PipelineDefinitionError(
                 f"on_error() on stage '{self.name}': error policies apply to map, filter, "
                 f"flat_map and peek stages and windowed aggregations (their late items), and "
