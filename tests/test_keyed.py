@@ -15,7 +15,14 @@ import pytest
 from sparkjet.aggregate import counting, summing, to_list
 from sparkjet.core.aggregation import AggregateOperation
 from sparkjet.core.fusion import FOLDING, FusedPass, freeze
-from sparkjet.core.graph import OpKind
+from sparkjet.core.graph import (
+    AggregateSpec,
+    DistinctSpec,
+    GroupAggregateSpec,
+    GroupApplySpec,
+    MapStatefulSpec,
+    state_ttl_ms,
+)
 from sparkjet.core.keyed import (
     MISSING,
     KeyedFold,
@@ -40,26 +47,33 @@ def map_side(fold: KeyedFold, key_fn: Any, partitions: list[list[Any]]) -> list[
     return records
 
 
-def batch(kind: OpKind, params: dict[str, Any], key_fn: Any, partitions: list[list[Any]]) -> Any:
+Spec = GroupAggregateSpec | GroupApplySpec | MapStatefulSpec | DistinctSpec | AggregateSpec
+
+
+def _key_fn(spec: Spec) -> Any:
+    return None if isinstance(spec, AggregateSpec) else spec.key_fn
+
+
+def batch(spec: Spec, partitions: list[list[Any]]) -> Any:
     """Outputs of the batch reduce side, in encounter order (as the runtime restores it)."""
-    fold = keyed_fold(kind, params)
-    records = map_side(fold, key_fn, partitions)
+    fold = keyed_fold(spec)
+    records = map_side(fold, _key_fn(spec), partitions)
     records.reverse()  # the shuffle promises no order
     return [output for _, output in sorted(reduce_batch(fold, records), key=lambda r: r[0])]
 
 
 def stream(
-    kind: OpKind, params: dict[str, Any], key_fn: Any, batches: list[list[list[Any]]],
-    values: dict[Any, Any] | None = None,
+    spec: Spec, batches: list[list[list[Any]]], values: dict[Any, Any] | None = None,
 ) -> tuple[list[list[Any]], dict[Any, Any]]:
     """Per micro-batch outputs of the streaming reduce side, and the final state."""
-    fold = keyed_fold(kind, params)
+    fold = keyed_fold(spec)
     values = {} if values is None else values
     touched: dict[Any, int] = {}
     outputs = []
     for partitions in batches:
-        groups = group_parts(map_side(fold, key_fn, partitions))
-        outputs.append(fold_into(fold, groups, values, touched, 0, params.get("ttl_ms")))
+        groups = group_parts(map_side(fold, _key_fn(spec), partitions))
+        ttl_ms = None if isinstance(spec, AggregateSpec) else state_ttl_ms(spec)
+        outputs.append(fold_into(fold, groups, values, touched, 0, ttl_ms))
     return outputs, values
 
 
@@ -79,7 +93,7 @@ class Collect(StatefulTransform):
 
 
 def test_item_records_have_the_documented_layout() -> None:
-    fold = keyed_fold(OpKind.GROUP_APPLY, {"transform": Collect()})
+    fold = keyed_fold(GroupApplySpec(key_mod, Collect()))
     records = map_side(fold, key_mod, [[4, 5], [7]])
     assert records == [(1, (0, 0, 1, 4)), (2, (0, 1, 2, 5)), (1, (1, 0, 1, 7))]
 
@@ -94,13 +108,13 @@ def test_group_aggregate_matches_python(operation: AggregateOperation, combinabl
     expected: dict[int, Any] = {}
     for x in [x for part in data for x in part]:
         expected[x % 3] = operation.accumulate(expected.get(x % 3, operation.create()), x)
-    params = {"operation": operation}
-    assert batch(OpKind.GROUP_AGGREGATE, params, key_mod, data) == [
+    spec = GroupAggregateSpec(key_mod, operation)
+    assert batch(spec, data) == [
         (k, operation.finish(v)) for k, v in expected.items()
     ]
     # The same items over three micro-batches end in the same state.
     batches = [data[:1], data[1:3], data[3:]]
-    outputs, values = stream(OpKind.GROUP_AGGREGATE, params, key_mod, batches)
+    outputs, values = stream(spec, batches)
     assert {k: operation.finish(acc) for k, (_, acc) in values.items()} == {
         k: operation.finish(v) for k, v in expected.items()
     }
@@ -108,9 +122,9 @@ def test_group_aggregate_matches_python(operation: AggregateOperation, combinabl
 
 
 def test_one_key_for_1_1_0_and_true_reported_as_first_seen() -> None:
-    params = {"operation": counting()}
-    assert batch(OpKind.GROUP_AGGREGATE, params, lambda x: x, [[1.0, True], [1]]) == [(1.0, 3)]
-    outputs, values = stream(OpKind.GROUP_AGGREGATE, params, lambda x: x, [[[True]], [[1, 1.0]]])
+    spec = GroupAggregateSpec(lambda x: x, counting())
+    assert batch(spec, [[1.0, True], [1]]) == [(1.0, 3)]
+    outputs, values = stream(spec, [[[True]], [[1, 1.0]]])
     assert outputs == [[(True, 1)], [(True, 3)]]
     assert values == {1: (True, 3)}
 
@@ -121,8 +135,7 @@ def test_each_key_gets_its_own_copy_of_initial() -> None:
         return acc
 
     op = AggregateOperation.of(append, initial=[])
-    params = {"operation": op}
-    assert batch(OpKind.GROUP_AGGREGATE, params, key_mod, [[0, 1, 3], [4]]) == [
+    assert batch(GroupAggregateSpec(key_mod, op), [[0, 1, 3], [4]]) == [
         (0, [0, 3]), (1, [1, 4])
     ]
 
@@ -132,35 +145,33 @@ def test_map_stateful_outputs_sit_at_their_items() -> None:
         state[0] += 1
         return (item, state[0]) if item % 2 else None
 
-    params = {"create_fn": lambda: [0], "map_fn": count}
+    spec = MapStatefulSpec(key_mod, lambda: [0], count)
     data = [[1, 2, 3], [4, 5, 7]]
-    assert batch(OpKind.MAP_STATEFUL, params, key_mod, data) == [
-        (1, 1), (3, 1), (5, 2), (7, 3)
-    ]
-    outputs, values = stream(OpKind.MAP_STATEFUL, params, key_mod, [[data[0]], [data[1]]])
+    assert batch(spec, data) == [(1, 1), (3, 1), (5, 2), (7, 3)]
+    outputs, values = stream(spec, [[data[0]], [data[1]]])
     assert outputs == [[(1, 1), (3, 1)], [(7, 3), (5, 2)]]  # stream: key by key
     assert values == {1: (1, [3]), 2: (2, [2]), 0: (0, [1])}
 
 
 def test_group_apply_once_per_key_and_batch() -> None:
-    params = {"transform": Collect()}
-    assert batch(OpKind.GROUP_APPLY, params, key_mod, [[1, 2], [4]]) == [(1, 2), (2, 1)]
-    outputs, values = stream(OpKind.GROUP_APPLY, params, key_mod, [[[1, 2]], [[4]]])
+    spec = GroupApplySpec(key_mod, Collect())
+    assert batch(spec, [[1, 2], [4]]) == [(1, 2), (2, 1)]
+    outputs, values = stream(spec, [[[1, 2]], [[4]]])
     assert outputs == [[(1, 1), (2, 1)], [(1, 2)]]
     assert values[1] == (1, [1, 4])
 
 
 def test_distinct_keeps_the_first_occurrence_ever() -> None:
-    params: dict[str, Any] = {"ttl_ms": None}
-    data = [[{"a": 1}, [1], {"a": 1.0}], [[1.0], "x"]]
-    assert batch(OpKind.DISTINCT, params, None, data) == [{"a": 1}, [1], "x"]
-    outputs, values = stream(OpKind.DISTINCT, params, None, [[data[0]], [data[1]]])
+    spec = DistinctSpec()
+    data: list[list[Any]] = [[{"a": 1}, [1], {"a": 1.0}], [[1.0], "x"]]
+    assert batch(spec, data) == [{"a": 1}, [1], "x"]
+    outputs, values = stream(spec, [[data[0]], [data[1]]])
     assert outputs == [[{"a": 1}, [1]], ["x"]]
     assert values == {freeze({"a": 1}): True, freeze([1]): True, "x": True}
 
 
 def test_ttl_forgets_keys_and_touches_the_ones_seen() -> None:
-    fold = keyed_fold(OpKind.DISTINCT, {"ttl_ms": 10})
+    fold = keyed_fold(DistinctSpec(None, 10))
     values: dict[Any, Any] = {}
     touched: dict[Any, int] = {}
 
@@ -180,15 +191,15 @@ def test_global_aggregate(combiner: bool) -> None:
     op = summing()
     if not combiner:
         op = AggregateOperation(op.create, op.accumulate, None, op.finish)
-    params = {"operation": op}
-    assert batch(OpKind.AGGREGATE, params, None, [[1, 2], [], [3]]) == [6]
-    assert batch(OpKind.AGGREGATE, params, None, [[], []]) == [0]
-    fold = keyed_fold(OpKind.AGGREGATE, params)
+    spec = AggregateSpec(op)
+    assert batch(spec, [[1, 2], [], [3]]) == [6]
+    assert batch(spec, [[], []]) == [0]
+    fold = keyed_fold(spec)
     assert list(reduce_batch(fold, [])) == [((0, 0, 0), 0)]
 
 
 def test_a_new_key_folds_from_missing() -> None:
-    fold = keyed_fold(OpKind.GROUP_AGGREGATE, {"operation": counting()})
+    fold = keyed_fold(GroupAggregateSpec(key_mod, counting()))
     out: list[Any] = []
     assert fold.fold("k", [(0, 0, "k", 2)], MISSING, out) == ("k", ("k", 2))
     assert fold.fold("k", [(0, 0, "k", 2)], ("k", 3), out) == ("k", ("k", 5))

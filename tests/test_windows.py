@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import sparkjet
 from sparkjet import aggregate as agg
+from sparkjet.core.graph import SourceSpec
 from sparkjet.errors import JobFailedError, PipelineDefinitionError, StateIncompatibleError
 from sparkjet.job import JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.pipeline import (
@@ -167,8 +168,8 @@ def test_timestamps_go_on_a_source_stage_only() -> None:
         source.with_timestamps(5, 0)  # type: ignore[arg-type]
     with pytest.raises(PipelineDefinitionError, match="takes a WindowDefinition"):
         source.window(10)  # type: ignore[arg-type]
-    assert "timestamps" not in source.with_timestamps(lambda x: x, 0).without_timestamps(
-        )._node.params
+    spec = source.with_timestamps(lambda x: x, 0).without_timestamps()._node.spec
+    assert isinstance(spec, SourceSpec) and spec.timestamps is None
 
 
 def test_a_timestamp_of_the_wrong_type_fails_naming_the_source(jet: Any) -> None:

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkjet.core.contracts import JobContext
-from sparkjet.core.graph import ERROR_POLICY_OPS, Transform
+from sparkjet.core.graph import ErrorPolicySpec, Transform
 from sparkjet.core.model import ERROR_POLICIES
 
 __all__ = [
@@ -89,12 +89,12 @@ def plan_dead_letters(
 ) -> DeadLetterPlan | None:
     """The job's dead-letter plan (None: every stage fails the job on an error).
 
-    A stage's own policy (``node.params["on_error"]``) wins over the job's.
+    A stage's own policy (its spec's ``on_error``) wins over the job's.
     """
     stages = frozenset(
         names[node] for node in nodes
-        if node.op in ERROR_POLICY_OPS
-        and node.params.get("on_error", job_policy) == DEAD_LETTER
+        if isinstance(node.spec, ErrorPolicySpec)
+        and (node.spec.on_error or job_policy) == DEAD_LETTER
     )
     return DeadLetterPlan(stream, stages) if stages else None
 

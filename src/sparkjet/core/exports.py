@@ -47,7 +47,6 @@ from sparkjet.core.errors import (
     StoreError,
 )
 from sparkjet.core.event_time import EventTime
-from sparkjet.core.graph import OpKind
 from sparkjet.core.keygroups import task_range
 from sparkjet.core.model import DEFAULT_KEY_GROUPS
 from sparkjet.core.planner import Plan
@@ -462,11 +461,10 @@ def seed_checkpoint(
             version = paths.write_copy(stage.name, lo, hi, 0, keys, data)
             counted[StateRange(stage.name, lo, hi)] = version.name
     ends = {}
-    for node in plan.nodes:
-        if node.op is OpKind.SOURCE:
-            source = plan.name(node)
-            ends[source] = (manifest.sources[source] if source in manifest.sources
-                            else initial_offsets(source))
+    for node in plan.sources():
+        source = plan.name(node)
+        ends[source] = (manifest.sources[source] if source in manifest.sources
+                        else initial_offsets(source))
     carried_time = snapshot.event_time()
     if carried_time is not None:
         windows = {r.stage for r in rows if r.status == "restored" and r.new_window}

@@ -46,7 +46,7 @@ STAGE_FAILURE_MARKER = "SPARKJET_STAGE_FAILURE"
 class Op:
     """A stateless operation in a fused pass."""
 
-    op: OpKind  # one of graph.STATELESS
+    op: OpKind  # a graph.StatelessSpec's kind: map, filter, flat_map or peek
     stage: str
     fn: Callable[..., Any]
     #: The stage's error policy is dead-letter: an item it fails on is set aside, not fatal.

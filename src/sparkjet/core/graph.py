@@ -4,13 +4,22 @@ Nothing here touches Spark. A :class:`PipelineGraph` (the base of the user's
 :class:`sparkjet.pipeline.Pipeline`) is a DAG of :class:`Transform` nodes;
 the stage objects returned by ``read_from``, ``map`` and friends are thin
 handles that add nodes to it.
+
+A node is its place in the graph (:class:`Transform`: inputs, consumers,
+name) plus what it does: its *spec*, one frozen dataclass per kind of node
+(:class:`SourceSpec`, :class:`MapSpec`, ..., :class:`WindowSpec`), whose
+fields are typed. Code that runs a node narrows its spec by kind
+(``isinstance(node.spec, SourceSpec)`` or ``match``) and reads the fields;
+the :data:`NodeSpec` union lists every kind.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Self
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeAlias
 
 from sparkjet.core.aggregation import AggregateOperation
 from sparkjet.core.errors import PipelineDefinitionError
@@ -44,19 +53,172 @@ class OpKind(enum.StrEnum):
     WINDOW = "window_aggregate"
 
 
-#: Operations that keep no state: fused into one Python pass per partition.
-STATELESS = frozenset({OpKind.MAP, OpKind.FILTER, OpKind.FLAT_MAP, OpKind.PEEK})
-#: Operations that group items by key: map side, shuffle by key, reduce side per key.
-KEYED = frozenset(
-    {OpKind.GROUP_AGGREGATE, OpKind.GROUP_APPLY, OpKind.MAP_STATEFUL, OpKind.DISTINCT,
-     OpKind.WINDOW}
+_MAX_NAME = 200
+
+
+# --- node specs: what each kind of node does ----------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SourceSpec:
+    """``read_from(source)``: reads ``source``; its items have event time from ``timestamps``."""
+
+    op: ClassVar[OpKind] = OpKind.SOURCE
+    source: Source
+    #: Set by ``with_timestamps()``/``with_ingestion_timestamps()``; None: no event time.
+    timestamps: Timestamps | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StatelessSpec:
+    """A stateless stage: ``fn`` applied per item (fused into one Python pass per partition)."""
+
+    op: ClassVar[OpKind]
+    fn: Callable[[Any], Any]
+    #: The stage's own error policy (``on_error()``); None: the job's.
+    on_error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MapSpec(StatelessSpec):
+    """``map(fn)``: emits ``fn(item)``."""
+
+    op: ClassVar[OpKind] = OpKind.MAP
+
+
+@dataclass(frozen=True, slots=True)
+class FilterSpec(StatelessSpec):
+    """``filter(fn)``: keeps the items ``fn`` is true for."""
+
+    op: ClassVar[OpKind] = OpKind.FILTER
+
+
+@dataclass(frozen=True, slots=True)
+class FlatMapSpec(StatelessSpec):
+    """``flat_map(fn)``: emits each element of ``fn(item)``."""
+
+    op: ClassVar[OpKind] = OpKind.FLAT_MAP
+
+
+@dataclass(frozen=True, slots=True)
+class PeekSpec(StatelessSpec):
+    """``peek(fn)``: logs ``fn(item)`` and passes the item on."""
+
+    op: ClassVar[OpKind] = OpKind.PEEK
+
+
+@dataclass(frozen=True, slots=True)
+class MergeSpec:
+    """``merge(other)``: the items of every input (the node's ``inputs``)."""
+
+    op: ClassVar[OpKind] = OpKind.MERGE
+
+
+@dataclass(frozen=True, slots=True)
+class SinkSpec:
+    """``write_to(sink)``: the end of a branch."""
+
+    op: ClassVar[OpKind] = OpKind.SINK
+    sink: Sink
+
+
+@dataclass(frozen=True, slots=True)
+class GroupAggregateSpec:
+    """``group_by(key_fn).aggregate(operation)`` (or a grouped stage used as is: ``to_list``)."""
+
+    op: ClassVar[OpKind] = OpKind.GROUP_AGGREGATE
+    key_fn: Callable[[Any], Any]
+    operation: AggregateOperation
+
+
+@dataclass(frozen=True, slots=True)
+class GroupApplySpec:
+    """``group_by(key_fn).apply(transform)``: a plugin's keyed stateful transform."""
+
+    op: ClassVar[OpKind] = OpKind.GROUP_APPLY
+    key_fn: Callable[[Any], Any]
+    transform: StatefulTransform
+
+
+@dataclass(frozen=True, slots=True)
+class MapStatefulSpec:
+    """``group_by(key_fn).map_stateful(create_fn, map_fn, ttl_millis=ttl_ms)``."""
+
+    op: ClassVar[OpKind] = OpKind.MAP_STATEFUL
+    key_fn: Callable[[Any], Any]
+    create_fn: Callable[[], Any]
+    map_fn: Callable[[Any, Any, Any], Any]
+    ttl_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DistinctSpec:
+    """``distinct(key_fn, ttl_millis=ttl_ms)``; no ``key_fn``: items are their own keys."""
+
+    op: ClassVar[OpKind] = OpKind.DISTINCT
+    key_fn: Callable[[Any], Any] | None = None
+    ttl_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WindowSpec:
+    """``window(window)[.group_by(key_fn)].aggregate(operation)``; no ``key_fn``: unkeyed."""
+
+    op: ClassVar[OpKind] = OpKind.WINDOW
+    key_fn: Callable[[Any], Any] | None
+    operation: AggregateOperation
+    window: WindowDefinition
+    #: The stage's own policy for late items (``on_error()``); None: the job's.
+    on_error: str | None = None
+
+    @property
+    def keyed(self) -> bool:
+        """Whether results are per key (``group_by``) or over all items."""
+        return self.key_fn is not None
+
+
+@dataclass(frozen=True, slots=True)
+class AggregateSpec:
+    """``aggregate(operation)`` over all items (batch jobs only)."""
+
+    op: ClassVar[OpKind] = OpKind.AGGREGATE
+    operation: AggregateOperation
+
+
+@dataclass(frozen=True, slots=True)
+class SortSpec:
+    """``sort(key_fn, reverse)`` (batch jobs only); no ``key_fn``: items compare themselves."""
+
+    op: ClassVar[OpKind] = OpKind.SORT
+    key_fn: Callable[[Any], Any] | None = None
+    reverse: bool = False
+
+
+#: The keyed stages: map side, shuffle by key, reduce side per key; streaming jobs keep
+#: their state per key (they are a snapshot's stateful stages).
+KeyedSpec: TypeAlias = (
+    GroupAggregateSpec | GroupApplySpec | MapStatefulSpec | DistinctSpec | WindowSpec
+)
+#: The stages an error policy (``on_error()``) applies to: the stateless ones (an item
+#: their function raises on) and windows (an item behind the watermark).
+ErrorPolicySpec: TypeAlias = StatelessSpec | WindowSpec
+#: Every kind of node.
+NodeSpec: TypeAlias = (
+    SourceSpec | MapSpec | FilterSpec | FlatMapSpec | PeekSpec | MergeSpec | SinkSpec
+    | KeyedSpec | AggregateSpec | SortSpec
 )
 
-#: Operations an error policy applies to: the stateless ones (an item their
-#: function raises on) and windows (an item behind the watermark).
-ERROR_POLICY_OPS = STATELESS | {OpKind.WINDOW}
 
-_MAX_NAME = 200
+def keyed_spec(node: Transform) -> KeyedSpec | None:
+    """``node``'s spec if it is a keyed stage (:data:`KeyedSpec`), else None."""
+    return node.spec if isinstance(node.spec, KeyedSpec) else None
+
+
+def state_ttl_ms(spec: KeyedSpec) -> int | None:
+    """How long a keyed stage keeps a key's state after its last item (None: for ever)."""
+    if isinstance(spec, MapStatefulSpec | DistinctSpec):
+        return spec.ttl_ms
+    return None
 
 
 def validate_stage_name(name: Any) -> str:
@@ -76,30 +238,35 @@ def validate_stage_name(name: Any) -> str:
 
 
 class Transform:
-    """One node of the pipeline DAG."""
+    """One node of the pipeline DAG: its place in the graph, its name, and its :attr:`spec`.
+
+    Nodes are compared and hashed by identity (plans key dicts by node).
+    """
 
     def __init__(
         self,
         pipeline: PipelineGraph,
-        op: OpKind,
+        spec: NodeSpec,
         inputs: list[Transform],
         *,
-        fn: Callable[..., Any] | None = None,
-        params: dict[str, Any] | None = None,
         default_name: str | None = None,
     ) -> None:
         self.pipeline = pipeline
-        self.op = op
+        #: What the node does; replaced (specs are frozen) when a stage method changes it.
+        self.spec: NodeSpec = spec
         self.inputs = inputs
-        self.fn = fn
-        self.params = params or {}
         self.explicit_name: str | None = None
-        self.default_name = default_name or op.replace("_", "-")
+        self.default_name = default_name or spec.op.replace("_", "-")
         self.index = len(pipeline.transforms)
         self.consumers: list[Transform] = []
         for upstream in inputs:
             upstream.consumers.append(self)
         pipeline.transforms.append(self)
+
+    @property
+    def op(self) -> OpKind:
+        """The kind of node (its spec's)."""
+        return self.spec.op
 
     @property
     def name(self) -> str:
@@ -130,7 +297,7 @@ class PipelineGraph:
                 f"read_from() takes a source (a sparkjet.plugin.Source), got {source!r}"
             )
         node = Transform(
-            self, OpKind.SOURCE, [], params={"source": source},
+            self, SourceSpec(source), [],
             default_name=f"from-{source.describe().replace(':', '(', 1)})"
             if ":" in source.describe() else f"from-{source.describe()}",
         )
@@ -182,8 +349,11 @@ class Stage(_Handle):
         super().set_name(name)
         return self
 
-    def _add(self, op: OpKind, *inputs: Transform, **kwargs: Any) -> Transform:
-        return Transform(self._node.pipeline, op, [self._node, *inputs], **kwargs)
+    def _add(
+        self, spec: NodeSpec, *inputs: Transform, default_name: str | None = None
+    ) -> Transform:
+        return Transform(self._node.pipeline, spec, [self._node, *inputs],
+                         default_name=default_name)
 
     def _fn(self, op: str, fn: Any) -> Callable[..., Any]:
         if not callable(fn):
@@ -194,19 +364,19 @@ class Stage(_Handle):
 
     def map(self, fn: Callable[[Any], Any]) -> Stage:
         """Emit ``fn(item)`` for each item."""
-        return Stage(self._add(OpKind.MAP, fn=self._fn("map", fn)))
+        return Stage(self._add(MapSpec(self._fn("map", fn))))
 
     def filter(self, fn: Callable[[Any], Any]) -> Stage:
         """Keep the items for which ``fn(item)`` is true."""
-        return Stage(self._add(OpKind.FILTER, fn=self._fn("filter", fn)))
+        return Stage(self._add(FilterSpec(self._fn("filter", fn))))
 
     def flat_map(self, fn: Callable[[Any], Iterable[Any]]) -> Stage:
         """Emit every element of ``fn(item)`` for each item."""
-        return Stage(self._add(OpKind.FLAT_MAP, fn=self._fn("flat_map", fn)))
+        return Stage(self._add(FlatMapSpec(self._fn("flat_map", fn))))
 
     def peek(self, fn: Callable[[Any], Any] = repr) -> Stage:
         """Log ``fn(item)`` for each item (logger ``sparkjet.peek``) and pass it on."""
-        return Stage(self._add(OpKind.PEEK, fn=self._fn("peek", fn)))
+        return Stage(self._add(PeekSpec(self._fn("peek", fn))))
 
     def on_error(self, policy: str) -> Stage:
         """What this stage does with an item its function raises on.
@@ -229,7 +399,7 @@ class Stage(_Handle):
                 f"got {policy!r}",
                 self.name,
             )
-        if node.op not in ERROR_POLICY_OPS:
+        if not isinstance(node.spec, ErrorPolicySpec):
             raise PipelineDefinitionError(
                 f"on_error() on stage '{self.name}': error policies apply to map, filter, "
                 f"flat_map and peek stages and windowed aggregations (their late items), and "
@@ -237,7 +407,7 @@ class Stage(_Handle):
                 "item there would change results silently)",
                 self.name,
             )
-        node.params["on_error"] = policy
+        node.spec = dataclasses.replace(node.spec, on_error=policy)
         return self
 
     def with_timestamps(
@@ -279,16 +449,14 @@ class Stage(_Handle):
         return self
 
     def _timestamps(self, timestamps: Timestamps | None) -> None:
-        if self._node.op != OpKind.SOURCE:
+        spec = self._node.spec
+        if not isinstance(spec, SourceSpec):
             raise PipelineDefinitionError(
                 f"stage '{self.name}' is a {self._node.op} stage: timestamps are given to a "
                 "source stage (right after read_from()), as Jet's withTimestamps()",
                 self.name,
             )
-        if timestamps is None:
-            self._node.params.pop("timestamps", None)
-        else:
-            self._node.params["timestamps"] = timestamps
+        self._node.spec = dataclasses.replace(spec, timestamps=timestamps)
 
     def window(self, definition: WindowDefinition) -> WindowedStage:
         """Cut the items' event time into windows.
@@ -324,7 +492,7 @@ class Stage(_Handle):
     ) -> Stage:
         """Aggregate all items into one result."""
         op = _operation(self.name, operation, accumulator, initial, combiner, finisher)
-        return Stage(self._add(OpKind.AGGREGATE, params={"operation": op}))
+        return Stage(self._add(AggregateSpec(op)))
 
     def distinct(
         self, key_fn: Callable[[Any], Any] | None = None, *, ttl_millis: int | None = None
@@ -339,7 +507,7 @@ class Stage(_Handle):
         """
         if key_fn is not None:
             self._fn("distinct", key_fn)
-        return Stage(self._add(OpKind.DISTINCT, fn=key_fn, params={"ttl_ms": _ttl(ttl_millis)}))
+        return Stage(self._add(DistinctSpec(key_fn, _ttl(ttl_millis))))
 
     def sort(self, key_fn: Callable[[Any], Any] | None = None, reverse: bool = False) -> Stage:
         """Order items as ``sorted(items, key=key_fn, reverse=reverse)`` would (stable)."""
@@ -347,7 +515,7 @@ class Stage(_Handle):
             self._fn("sort", key_fn)
         if not isinstance(reverse, bool):
             raise PipelineDefinitionError(f"sort(reverse=) must be a bool, got {reverse!r}")
-        return Stage(self._add(OpKind.SORT, fn=key_fn, params={"reverse": reverse}))
+        return Stage(self._add(SortSpec(key_fn, reverse)))
 
     def merge(self, other: Stage) -> Stage:
         """Emit this stage's items followed by ``other``'s (order kept in batch jobs)."""
@@ -364,7 +532,7 @@ class Stage(_Handle):
                 f"cannot merge stage '{other.name}' from another pipeline into '{self.name}'",
                 self.name,
             )
-        return Stage(self._add(OpKind.MERGE, other._node))
+        return Stage(self._add(MergeSpec(), other._node))
 
     def write_to(self, sink: Sink) -> SinkStage:
         """End this branch in ``sink``."""
@@ -380,7 +548,7 @@ class Stage(_Handle):
         default = (
             f"to-{described.replace(':', '(', 1)})" if ":" in described else f"to-{described}"
         )
-        node = self._add(OpKind.SINK, params={"sink": sink}, default_name=default)
+        node = self._add(SinkSpec(sink), default_name=default)
         return SinkStage(node)
 
 
@@ -421,8 +589,7 @@ class GroupedStage(Stage):
             from sparkjet.core.aggregation import to_list
 
             self._materialized = self._named(self._upstream._add(
-                OpKind.GROUP_AGGREGATE, fn=self._key_fn,
-                params={"operation": to_list()}, default_name="group-by",
+                GroupAggregateSpec(self._key_fn, to_list()), default_name="group-by",
             ))
         return self._materialized
 
@@ -442,8 +609,7 @@ class GroupedStage(Stage):
         """Aggregate each key's items; emits ``(key, result)`` per key."""
         op = _operation(self._upstream.name, operation, accumulator, initial, combiner, finisher)
         node = self._upstream._add(
-            OpKind.GROUP_AGGREGATE, fn=self._key_fn, params={"operation": op},
-            default_name="group-aggregate",
+            GroupAggregateSpec(self._key_fn, op), default_name="group-aggregate",
         )
         return Stage(self._named(node))
 
@@ -471,8 +637,7 @@ class GroupedStage(Stage):
                     self._upstream.name,
                 )
         node = self._upstream._add(
-            OpKind.MAP_STATEFUL, fn=self._key_fn,
-            params={"create_fn": create_fn, "map_fn": map_fn, "ttl_ms": _ttl(ttl_millis)},
+            MapStatefulSpec(self._key_fn, create_fn, map_fn, _ttl(ttl_millis)),
             default_name="map-stateful",
         )
         return Stage(self._named(node))
@@ -487,8 +652,7 @@ class GroupedStage(Stage):
                 self._upstream.name,
             )
         node = self._upstream._add(
-            OpKind.GROUP_APPLY, fn=self._key_fn, params={"transform": transform},
-            default_name=transform.kind,
+            GroupApplySpec(self._key_fn, transform), default_name=transform.kind,
         )
         return Stage(self._named(node))
 
@@ -521,8 +685,7 @@ class WindowedStage:
         self, key_fn: Callable[[Any], Any] | None, op: AggregateOperation, name: str | None
     ) -> Transform:
         node = self._upstream._add(
-            OpKind.WINDOW, fn=key_fn,
-            params={"operation": op, "window": self.definition, "keyed": key_fn is not None},
+            WindowSpec(key_fn, op, self.definition),
             default_name=f"{self.definition.kind}-window",
         )
         if name is not None:

@@ -51,11 +51,17 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from operator import itemgetter
-from typing import Any
+from typing import Any, assert_never
 
 from sparkjet.core.aggregation import AggregateOperation
 from sparkjet.core.fusion import FusedPass, Terminal, TerminalKind
-from sparkjet.core.graph import OpKind
+from sparkjet.core.graph import (
+    AggregateSpec,
+    DistinctSpec,
+    GroupAggregateSpec,
+    GroupApplySpec,
+    MapStatefulSpec,
+)
 
 #: A part's place in encounter order, ``(pidx, pos)``: the sort key of a key's parts.
 position = itemgetter(0, 1)
@@ -280,22 +286,25 @@ class Aggregate(KeyedFold):
         return [(_ORIGIN, op.finish(op.create()))]
 
 
-def keyed_fold(kind: OpKind, params: dict[str, Any]) -> KeyedFold:
-    """The fold of a node of kind ``kind`` with ``params`` (a keyed op or ``aggregate``)."""
-    if kind == OpKind.GROUP_AGGREGATE:
-        operation: AggregateOperation = params["operation"]
-        if operation.combine is not None:
-            return GroupAggregate(operation)
-        return GroupAccumulate(operation)
-    if kind == OpKind.GROUP_APPLY:
-        return GroupApply(params["transform"])
-    if kind == OpKind.MAP_STATEFUL:
-        return MapStateful(params["create_fn"], params["map_fn"])
-    if kind == OpKind.DISTINCT:
-        return Distinct()
-    if kind == OpKind.AGGREGATE:
-        return Aggregate(params["operation"])
-    raise AssertionError(f"{kind} is not a keyed operation")  # pragma: no cover
+def keyed_fold(
+    spec: GroupAggregateSpec | GroupApplySpec | MapStatefulSpec | DistinctSpec | AggregateSpec,
+) -> KeyedFold:
+    """The fold of a keyed node (but a window: see ``windowing.stage_fold``) or ``aggregate``."""
+    match spec:
+        case GroupAggregateSpec(operation=operation):
+            if operation.combine is not None:
+                return GroupAggregate(operation)
+            return GroupAccumulate(operation)
+        case GroupApplySpec(transform=transform):
+            return GroupApply(transform)
+        case MapStatefulSpec(create_fn=create_fn, map_fn=map_fn):
+            return MapStateful(create_fn, map_fn)
+        case DistinctSpec():
+            return Distinct()
+        case AggregateSpec(operation=operation):
+            return Aggregate(operation)
+        case _:  # pragma: no cover
+            assert_never(spec)
 
 
 # --- map side: records of the folding terminals ------------------------------

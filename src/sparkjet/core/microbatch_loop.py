@@ -28,7 +28,7 @@ from sparkjet.core.checkpoint import KEEP_LOG, BatchPlan, Checkpoint, CommitReco
 from sparkjet.core.contracts import JobContext
 from sparkjet.core.engine import BatchResult, Engine, MicroBatchSpec
 from sparkjet.core.event_time import NO_WATERMARK, EventTime, WindowClock, stage_watermark
-from sparkjet.core.graph import OpKind, Transform
+from sparkjet.core.graph import Transform, WindowSpec
 from sparkjet.core.model import DEFAULT_KEY_GROUPS
 from sparkjet.core.planner import Plan
 
@@ -40,8 +40,8 @@ IDLE_POLL_SECONDS = 0.05
 
 def initial_offsets(plan: Plan, job_context: Callable[[Transform], JobContext]) -> dict[str, Any]:
     """Each source's offsets, by stage name, where a job with no committed batch starts."""
-    return {plan.name(n): n.params["source"].initial_offsets(job_context(n))
-            for n in plan.nodes if n.op == "source"}
+    return {plan.name(n): spec.source.initial_offsets(job_context(n))
+            for n, spec in plan.sources().items()}
 
 
 def latest_offsets(source: Any, context: Any, start: Any) -> Any:
@@ -195,13 +195,13 @@ class StreamLoop:
         self.settings = settings
         self.host = host
         self.progress = progress
-        self.sources = [n for n in plan.nodes if n.op == "source"]
+        self.sources = plan.sources()
         #: The sources' offsets the loop goes on from: the end offsets of its
         #: last committed batch (before the first, where it started).
         self.ends: dict[str, Any] = {}
         #: The windowed stages' definitions, by name.
-        self.windows = {plan.name(n): n.params["window"] for n in plan.nodes
-                        if n.op == OpKind.WINDOW}
+        self.windows = {plan.name(n): n.spec.window for n in plan.nodes
+                        if isinstance(n.spec, WindowSpec)}
         #: Event time as of the last committed batch.
         self.event_time = EventTime()
 
@@ -209,8 +209,9 @@ class StreamLoop:
         """Add the timestamped sources' partitions at ``latest`` to the event-time record."""
         if not self.windows:
             return
-        known = {self.plan.name(n): list(n.params["source"].watermark_partitions(
-            latest[self.plan.name(n)])) for n in self.sources if "timestamps" in n.params}
+        known = {self.plan.name(n): list(spec.source.watermark_partitions(
+            latest[self.plan.name(n)])) for n, spec in self.sources.items()
+            if spec.timestamps is not None}
         self.event_time = self.event_time.knowing(known, now_ms)
 
     def _watermarks(self, now_ms: int) -> dict[str, int]:
@@ -278,7 +279,7 @@ class StreamLoop:
             planned = self.checkpoint.planned(batch)
             if planned is None:
                 latest = {
-                    self.plan.name(n): latest_offsets(n.params["source"], self.job_context(n),
+                    self.plan.name(n): latest_offsets(self.sources[n].source, self.job_context(n),
                                                       ends.get(self.plan.name(n)))
                     for n in self.sources
                 }

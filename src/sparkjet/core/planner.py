@@ -9,13 +9,29 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, assert_never
 
 import cloudpickle
 
 from sparkjet.core.dead_letters import DeadLetterPlan, default_stream, plan_dead_letters
 from sparkjet.core.errors import PipelineDefinitionError, ProcessingGuaranteeError
-from sparkjet.core.graph import STATELESS, OpKind, PipelineGraph, Transform
+from sparkjet.core.graph import (
+    AggregateSpec,
+    DistinctSpec,
+    GroupAggregateSpec,
+    GroupApplySpec,
+    MapStatefulSpec,
+    MergeSpec,
+    NodeSpec,
+    OpKind,
+    PipelineGraph,
+    SinkSpec,
+    SortSpec,
+    SourceSpec,
+    StatelessSpec,
+    Transform,
+    WindowSpec,
+)
 from sparkjet.core.model import ProcessingGuarantee
 from sparkjet.core.plugin_manager import PluginHost, Registered
 from sparkjet.core.windows import Timestamps
@@ -52,7 +68,12 @@ class Plan:
         return dataclasses.replace(self, dead_letters=found)
 
     def name(self, node: Transform) -> str:
+        """The stage name of ``node``."""
         return self.names[node]
+
+    def sources(self) -> dict[Transform, SourceSpec]:
+        """The source nodes, in topological order, with their specs."""
+        return {node: node.spec for node in self.nodes if isinstance(node.spec, SourceSpec)}
 
 
 def plan(pipeline: Any, host: PluginHost, guarantee: ProcessingGuarantee) -> Plan:
@@ -70,12 +91,14 @@ def plan(pipeline: Any, host: PluginHost, guarantee: ProcessingGuarantee) -> Pla
                 f"stage '{names[node]}' has no sink downstream: end the branch with write_to()",
                 names[node],
             )
-    participants = {node: _registration(node, names[node], host) for node in nodes
-                    if node.op in (OpKind.SOURCE, OpKind.SINK, OpKind.GROUP_APPLY)}
-    streaming = any(node.params["source"].streaming for node in nodes if node.op == OpKind.SOURCE)
+    participants = {node: _registration(node, participant, names[node], host)
+                    for node in nodes if (participant := _participant(node.spec)) is not None}
+    streaming = any(node.spec.source.streaming for node in nodes
+                    if isinstance(node.spec, SourceSpec))
     for node in nodes:
-        _check_picklable(node, names[node])
-    event_sources = {names[n]: _event_sources(n, names) for n in nodes if n.op == OpKind.WINDOW}
+        _check_picklable(node.spec, names[node])
+    event_sources = {names[n]: _event_sources(n, names) for n in nodes
+                     if isinstance(n.spec, WindowSpec)}
     if streaming:
         _check_streaming_sources(nodes, names)
         for node in nodes:
@@ -96,13 +119,13 @@ def _event_sources(window: Transform, names: dict[Transform, str]) -> dict[str, 
     todo = list(window.inputs)
     while todo:
         node = todo.pop()
-        if node.op == OpKind.SOURCE:
-            timestamps = node.params.get("timestamps")
+        if isinstance(node.spec, SourceSpec):
+            timestamps = node.spec.timestamps
             if timestamps is None:
                 missing.append(names[node])
             else:
                 found[names[node]] = timestamps
-        elif node.op in STATELESS or node.op == OpKind.MERGE:
+        elif isinstance(node.spec, StatelessSpec | MergeSpec):
             todo.extend(node.inputs)
         else:
             missing.append(names[node])
@@ -122,9 +145,9 @@ def _check_streaming_sources(nodes: list[Transform], names: dict[Transform, str]
     from sparkjet.core.contracts import Source
 
     for node in nodes:
-        if node.op != OpKind.SOURCE or not node.params["source"].streaming:
+        if not isinstance(node.spec, SourceSpec) or not node.spec.source.streaming:
             continue
-        cls = type(node.params["source"])
+        cls = type(node.spec.source)
         missing = [
             m for m in ("initial_offsets", "latest_offsets", "plan_range")
             if getattr(cls, m) is getattr(Source, m)
@@ -150,16 +173,18 @@ def _check_unique_names(nodes: list[Transform], names: dict[Transform, str]) -> 
         seen[name] = node
 
 
-def _participant(node: Transform) -> Any:
-    if node.op == OpKind.SOURCE:
-        return node.params["source"]
-    if node.op == OpKind.SINK:
-        return node.params["sink"]
-    return node.params["transform"]
+def _participant(spec: NodeSpec) -> object | None:
+    """The plugin object a node runs (a source, a sink, a stateful transform), if any."""
+    if isinstance(spec, SourceSpec):
+        return spec.source
+    if isinstance(spec, SinkSpec):
+        return spec.sink
+    if isinstance(spec, GroupApplySpec):
+        return spec.transform
+    return None
 
 
-def _registration(node: Transform, name: str, host: PluginHost) -> Registered:
-    obj = _participant(node)
+def _registration(node: Transform, obj: object, name: str, host: PluginHost) -> Registered:
     entry = host.lookup_class(type(obj))
     if entry is None:
         cls = type(obj)
@@ -172,21 +197,44 @@ def _registration(node: Transform, name: str, host: PluginHost) -> Registered:
     return entry
 
 
-def _check_picklable(node: Transform, name: str) -> None:
-    things: list[tuple[str, Any]] = []
-    if node.fn is not None:
-        things.append(("function", node.fn))
-    for key, value in node.params.items():
-        if key == "operation":
-            things.extend(
-                (f"aggregate operation's {part}", getattr(value, part))
-                for part in ("create", "accumulate", "combine", "finish", "deduct")
-            )
-        elif key in ("source", "sink", "transform", "create_fn", "map_fn"):
-            things.append((key, value))
-        elif key == "timestamps" and value.fn is not None:
-            things.append(("timestamp function", value.fn))
-    for label, thing in things:
+def _shipped(spec: NodeSpec) -> list[tuple[str, Any]]:
+    """What of a node is pickled to reach Spark executors, each with how messages call it."""
+    def operation(op: Any) -> list[tuple[str, Any]]:
+        return [(f"aggregate operation's {part}", getattr(op, part))
+                for part in ("create", "accumulate", "combine", "finish", "deduct")]
+
+    def function(fn: Any) -> list[tuple[str, Any]]:
+        return [] if fn is None else [("function", fn)]
+
+    match spec:
+        case SourceSpec(source=source, timestamps=timestamps):
+            stamp = [] if timestamps is None or timestamps.fn is None else [
+                ("timestamp function", timestamps.fn)]
+            return [("source", source), *stamp]
+        case StatelessSpec(fn=fn):
+            return function(fn)
+        case MergeSpec():
+            return []
+        case SinkSpec(sink=sink):
+            return [("sink", sink)]
+        case GroupAggregateSpec(key_fn=key_fn, operation=op):
+            return [*function(key_fn), *operation(op)]
+        case GroupApplySpec(key_fn=key_fn, transform=transform):
+            return [*function(key_fn), ("transform", transform)]
+        case MapStatefulSpec(key_fn=key_fn, create_fn=create_fn, map_fn=map_fn):
+            return [*function(key_fn), ("create_fn", create_fn), ("map_fn", map_fn)]
+        case DistinctSpec(key_fn=key_fn) | SortSpec(key_fn=key_fn):
+            return function(key_fn)
+        case WindowSpec(key_fn=key_fn, operation=op):
+            return [*function(key_fn), *operation(op)]
+        case AggregateSpec(operation=op):
+            return operation(op)
+        case _:  # pragma: no cover
+            assert_never(spec)
+
+
+def _check_picklable(spec: NodeSpec, name: str) -> None:
+    for label, thing in _shipped(spec):
         try:
             cloudpickle.dumps(thing)
         except Exception as exc:

@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 from sparkjet.core.aggregation import AggregateOperation, to_list
 from sparkjet.core.event_time import WindowClock
 from sparkjet.core.fusion import Terminal, TerminalKind
-from sparkjet.core.graph import OpKind
+from sparkjet.core.graph import AggregateSpec, KeyedSpec, WindowSpec
 from sparkjet.core.keyed import MISSING, KeyedFold, keyed_fold
 from sparkjet.core.windows import KeyedWindowResult, WindowDefinition, WindowResult
 
@@ -310,9 +310,9 @@ def _window_ends(ends: list[int], size: int, slide: int, lo: int, hi: int) -> li
     return out
 
 
-def stage_fold(kind: OpKind, params: dict[str, Any], clock: WindowClock | None = None) -> KeyedFold:
+def stage_fold(spec: KeyedSpec | AggregateSpec, clock: WindowClock | None = None) -> KeyedFold:
     """The fold of a stateful node: :func:`keyed.keyed_fold`'s, or a window's under ``clock``."""
-    if kind == OpKind.WINDOW:
-        return WindowFold(params["window"], params["operation"], params["keyed"],
+    if isinstance(spec, WindowSpec):
+        return WindowFold(spec.window, spec.operation, spec.keyed,
                           clock or WindowClock.batch_job())
-    return keyed_fold(kind, params)
+    return keyed_fold(spec)

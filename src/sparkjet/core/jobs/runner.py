@@ -46,7 +46,7 @@ from sparkjet.core.exports import (
     release_cut,
     seed_checkpoint,
 )
-from sparkjet.core.graph import OpKind, Transform
+from sparkjet.core.graph import SinkSpec, Transform, WindowSpec
 from sparkjet.core.jobs.control import ControlDesk
 from sparkjet.core.jobs.exporting import ExportQueue, ExportRequest
 from sparkjet.core.jobs.lifecycle import (
@@ -655,12 +655,12 @@ class JobRunner:
         name = snapshot.name
         checkpoint = self._checkpoint(record_now=False)
         make = self.context_factory()
-        sources = {self.plan.name(n): n for n in self.plan.nodes if n.op == "source"}
+        sources = {self.plan.name(n): (n, spec) for n, spec in self.plan.sources().items()}
         try:
             rows = seed_checkpoint(
                 checkpoint, self.plan, snapshot,
-                lambda source: sources[source].params["source"].initial_offsets(
-                    make(sources[source])),
+                lambda source: sources[source][1].source.initial_offsets(
+                    make(sources[source][0])),
                 self.job.config.key_groups,
             )
         except BaseException:
@@ -814,7 +814,7 @@ class JobRunner:
             names = self.plan.names
             for node in self.plan.nodes:
                 received = sum(counts.get(names[i], 0) for i in node.inputs)
-                emitted = 0 if node.op == "sink" else counts.get(names[node], 0)
+                emitted = 0 if isinstance(node.spec, SinkSpec) else counts.get(names[node], 0)
                 stage = {"receivedCount": received, "emittedCount": emitted}
                 if streaming and names[node] in self.progress.state:
                     keys, size = self.progress.state[names[node]]
@@ -824,7 +824,7 @@ class JobRunner:
                 dead = self.plan.dead_letters
                 if dead is not None and names[node] in dead.stages:
                     stage["deadLetters"] = counts.get(dead_counter(names[node]), 0)
-                if node.op == OpKind.WINDOW:
+                if isinstance(node.spec, WindowSpec):
                     stage["lateEventsDropped"] = counts.get(late_counter(names[node]), 0)
                     if streaming:
                         stage["watermark"] = self.progress.watermarks.get(names[node],

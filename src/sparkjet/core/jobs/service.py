@@ -220,8 +220,8 @@ class JetService:
                 kind="stream" if validated.streaming else "batch",
                 driver=this_driver(),
                 stages=tuple(validated.names.values()),
-                sources={validated.names[n]: n.params["source"].describe()
-                         for n in validated.nodes if n.op == "source"},
+                sources={validated.names[n]: spec.source.describe()
+                         for n, spec in validated.sources().items()},
                 restore=restore,
             )
             job = Job(self, record)

@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from operator import itemgetter
-from typing import Any
+from typing import Any, assert_never
 
 from sparkjet.core.contracts import JobContext, TaskContext
 from sparkjet.core.dead_letters import DeadLettersParam, commit_dead_letters, dead_counter
@@ -42,7 +42,17 @@ from sparkjet.core.fusion import (
     UnpicklableItem,
     decode_failure,
 )
-from sparkjet.core.graph import KEYED, STATELESS, OpKind, Transform
+from sparkjet.core.graph import (
+    AggregateSpec,
+    KeyedSpec,
+    MergeSpec,
+    SinkSpec,
+    SortSpec,
+    SourceSpec,
+    StatelessSpec,
+    Transform,
+    WindowSpec,
+)
 from sparkjet.core.keyed import KeyedFold, folded_records, reduce_batch
 from sparkjet.core.planner import Plan
 from sparkjet.core.runtime.output import name_output, parallelize, partition_by
@@ -492,36 +502,36 @@ class BatchRun:
 
     def _node(self, node: Transform, flows: dict[Transform, Flow]) -> Flow | None:
         name = self.plan.name(node)
-        if node.op == OpKind.SOURCE:
-            return self._source(node, name)
-        if node.op in STATELESS:
+        spec = node.spec
+        if isinstance(spec, SourceSpec):
+            return self._source(node, spec, name)
+        if isinstance(spec, StatelessSpec):
             upstream = flows[node.inputs[0]]
-            assert node.fn is not None
             dead = self.dead_letters is not None and name in self.dead_letters.stages
-            return Flow(upstream.rdd, [*upstream.ops, Op(node.op, name, node.fn, dead)],
+            return Flow(upstream.rdd, [*upstream.ops, Op(spec.op, name, spec.fn, dead)],
                         upstream.reader, upstream.stamp)
-        if node.op == OpKind.MERGE:
+        if isinstance(spec, MergeSpec):
             # Items keep their timestamps through a merge of timestamped branches only.
             paired = all(flows[i].stamp is not None for i in node.inputs)
             rdds = [self._materialize(flows[i], name, paired, self.plan.name(i))
                     for i in node.inputs]
             return Flow(self.sc.union(rdds), stamp=Stamp(StampKind.PAIRED) if paired else None)
-        if node.op == OpKind.SINK:
-            self._sink(node, name, flows[node.inputs[0]])
+        if isinstance(spec, SinkSpec):
+            self._sink(node, spec, name, flows[node.inputs[0]])
             return None
-        if node.op in KEYED:
-            return self._keyed(node, name, flows[node.inputs[0]])
-        if node.op == OpKind.AGGREGATE:
-            return self._global_aggregate(node, name, flows[node.inputs[0]])
-        if node.op == OpKind.SORT:
-            return self._sort(node, name, flows[node.inputs[0]])
-        raise AssertionError(f"unknown operation {node.op}")  # pragma: no cover
+        if isinstance(spec, KeyedSpec):
+            return self._keyed(spec, name, flows[node.inputs[0]])
+        if isinstance(spec, AggregateSpec):
+            return self._global_aggregate(spec, name, flows[node.inputs[0]])
+        if isinstance(spec, SortSpec):
+            return self._sort(spec, name, flows[node.inputs[0]])
+        assert_never(spec)
 
-    def _source(self, node: Transform, name: str) -> Flow:
-        source = node.params["source"]
+    def _source(self, node: Transform, spec: SourceSpec, name: str) -> Flow:
+        source = spec.source
         ctx = self.job_context(node)
         try:
-            descriptors = list(self._descriptors(node, source, ctx))
+            descriptors = list(self._descriptors(spec, name, ctx))
         except Exception as exc:
             raise JobFailedError(
                 f"stage '{name}': source {source.describe()} failed to plan its partitions: "
@@ -532,11 +542,11 @@ class BatchRun:
         # A descriptor that cannot be pickled is the source stage's failure, named.
         rdd = parallelize(self.sc, descriptors, max(1, len(descriptors)), name)
         return Flow(rdd, reader=ReadTask(source, name, task_ctx, self.counts),
-                    stamp=self._stamp(node, name))
+                    stamp=self._stamp(spec, name))
 
-    def _stamp(self, node: Transform, name: str) -> Stamp | None:
+    def _stamp(self, spec: SourceSpec, name: str) -> Stamp | None:
         """How a source's items get their timestamps (None: they have none)."""
-        timestamps = node.params.get("timestamps")
+        timestamps = spec.timestamps
         if timestamps is None:
             return None
         if timestamps.fn is None:
@@ -547,8 +557,9 @@ class BatchRun:
         """Ingestion time: when the batch job started."""
         return self._started_ms
 
-    def _descriptors(self, node: Transform, source: Any, ctx: JobContext) -> Iterable[Any]:
-        return source.partitions(ctx)  # type: ignore[no-any-return]
+    def _descriptors(self, spec: SourceSpec, name: str, ctx: JobContext) -> Iterable[Any]:
+        """The partition descriptors source stage ``name`` reads (all of its input)."""
+        return spec.source.partitions(ctx)
 
     def _pass(
         self, flow: Flow, stage: str, terminal: Terminal | None = None, pairs_out: bool = False
@@ -589,7 +600,9 @@ class BatchRun:
         self._persisted.append(rdd)
         return Flow(rdd, stamp=Stamp(StampKind.PAIRED) if paired else None)
 
-    def _map_side(self, fold: KeyedFold, node: Transform, name: str, flow: Flow) -> Any:
+    def _map_side(
+        self, fold: KeyedFold, spec: KeyedSpec | AggregateSpec, name: str, flow: Flow
+    ) -> Any:
         """The map side of a keyed stage, fused into the pass that feeds it.
 
         Yields ``(key, part)`` records (:mod:`sparkjet.core.keyed`): a partial
@@ -597,8 +610,8 @@ class BatchRun:
         key for ``distinct``, and every item otherwise (not combinable, or
         stateful transforms).
         """
-        terminal = fold.terminal(name, node.fn)
-        if node.op == OpKind.WINDOW and self.dead_letters is not None:
+        terminal = fold.terminal(name, None if isinstance(spec, AggregateSpec) else spec.key_fn)
+        if isinstance(spec, WindowSpec) and self.dead_letters is not None:
             # A window whose policy is dead-letter sets its late items aside.
             terminal.late_letters = name in self.dead_letters.stages
         clock = getattr(fold, "clock", None)
@@ -609,11 +622,11 @@ class BatchRun:
             True,
         ), name)
 
-    def _keyed(self, node: Transform, name: str, flow: Flow) -> Flow:
-        fold = stage_fold(node.op, node.params)
-        mapped = self._map_side(fold, node, name, flow)
+    def _keyed(self, spec: KeyedSpec, name: str, flow: Flow) -> Flow:
+        fold = stage_fold(spec)
+        mapped = self._map_side(fold, spec, name, flow)
         task = ReduceTask(fold, name, self.counts)
-        return Flow(self._reduce(mapped, task, self.parallelism, node.op == OpKind.WINDOW))
+        return Flow(self._reduce(mapped, task, self.parallelism, isinstance(spec, WindowSpec)))
 
     def _reduce(
         self, mapped: Any, task: ReduceTask, partitions: int, by_position: bool = False
@@ -680,16 +693,16 @@ class BatchRun:
         return partition_by(origin, max(1, partitions), _identity_partition, stage).mapPartitions(
             _restore_order, True)
 
-    def _global_aggregate(self, node: Transform, name: str, flow: Flow) -> Flow:
-        fold = stage_fold(OpKind.AGGREGATE, node.params)
-        mapped = self._map_side(fold, node, name, flow)
+    def _global_aggregate(self, spec: AggregateSpec, name: str, flow: Flow) -> Flow:
+        fold = stage_fold(spec)
+        mapped = self._map_side(fold, spec, name, flow)
         task = ReduceTask(fold, name, self.counts)
         return Flow(self._reduce(mapped, task, 1))
 
-    def _sort(self, node: Transform, name: str, flow: Flow) -> Flow:
+    def _sort(self, spec: SortSpec, name: str, flow: Flow) -> Flow:
         from pyspark import StorageLevel
 
-        terminal = Terminal(TerminalKind.SORTKEY, name, node.fn, reverse=node.params["reverse"])
+        terminal = Terminal(TerminalKind.SORTKEY, name, spec.key_fn, reverse=spec.reverse)
         keyed = name_output(flow.rdd.mapPartitionsWithIndex(
             PassTask(self._pass(flow, name, terminal), name, self.counts, flow.reader,
                      event_times=self.event_times),
@@ -700,8 +713,8 @@ class BatchRun:
         ranged = partition_by(keyed, len(bounds) + 1, RangePartition(bounds), None)
         return Flow(ranged.mapPartitions(SortTask(name, self.counts), True))
 
-    def _sink(self, node: Transform, name: str, flow: Flow) -> None:
-        sink = node.params["sink"]
+    def _sink(self, node: Transform, spec: SinkSpec, name: str, flow: Flow) -> None:
+        sink = spec.sink
         ctx = self.job_context(node)
         try:
             state = sink.prepare(ctx)

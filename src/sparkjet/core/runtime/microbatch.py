@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 from sparkjet.core import compaction
 from sparkjet.core.contracts import JobContext
 from sparkjet.core.engine import BatchResult, BatchSpec, MicroBatchSpec, StateSize
-from sparkjet.core.graph import Transform
+from sparkjet.core.graph import KeyedSpec, SourceSpec, Transform, state_ttl_ms
 from sparkjet.core.keyed import KeyedFold, fold_into, group_parts
 from sparkjet.core.keygroups import KeyGroupPartition, task_range
 from sparkjet.core.runtime.batch import BatchRun, EventTimesParam, Flow, Task
@@ -225,19 +225,20 @@ class MicroBatch(BatchRun):
             event_times=seen,
         )
 
-    def _descriptors(self, node: Transform, source: Any, ctx: JobContext) -> Iterable[Any]:
-        name = self.plan.name(node)
+    def _descriptors(self, spec: SourceSpec, name: str, ctx: JobContext) -> Iterable[Any]:
+        """The partition descriptors of source stage ``name``'s planned range this batch."""
+        source = spec.source
         start, end = self.source_ranges[name]
         descriptors = list(source.plan_range(start, end, ctx))
-        if node.params.get("timestamps") is not None:
+        if spec.timestamps is not None:
             self._partitions[name] = [str(source.watermark_partition(d)) for d in descriptors]
         return descriptors
 
-    def _keyed(self, node: Transform, name: str, flow: Flow) -> Flow:
-        fold = stage_fold(node.op, node.params, self.windows.get(name))
-        mapped = self._map_side(fold, node, name, flow)
+    def _keyed(self, spec: KeyedSpec, name: str, flow: Flow) -> Flow:
+        fold = stage_fold(spec, self.windows.get(name))
+        mapped = self._map_side(fold, spec, name, flow)
         task = StateTask(
-            fold, name, node.params.get("ttl_ms"), self.state, self.batch, self.committed,
+            fold, name, state_ttl_ms(spec), self.state, self.batch, self.committed,
             self.now_ms, self.counts, self.tasks, self.reports,
         )
         groups = self.state.key_groups

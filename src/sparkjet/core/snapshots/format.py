@@ -13,9 +13,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, assert_never
 
-from sparkjet.core.graph import KEYED, OpKind, Transform
+from sparkjet.core.graph import (
+    DistinctSpec,
+    GroupAggregateSpec,
+    GroupApplySpec,
+    MapStatefulSpec,
+    Transform,
+    WindowSpec,
+    keyed_spec,
+)
 from sparkjet.core.naming import encode_name as encode_store_name
 from sparkjet.core.planner import Plan
 
@@ -47,7 +55,7 @@ def parse_state_file(path: str) -> tuple[int, int, int] | None:
 
 def stateful_stages(plan: Plan) -> dict[str, Transform]:
     """The plan's stateful stages (keyed stages, which keep state in a stream), by name."""
-    return {plan.name(n): n for n in plan.nodes if n.op in KEYED}
+    return {plan.name(n): n for n in plan.nodes if keyed_spec(n) is not None}
 
 
 def _type_name(value: Any) -> str:
@@ -67,27 +75,29 @@ def state_signature(node: Transform) -> dict[str, Any]:
     operation, but accumulator type has to stay the same"), a TTL, or any
     stateless stage keeps the signature.
     """
-    params = node.params
-    if node.op is OpKind.WINDOW:
-        # The definition is shown and compared by the upgrade rules, not matched exactly:
-        # a window's size, slide or timeout may change between versions.
-        operation = params["operation"]
-        definition = params["window"]
-        return {"op": "window", "window": "session" if definition.is_session else "frames",
-                "accumulator": _type_name(operation.create()),
-                "combiner": operation.combine is not None,
-                "definition": definition.to_json()}
-    if node.op is OpKind.GROUP_AGGREGATE:
-        operation = params["operation"]
-        return {"op": "aggregate", "accumulator": _type_name(operation.create()),
-                "combiner": operation.combine is not None}
-    if node.op is OpKind.MAP_STATEFUL:
-        return {"op": "map_stateful", "state": _type_name(params["create_fn"]())}
-    if node.op is OpKind.DISTINCT:
-        return {"op": "distinct"}
-    transform = params["transform"]
-    return {"op": "apply", "transform": transform.kind,
-            "state": transform.state_signature()}
+    spec = keyed_spec(node)
+    match spec:
+        case WindowSpec(operation=operation, window=definition):
+            # The definition is shown and compared by the upgrade rules, not matched exactly:
+            # a window's size, slide or timeout may change between versions.
+            return {"op": "window", "window": "session" if definition.is_session else "frames",
+                    "accumulator": _type_name(operation.create()),
+                    "combiner": operation.combine is not None,
+                    "definition": definition.to_json()}
+        case GroupAggregateSpec(operation=operation):
+            return {"op": "aggregate", "accumulator": _type_name(operation.create()),
+                    "combiner": operation.combine is not None}
+        case MapStatefulSpec(create_fn=create_fn):
+            return {"op": "map_stateful", "state": _type_name(create_fn())}
+        case DistinctSpec():
+            return {"op": "distinct"}
+        case GroupApplySpec(transform=transform):
+            return {"op": "apply", "transform": transform.kind,
+                    "state": transform.state_signature()}
+        case None:
+            raise AssertionError(f"stage '{node.name}' ({node.op}) keeps no state")
+        case _:  # pragma: no cover
+            assert_never(spec)
 
 
 def pipeline_fingerprint(plan: Plan) -> str:
