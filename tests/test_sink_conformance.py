@@ -1,17 +1,22 @@
 """The sink conformance kit (sparkjet.testing.SinkConformance) run for the built-in sinks.
 
-The store's stream, list and map sinks.
+The store's stream, list and map sinks, and the file sink on a local folder
+and on S3 (moto's server on 127.0.0.1). The Kafka sink runs it in
+tests/test_sink_conformance_kafka.py, against a real broker.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import sparkjet
+from sparkjet.contrib.files import FileSink, read_committed
 from sparkjet.pipeline import Pipeline
-from sparkjet.testing import SinkConformance, SinkHarness
+from sparkjet.testing import SinkConformance, SinkHarness, StoreLocation
+from tests.test_files import with_files_plugin
 
 
 class TestStreamSink(SinkConformance):
@@ -45,3 +50,24 @@ class TestMapSink(SinkConformance):
 
         return SinkHarness(client, new_sink=lambda: Pipeline.to_map("out"),
                            read=committed_puts, item=lambda n: (f"k{n}", n))
+
+
+class TestFileSinkOnAFolder(SinkConformance):
+    @pytest.fixture
+    def harness(self, client: sparkjet.Client, tmp_path: Path) -> SinkHarness:
+        out = str(tmp_path / "out")
+        return SinkHarness(with_files_plugin(client), new_sink=lambda: FileSink(out),
+                           read=lambda: read_committed(out))
+
+
+class TestParquetFileSinkOnS3(SinkConformance):
+    @pytest.fixture
+    def harness(self, client: sparkjet.Client, s3_location: StoreLocation) -> SinkHarness:
+        where = s3_location.fresh()
+        out, options = f"{where.url}/out", where.options
+
+        return SinkHarness(
+            with_files_plugin(client),
+            new_sink=lambda: FileSink(out, "parquet", storage_options=options),
+            read=lambda: read_committed(out, "parquet", options),
+        )
