@@ -7,6 +7,7 @@ tests/test_sink_conformance_kafka.py, against a real broker.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,8 @@ import pytest
 
 import sparkjet
 from sparkjet.contrib.files import FileSink, read_committed
-from sparkjet.pipeline import Pipeline
+from sparkjet.pipeline import ListSink, Pipeline
+from sparkjet.plugin import AT_LEAST_ONCE_AT_MOST, JobContext, TaskContext
 from sparkjet.testing import SinkConformance, SinkHarness, StoreLocation
 from tests.test_files import with_files_plugin
 
@@ -71,3 +73,82 @@ class TestParquetFileSinkOnS3(SinkConformance):
             new_sink=lambda: FileSink(out, "parquet", storage_options=options),
             read=lambda: read_committed(out, "parquet", options),
         )
+
+
+# --- the kit catches broken sinks ---------------------------------------------------------
+
+
+class _ReplayingListSink(ListSink):
+    """Commits every call as a new record: a replayed batch lands again."""
+
+    kind = "kit-replaying-list"
+
+    def commit(self, state: Any, messages: list[Any], context: JobContext) -> None:
+        self.log(context.store).commit(self.record_op, [p for m in messages for p in m],
+                                       writer=context.job_id)
+
+
+class _LosingListSink(ListSink):
+    """Commits only the first partition's message."""
+
+    kind = "kit-losing-list"
+
+    def commit(self, state: Any, messages: list[Any], context: JobContext) -> None:
+        super().commit(state, messages[:1], context)
+
+
+class _EagerListSink(ListSink):
+    """Makes each partition visible as its task writes it: an abort cannot take it back."""
+
+    kind = "kit-eager-list"
+
+    def write(self, state: Any, items: Iterator[Any], context: TaskContext) -> Any:
+        self.log(context.store).commit(self.record_op, [("items", list(items))],
+                                       writer=context.job_id)
+        return []
+
+
+class _AtLeastOnceReplayingListSink(_ReplayingListSink):
+    kind = "kit-alo-replaying-list"
+    guarantees = AT_LEAST_ONCE_AT_MOST
+
+
+def _harness(client: sparkjet.Client, sink: type[ListSink]) -> SinkHarness:
+    return SinkHarness(client, new_sink=lambda: sink("out"), read=client.get_list("out").get_all)
+
+
+def test_the_kit_catches_a_replayed_batch_landing_twice(client: sparkjet.Client) -> None:
+    kit = SinkConformance()
+    with pytest.raises(AssertionError, match=r"committed twice: 6 item\(s\) too many"):
+        kit.test_a_batch_committed_twice_shows_once(_harness(client, _ReplayingListSink))
+
+
+def test_the_kit_catches_a_replay_by_a_new_driver_landing_twice(client: sparkjet.Client) -> None:
+    kit = SinkConformance()
+    with pytest.raises(AssertionError, match=r"batch 1 replayed by a new driver: 6 item"):
+        kit.test_a_batch_replayed_after_a_crash_shows_once(_harness(client, _ReplayingListSink))
+
+
+def test_the_kit_catches_lost_items(client: sparkjet.Client) -> None:
+    kit = SinkConformance()
+    with pytest.raises(AssertionError, match=r"after micro-batch 0 committed: 3 item\(s\) lost"):
+        kit.test_committed_batches_are_visible(_harness(client, _LosingListSink))
+
+
+def test_the_kit_catches_output_visible_before_its_commit(client: sparkjet.Client) -> None:
+    kit = SinkConformance()
+    with pytest.raises(AssertionError, match=r"batch 1 written, not yet committed: 4 item"):
+        kit.test_an_aborted_batch_shows_nothing(_harness(client, _EagerListSink))
+
+
+def test_the_kit_holds_an_at_least_once_sink_to_at_least_once(client: sparkjet.Client) -> None:
+    """Duplicates are allowed, a check it does not promise skips and says why."""
+    kit = SinkConformance()
+    harness = _harness(client, _AtLeastOnceReplayingListSink)
+    kit.test_a_batch_committed_twice_shows_once(harness)  # each item twice: allowed
+    assert len(client.get_list("out").get_all()) == 12
+    with pytest.raises(pytest.skip.Exception, match=(
+        r"an aborted batch stays invisible is an EXACTLY_ONCE promise; "
+        r"_AtLeastOnceReplayingListSink declares AT_LEAST_ONCE, NONE"
+    )):
+        kit.test_an_aborted_batch_shows_nothing(harness)
