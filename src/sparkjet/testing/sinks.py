@@ -50,6 +50,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import cloudpickle
 import pytest
 
 from sparkjet.core.checkpoint import Checkpoint, CommitRecord
@@ -127,10 +128,18 @@ class _Driver:
         return self.sink.prepare(self.context(batch))
 
     def write(self, state: Any, batch: int, partitions: Sequence[Sequence[Any]]) -> list[Any]:
-        """Each partition written by its own task: the commit messages, in partition order."""
+        """Each partition written by its own task: the commit messages, in partition order.
+
+        Each task gets its own pickled copy of the sink and of ``prepare``'s
+        state, and its message comes back pickled, as Spark ships them.
+        """
         context = self.context(batch)
-        return [self.sink.write(state, iter(list(items)), self.task(context, p))
-                for p, items in enumerate(partitions)]
+        messages = []
+        for p, items in enumerate(partitions):
+            sink, shipped = _shipped((self.sink, state))
+            messages.append(_shipped(sink.write(shipped, iter(list(items)),
+                                                self.task(context, p))))
+        return messages
 
     def commit(self, state: Any, batch: int, messages: list[Any]) -> None:
         self.sink.commit(state, messages, self.context(batch))
@@ -417,6 +426,11 @@ class SinkConformance:
 
 class _DriverStopped(RuntimeError):
     """Raised by the kit where a driver stops between the sinks' and the checkpoint's commits."""
+
+
+def _shipped(value: Any) -> Any:
+    """``value`` through cloudpickle, as Spark sends it to an executor or back."""
+    return cloudpickle.loads(cloudpickle.dumps(value))
 
 
 def _last_committed(job: Any) -> int:
