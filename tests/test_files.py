@@ -359,7 +359,7 @@ def test_sink_commits_a_batch_once_even_when_written_and_committed_twice(
 
     run_batch(list(range(10)))
     assert sorted(read_committed(out)) == list(range(10))
-    run_batch(list(range(10)))  # the replay after a driver crash: same names, marker found
+    run_batch(list(range(10)))  # the replay after a driver crash: marker found, its files gone
     sink.commit(sink.prepare(job), [], job)  # a second commit is a no-op
     assert sorted(read_committed(out)) == list(range(10))
     markers = os.listdir(os.path.join(out, "_committed"))
@@ -379,10 +379,11 @@ def test_sink_commits_a_batch_once_even_when_written_and_committed_twice(
 
 def test_sink_names_an_item_it_cannot_write(tmp_path: Path, store_url: str) -> None:
     _, task = contexts(store_url, batch=0)
+    state = {"batch": "b", "attempt": "a1"}
     with pytest.raises(TypeError, match=r"files:.*out: item 1 of partition 0 is not JSON"):
-        FileSink(str(tmp_path / "out")).write({"batch": "b"}, iter([1, {2}]), task)
+        FileSink(str(tmp_path / "out")).write(state, iter([1, {2}]), task)
     with pytest.raises(TypeError, match=r"Parquet rows must be dicts; item 0 .* is a int"):
-        FileSink(str(tmp_path / "out"), "parquet").write({"batch": "b"}, iter([1]), task)
+        FileSink(str(tmp_path / "out"), "parquet").write(state, iter([1]), task)
 
 
 # --- streaming jobs -------------------------------------------------------------------------

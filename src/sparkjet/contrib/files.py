@@ -599,11 +599,13 @@ class FileSink(Sink):
 
     ``url``: a local folder or an fsspec URL. ``format``: ``"jsonl"`` (any
     JSON-serialisable item) or ``"parquet"`` (dict items; pyarrow). Each
-    micro-batch writes ``part-<batch>-<partition>.<format>`` files, then its
-    commit marker ``_committed/<batch>.json`` naming them: a micro-batch whose
-    marker is absent is not there for readers (see :func:`committed_files`).
-    A micro-batch committed a second time after a failure finds its marker and
-    writes nothing more, so the sink keeps every guarantee.
+    micro-batch writes ``part-<batch>-<attempt>-<partition>.<format>`` files,
+    then its commit marker ``_committed/<batch>.json`` naming them: a
+    micro-batch whose marker is absent is not there for readers (see
+    :func:`committed_files`). A micro-batch committed a second time after a
+    failure finds its marker and writes nothing more, so the sink keeps every
+    guarantee. ``<attempt>`` is new with every ``prepare``: a replay, or a
+    fenced driver's late tasks, never overwrite files a marker names.
     """
 
     kind = "files"
@@ -638,7 +640,8 @@ class FileSink(Sink):
         fs, root = _open_fs(self.url, self.storage_options)
         fs.makedirs(root, exist_ok=True)
         return {"batch": _batch_name(token, context.batch_id), "token": token,
-                "batch_id": context.batch_id, "job_id": context.job_id}
+                "batch_id": context.batch_id, "job_id": context.job_id,
+                "attempt": uuid.uuid4().hex[:8]}
 
     def write(self, state: Any, items: Iterator[Any], context: TaskContext) -> Any:
         """Runs on an executor: this partition's file, under its final name; None if empty."""
@@ -646,7 +649,7 @@ class FileSink(Sink):
         if not rows:
             return None
         fs, root = _open_fs(self.url, self.storage_options)
-        name = f"part-{state['batch']}-{context.partition:05d}.{self.format}"
+        name = f"part-{state['batch']}-{state['attempt']}-{context.partition:05d}.{self.format}"
         if self.format == "jsonl":
             lines = []
             for i, item in enumerate(rows):
@@ -689,7 +692,7 @@ class FileSink(Sink):
 
         The marker is created only if absent (the filesystem's conditional
         create where it has one): a commit replayed after a failure, or by a
-        second driver, finds it there and is a no-op.
+        second driver, finds it there, removes its own files and is a no-op.
         """
         files = open_file_store(self.url, self.storage_options)
         written = [m for m in messages if m is not None]
@@ -699,18 +702,25 @@ class FileSink(Sink):
             "committed_ms": int(time.time() * 1000),
         }
         files.fs.makedirs(files.path(MARKERS), exist_ok=True)
-        files.create_exclusive(
+        if not files.create_exclusive(
             files.path(MARKERS, f"{state['batch']}.json"), json.dumps(record, indent=1).encode()
-        )
+        ):  # committed before, by another attempt: no marker names this attempt's files
+            for name in record["files"]:
+                with contextlib.suppress(FileNotFoundError):
+                    files.remove(files.path(name))
 
     def abort(self, state: Any, messages: list[Any], context: JobContext) -> None:
-        """Runs on the driver: remove the failed micro-batch's files (unless it committed)."""
+        """Runs on the driver: remove this attempt's files, but those a commit marker names."""
         fs, root = _open_fs(self.url, self.storage_options)
-        if fs.exists(f"{root}/{MARKERS}/{state['batch']}.json"):
-            return
-        for path in fs.glob(f"{root}/part-{state['batch']}-*"):
-            with contextlib.suppress(FileNotFoundError):
-                fs.rm(path)
+        marker = f"{root}/{MARKERS}/{state['batch']}.json"
+        committed: set[str] = set()
+        if fs.exists(marker):
+            with fs.open(marker, "rb") as fh:
+                committed = set(json.loads(fh.read())["files"])
+        for path in fs.glob(f"{root}/part-{state['batch']}-{state['attempt']}-*"):
+            if posixpath.basename(path) not in committed:
+                with contextlib.suppress(FileNotFoundError):
+                    fs.rm(path)
 
 
 def _put(fs: Any, path: str, data: bytes) -> None:

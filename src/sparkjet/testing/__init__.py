@@ -95,10 +95,13 @@ from sparkjet.core.store import commit_log as commit_log_module
 from sparkjet.core.store.commit_log import CommitLog
 from sparkjet.core.store.fs import Store
 from sparkjet.core.store.stream_log import StreamLog
+from sparkjet.testing.sinks import SinkConformance, SinkHarness
 
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 __all__ = [
+    "SinkConformance",
+    "SinkHarness",
     "SnapshotBackendConformance",
     "StoreConformance",
     "StoreLocation",
