@@ -346,6 +346,11 @@ class Source(_Participant):
 
     #: True for unbounded sources; such a pipeline runs as a streaming job.
     streaming: ClassVar[bool] = False
+    #: True if :meth:`latest_offsets` takes ``start``, where the next micro-batch
+    #: starts, to cap what one micro-batch reads (Spark's ``SupportsAdmissionControl``).
+    #: sparkjet then always calls ``latest_offsets(context, start=...)``; otherwise
+    #: ``latest_offsets(context)``. Checked against the method when the class registers.
+    accepts_start: ClassVar[bool] = False
 
     def __init__(self, name: str) -> None:
         #: Name of the data this source reads; part of its stage name.
@@ -378,9 +383,12 @@ class Source(_Participant):
     def latest_offsets(self, context: JobContext) -> Any:
         """Runs on the driver: the offsets up to which data is available now.
 
-        A source may declare ``latest_offsets(self, context, start=None)``:
-        it is then given the offsets the next micro-batch starts from, so it
-        can cap what one micro-batch reads.
+        A source that caps what one micro-batch reads sets
+        :attr:`accepts_start` and defines ``latest_offsets(self, context,
+        start=None)``: sparkjet then passes ``start=``, the offsets the next
+        micro-batch starts from (the last committed or planned batch's end),
+        and the source returns where that batch should end. Without the
+        declaration ``start`` is never passed.
         """
         raise NotImplementedError(f"{type(self).__qualname__} is not a streaming source")
 
