@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import textwrap
@@ -299,3 +300,83 @@ def test_kafka_without_confluent_kafka_breaks_nothing_else(tmp_path: Path) -> No
     )
     assert any(line.startswith("files (") for line in lines)
     assert "OUT [2, 4, 6]" in lines
+
+
+# --- 3. one file-I/O protocol ----------------------------------------------------------------
+
+
+def test_the_job_store_reaches_files_through_the_one_file_protocol(store_url: str) -> None:
+    from sparkjet.plugin import open_file_store
+    from sparkjet.testing import StoreLocation
+
+    job = JobContext("job-1", None, StoreLocation(store_url).store(), parallelism=2)
+    task = TaskContext("job-1", 0, job.store)
+    assert task.store is job.store  # wrapped once, shared
+    files = job.store.files
+    target = files.path("plugin-own", "a.bin")
+    files.write_bytes(target, b"one")
+    assert files.create_exclusive(files.path("plugin-own", "b.bin"), b"two") is True
+    assert files.create_exclusive(files.path("plugin-own", "b.bin"), b"other") is False
+    assert sorted(files.listdir(files.path("plugin-own"))) == ["a.bin", "b.bin"]
+    # the same protocol, opened on the same URL by a plugin on its own
+    elsewhere = open_file_store(store_url)
+    assert elsewhere.read_bytes(elsewhere.path("plugin-own", "a.bin")) == b"one"
+    # and the store's logs, a different concern, beside the files
+    assert job.store.list_log("nothing").live_records() == []
+    assert job.store.shown_url == files.shown_url
+
+
+def test_file_calls_on_the_store_itself_warn_and_still_work(store_url: str) -> None:
+    from sparkjet.testing import StoreLocation
+
+    job = JobContext("job-1", None, StoreLocation(store_url).store(), parallelism=2)
+    path = job.store.files.path("x.bin")
+    job.store.files.write_bytes(path, b"x")
+    with pytest.warns(DeprecationWarning, match=r"context\.store\.read_bytes is deprecated.*use "
+                      r"context\.store\.files\.read_bytes"):
+        assert job.store.read_bytes(path) == b"x"  # type: ignore[attr-defined]
+    with pytest.raises(AttributeError, match="list_names"):  # internals are not reachable
+        job.store.list_names  # type: ignore[attr-defined]  # noqa: B018
+
+
+def test_an_executor_writes_its_own_files_through_context_store_files(
+    client: sparkjet.Client,
+) -> None:
+    def make_sink() -> type[Any]:
+        from sparkjet.plugin import Sink
+
+        class OwnFilesSink(Sink):
+            """Each partition's items as a file in the store; commit joins them (by value)."""
+
+            kind = "own-files"
+            guarantees = ALL_GUARANTEES
+
+            def write(self, state: Any, items: Any, context: TaskContext) -> Any:
+                files = context.store.files
+                path = files.path("own", f"part-{context.partition}")
+                files.write_bytes(path, repr(sorted(items)).encode())
+                return path
+
+            def commit(self, state: Any, messages: list[Any], context: JobContext) -> None:
+                files = context.store.files
+                joined = b"|".join(files.read_bytes(m) for m in messages)
+                files.write_bytes(files.path("own", "joined"), joined)
+
+        return OwnFilesSink
+
+    sink_class = make_sink()
+
+    class Plugin:
+        @hookimpl
+        def register_sinks(self, register: Any) -> None:
+            register(sink_class)
+
+    client.register_plugin(Plugin(), "own-files")
+    p = Pipeline.create()
+    p.read_from(Pipeline.from_list("in", [1, 2, 3, 4])).write_to(sink_class("out"))
+    client.get_jet().submit(p).join(timeout=300)
+    from sparkjet.plugin import open_file_store
+
+    store = open_file_store(client.store.shown_url)
+    joined = store.read_bytes(store.path("own", "joined")).split(b"|")
+    assert sorted(x for part in joined for x in ast.literal_eval(part.decode())) == [1, 2, 3, 4]
