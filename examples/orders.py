@@ -21,7 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 from sparkjet.aggregate import summing
-from sparkjet.pipeline import FileSource, Pipeline
+from sparkjet.contrib.files import FileSource
+from sparkjet.pipeline import Pipeline
 
 
 def checked(order: dict[str, Any]) -> dict[str, Any]:

@@ -449,14 +449,17 @@ def test_bad_arguments_are_refused(store_url: str) -> None:
         KafkaSource("t")._config(TaskContext("job-1", 0, StoreLocation(store_url).store()))
 
 
-def test_without_confluent_kafka_the_plugin_loads_and_says_what_to_install(
+def test_without_confluent_kafka_the_plugin_is_unavailable_and_says_what_to_install(
     store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "confluent_kafka", None)  # import fails: not installed
     client = with_kafka(sparkjet.connect(store={"url": store_url}, spark=TEST_SPARK))
-    kinds = {(r.category, r.kind) for info in client.list_plugins() for r in info.registered
-             if info.name == "kafka"}
-    assert kinds == {("source", "kafka"), ("sink", "kafka")}
+    [info] = [info for info in client.list_plugins() if info.name == "kafka"]
+    assert info.unavailable == (
+        "needs confluent_kafka (pip install 'sparkjet[kafka]'), which is not installed"
+    )
+    assert info.registered == []  # listed, registering nothing; every other plugin loaded
+    assert any(i.name == "files" and i.registered for i in client.list_plugins())
     with pytest.raises(KafkaError, match=r"pip install 'sparkjet\[kafka\]'"):
         KafkaSource("events", "127.0.0.1:9092")
     with pytest.raises(KafkaError, match=r"pip install 'sparkjet\[kafka\]'"):

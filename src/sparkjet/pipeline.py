@@ -10,11 +10,12 @@ Mirrors the Jet Python pipeline API::
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from sparkjet.contrib.files import FileSink, FileSource
 from sparkjet.core import graph
+from sparkjet.core.contracts import Sink, Source
 from sparkjet.core.graph import (
     GroupedStage,
     SinkStage,
@@ -22,6 +23,7 @@ from sparkjet.core.graph import (
     WindowedGroupedStage,
     WindowedStage,
 )
+from sparkjet.core.plugin_manager import Category, PluginHost
 from sparkjet.core.windows import KeyedWindowResult, WindowDefinition, WindowResult
 from sparkjet.plugins.lists import ListSink, ListSource
 from sparkjet.plugins.logger import LoggerSink
@@ -29,8 +31,6 @@ from sparkjet.plugins.maps import MapSink, MapSource
 from sparkjet.plugins.streams import StreamSink, StreamSource
 
 __all__ = [
-    "FileSink",
-    "FileSource",
     "GroupedStage",
     "KeyedWindowResult",
     "ListSink",
@@ -66,9 +66,14 @@ class Pipeline(graph.PipelineGraph):
     @staticmethod
     def from_files(
         url: str, glob: str | None = None, format: str = "jsonl", **options: Any
-    ) -> FileSource:
-        """A source of the files in a folder or bucket prefix (see :class:`FileSource`)."""
-        return FileSource(url, glob, format, **options)
+    ) -> Source:
+        """A source of the files in a folder or bucket prefix.
+
+        The source registered as kind ``"files"``: by default
+        ``sparkjet.contrib.files.FileSource`` (docs/files.md), found through
+        the plugin registry, so this module never imports a plugin.
+        """
+        return _registered(Category.SOURCE, "files")(url, glob, format, **options)  # type: ignore[no-any-return]
 
     @staticmethod
     def to_list(name: str) -> ListSink:
@@ -86,11 +91,47 @@ class Pipeline(graph.PipelineGraph):
         return StreamSink(name)
 
     @staticmethod
-    def to_files(url: str, format: str = "jsonl", **options: Any) -> FileSink:
-        """A sink writing one file per micro-batch and partition, with commit markers."""
-        return FileSink(url, format, **options)
+    def to_files(url: str, format: str = "jsonl", **options: Any) -> Sink:
+        """A sink writing one file per micro-batch and partition, with commit markers.
+
+        The sink registered as kind ``"files"``: by default
+        ``sparkjet.contrib.files.FileSink``, found through the plugin registry.
+        """
+        return _registered(Category.SINK, "files")(url, format, **options)  # type: ignore[no-any-return]
 
     @staticmethod
     def to_logger(to_string: Callable[[Any], str] = str) -> LoggerSink:
         """A sink logging each item at INFO on logger ``sparkjet.sink.logger``."""
         return LoggerSink(to_string)
+
+
+def _registered(category: Category, kind: str) -> type[Any]:
+    """The class a plugin registers as ``kind``: PluginError naming the known kinds if none does.
+
+    Loaded the way ``sparkjet.connect()`` loads plugins (entry points, the
+    block list and the autoload switch from the environment).
+    """
+    return PluginHost().lookup_kind(category, kind).cls
+
+
+#: Names this module exported before the file plugin moved out of it, with their new home.
+_MOVED = {
+    "FileSource": (Category.SOURCE, "files", "sparkjet.contrib.files"),
+    "FileSink": (Category.SINK, "files", "sparkjet.contrib.files"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """``FileSource`` and ``FileSink`` for one more release, with a DeprecationWarning."""
+    moved = _MOVED.get(name)
+    if moved is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    category, kind, module = moved
+    warnings.warn(
+        f"'from sparkjet.pipeline import {name}' is deprecated and goes in the next release: "
+        f"use 'from {module} import {name}' (the file plugin is a plugin like any other; "
+        "sparkjet.pipeline no longer imports plugins)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return _registered(category, kind)

@@ -24,10 +24,14 @@ Every class says where each method runs: on the **driver** (the process that
 submitted the job) or on **executors** (Spark's Python workers). Whatever an
 executor method uses must be picklable; instances are shipped with cloudpickle.
 
-Plugins reach sparkjet's store through protocols (:class:`StoreAccess`,
-:class:`CommitLogAccess`, :class:`StreamLogAccess`, :class:`FileStore`),
-never through its classes, which are internal and may change; lifecycle
-hooks see a job as a :class:`JobView` and a snapshot as a :class:`ManifestView`.
+File I/O goes through one protocol, :class:`FileStore`: :func:`open_file_store`
+opens one on any fsspec URL, and ``context.store.files`` is the job's store's.
+``context.store`` (a :class:`StoreAccess`) also reaches the store's lists, maps
+and streams, through their logs (:class:`CommitLogAccess`,
+:class:`StreamLogAccess`), which carry a commit protocol plain files do not.
+These are protocols, never sparkjet's classes, which are internal and may
+change; lifecycle hooks see a job as a :class:`JobView` and a snapshot as a
+:class:`ManifestView`.
 """
 
 

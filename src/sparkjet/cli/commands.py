@@ -265,7 +265,7 @@ def gc(args: argparse.Namespace, client: Client) -> int:
 def plugins(args: argparse.Namespace, client: Client) -> int:
     """``plugins``: every loaded plugin, what it registers and the guarantees supported."""
     rows: list[tuple[str, str, str, str]] = []
-    owners: list[tuple[str, str, int]] = []  # plugin name, origin, number of rows
+    owners: list[tuple[str, str, int, str | None]] = []  # name, origin, rows, why unavailable
     for info in client.list_plugins():
         for entry in info.registered:
             guarantees = sorted(getattr(entry.cls, "guarantees", ()), key=lambda g: g.rank)
@@ -275,16 +275,18 @@ def plugins(args: argparse.Namespace, client: Client) -> int:
                 f"{entry.cls.__module__}.{entry.cls.__qualname__}",
                 ", ".join(g.value for g in guarantees) or "-",
             ))
-        owners.append((info.name, info.origin, len(info.registered)))
+        owners.append((info.name, info.origin, len(info.registered), info.unavailable))
     lines = table(("CATEGORY", "KIND", "CLASS", "GUARANTEES"), rows)
     header, body = lines[0], iter(lines[1:])
     if owners:
         out(f"  {header}")
     else:
         out("No plugins loaded.")
-    for name, origin, count in owners:
+    for name, origin, count, unavailable in owners:
         out(f"{name} ({origin})")
-        if count == 0:
+        if unavailable is not None:
+            out(f"  unavailable: {unavailable}")
+        elif count == 0:
             out("  (registers no classes: lifecycle hooks only)")
         for _ in range(count):
             out(f"  {next(body)}")

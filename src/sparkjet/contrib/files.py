@@ -126,6 +126,7 @@ class FileSource(Source):
     kind = "files"
     guarantees = ALL_GUARANTEES
     streaming = True
+    accepts_start = True  # latest_offsets caps files and bytes per micro-batch from start
 
     def __init__(
         self,

@@ -47,6 +47,10 @@ __all__ = [
     "json_serializer",
 ]
 
+#: What the plugin needs beyond sparkjet (read by the plugin manager): without it the
+#: plugin is listed as unavailable, naming the extra, and other plugins load as usual.
+sparkjet_requires = {"confluent_kafka": "pip install 'sparkjet[kafka]'"}
+
 #: How long a metadata or offsets request may take before the broker counts as unreachable.
 DEFAULT_TIMEOUT_S = 10.0
 #: How often a source looks for new partitions (latest_offsets runs every 50 ms when idle).

@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 import logging
 import uuid
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -65,9 +66,10 @@ def _unbatch(batches: list[bytes]) -> BatchedItems:
 class FileStore(Protocol):
     """Files under one fsspec URL: fresh reads and listings, atomic and create-only writes.
 
-    What :attr:`JobContext.store` offers for a plugin's own files, and what
-    :func:`open_file_store` opens on any URL (the built-in snapshot backends
-    keep snapshots in one). Picklable, so executor code may capture it.
+    The one file-I/O protocol of the plugin API: :func:`open_file_store`
+    opens one on any URL (the built-in snapshot backends keep snapshots in
+    one), and ``context.store.files`` (:attr:`StoreAccess.files`) is the
+    job's store's. Picklable, so executor code may capture it.
     Paths are absolute paths in the filesystem (build them with :meth:`path`);
     nothing outside the root is touched. Listings and existence checks ask the
     storage afresh, never a cache another process's writes could have
@@ -240,11 +242,22 @@ class StreamLogAccess(Protocol):
         """
 
 
-class StoreAccess(FileStore, Protocol):
-    """The store as plugins see it: its files, and the job's lists, maps and streams.
+class StoreAccess(Protocol):
+    """The job's store as plugins see it: its files, and its lists, maps and streams.
 
-    Picklable, so executor code may capture it.
+    Not a second file protocol: the files are :attr:`files`, a
+    :class:`FileStore`; the rest are the store's data structures, whose logs
+    carry a commit protocol of their own (:class:`CommitLogAccess`,
+    :class:`StreamLogAccess`). Picklable, so executor code may capture it.
     """
+
+    @property
+    def shown_url(self) -> str:
+        """The store's URL as it may be printed (secrets masked)."""
+
+    @property
+    def files(self) -> FileStore:
+        """The store's files (rooted at the store's URL), for a plugin's own files."""
 
     def list_log(self, name: str) -> CommitLogAccess:
         """The commit log of the list ``name`` (stage on executors, commit on the driver)."""
@@ -254,6 +267,85 @@ class StoreAccess(FileStore, Protocol):
 
     def stream_log(self, name: str) -> StreamLogAccess:
         """The stream ``name``: offsets, appends with tokens, reads by range."""
+
+
+#: What FileStore offers, reached on ``context.store`` itself before ``files`` existed.
+_FILE_MEMBERS = frozenset({
+    "root", "fs", "conditional_writes", "path", "read_bytes", "write_bytes",
+    "create_exclusive", "exists", "size", "listdir", "find", "remove",
+})
+
+
+class PluginStore:
+    """The :class:`StoreAccess` plugins are handed: the store's files and logs, nothing else.
+
+    Wraps the store the job runs against (the contexts wrap it on creation).
+    Calling a :class:`FileStore` method on it directly (``context.store.read_bytes``),
+    as before ``files`` existed, still works in this release, with a
+    DeprecationWarning naming ``context.store.files``.
+    """
+
+    __slots__ = ("_store",)
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+
+    @property
+    def shown_url(self) -> str:
+        """The store's URL as it may be printed (secrets masked)."""
+        return str(self._store.shown_url)
+
+    @property
+    def files(self) -> FileStore:
+        """The store's files, rooted at its URL."""
+        files: FileStore = self._store
+        return files
+
+    def list_log(self, name: str) -> CommitLogAccess:
+        """The commit log of the list ``name``."""
+        log: CommitLogAccess = self._store.list_log(name)
+        return log
+
+    def map_log(self, name: str) -> CommitLogAccess:
+        """The commit log of the map ``name``."""
+        log: CommitLogAccess = self._store.map_log(name)
+        return log
+
+    def stream_log(self, name: str) -> StreamLogAccess:
+        """The stream ``name``."""
+        log: StreamLogAccess = self._store.stream_log(name)
+        return log
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _FILE_MEMBERS:
+            warnings.warn(
+                f"context.store.{name} is deprecated and goes in the next release: use "
+                f"context.store.files.{name} (a FileStore, the plugin API's one file protocol)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            return getattr(self._store, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __getstate__(self) -> Any:
+        return (self._store,)  # a tuple: never falsy, so __setstate__ always runs
+
+    def __setstate__(self, state: Any) -> None:
+        (self._store,) = state
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PluginStore) and other._store is self._store
+
+    def __hash__(self) -> int:
+        return id(self._store)
+
+    def __repr__(self) -> str:
+        return f"PluginStore({self.shown_url!r})"
+
+
+def plugin_store(store: Any) -> StoreAccess:
+    """``store`` as plugins see it (a :class:`PluginStore`; one already is stays as it is)."""
+    return store if isinstance(store, PluginStore) else PluginStore(store)
 
 
 @dataclass(frozen=True)
@@ -280,6 +372,9 @@ class JobContext:
     #: Which checkpoint the batch ids count in: a job with NONE starts a new one
     #: (and counts from 0 again) when it restarts.
     checkpoint_id: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "store", plugin_store(self.store))
 
     @property
     def writer_id(self) -> str:
@@ -324,6 +419,9 @@ class TaskContext:
     #: The name of the stage being read or written (as ``JobContext.stage``).
     stage: str = ""
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "store", plugin_store(self.store))
+
 
 class _Participant(ABC):
     #: Registered name: unique among all plugins of the same category.
@@ -346,6 +444,11 @@ class Source(_Participant):
 
     #: True for unbounded sources; such a pipeline runs as a streaming job.
     streaming: ClassVar[bool] = False
+    #: True if :meth:`latest_offsets` takes ``start``, where the next micro-batch
+    #: starts, to cap what one micro-batch reads (Spark's ``SupportsAdmissionControl``).
+    #: sparkjet then always calls ``latest_offsets(context, start=...)``; otherwise
+    #: ``latest_offsets(context)``. Checked against the method when the class registers.
+    accepts_start: ClassVar[bool] = False
 
     def __init__(self, name: str) -> None:
         #: Name of the data this source reads; part of its stage name.
@@ -378,9 +481,12 @@ class Source(_Participant):
     def latest_offsets(self, context: JobContext) -> Any:
         """Runs on the driver: the offsets up to which data is available now.
 
-        A source may declare ``latest_offsets(self, context, start=None)``:
-        it is then given the offsets the next micro-batch starts from, so it
-        can cap what one micro-batch reads.
+        A source that caps what one micro-batch reads sets
+        :attr:`accepts_start` and defines ``latest_offsets(self, context,
+        start=None)``: sparkjet then passes ``start=``, the offsets the next
+        micro-batch starts from (the last committed or planned batch's end),
+        and the source returns where that batch should end. Without the
+        declaration ``start`` is never passed.
         """
         raise NotImplementedError(f"{type(self).__qualname__} is not a streaming source")
 

@@ -16,8 +16,6 @@ what the loop asks of the job it runs for is :class:`LoopHost`.
 from __future__ import annotations
 
 import enum
-import functools
-import inspect
 import logging
 import time
 from collections.abc import Callable
@@ -47,21 +45,15 @@ def initial_offsets(plan: Plan, job_context: Callable[[Transform], JobContext]) 
 def latest_offsets(source: Any, context: Any, start: Any) -> Any:
     """``source.latest_offsets(context)``, told where the next micro-batch starts if it asks.
 
-    A source whose ``latest_offsets`` takes a ``start`` parameter gets the
-    offsets the last committed (or planned) micro-batch ended at, so it can
-    cap how much one micro-batch reads (Spark's ``latestOffset(start, limit)``).
+    A source that declares ``accepts_start = True`` (``Source.accepts_start``)
+    gets the offsets the last committed (or planned) micro-batch ended at, so
+    it can cap how much one micro-batch reads (Spark's ``latestOffset(start,
+    limit)`` for a ``SupportsAdmissionControl`` stream). The declaration is
+    checked against the method when the class registers (plugin manager).
     """
-    if _takes_start(type(source).latest_offsets):
+    if getattr(source, "accepts_start", False):
         return source.latest_offsets(context, start=start)
     return source.latest_offsets(context)
-
-
-@functools.lru_cache(maxsize=256)
-def _takes_start(method: Any) -> bool:
-    try:
-        return "start" in inspect.signature(method).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def source_lag(read: Any, available: Any) -> int | None:

@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import enum
 import importlib.metadata
+import importlib.util
+import inspect
 import logging
 import os
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -98,6 +101,10 @@ class PluginInfo:
     origin: str
     #: What it registered, in order.
     registered: list[Registered] = field(default_factory=list)
+    #: Why it is not in use, or None: a dependency its ``sparkjet_requires``
+    #: names is not installed (the message says which and how to install it).
+    #: An unavailable plugin registers nothing and none of its hooks run.
+    unavailable: str | None = None
 
 
 def _normalized(distribution: str) -> str:
@@ -106,6 +113,83 @@ def _normalized(distribution: str) -> str:
 
 def _is_truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+#: The attribute by which a plugin names the modules it needs beyond sparkjet.
+REQUIRES_ATTRIBUTE = "sparkjet_requires"
+
+
+def _missing_requirements(name: str, origin: str, plugin: object) -> str | None:
+    """Why ``plugin`` cannot be used here, or None if every module it requires is installed.
+
+    A plugin whose dependencies are an optional extra (contrib's Kafka plugin
+    and confluent-kafka) declares ``sparkjet_requires = {"module": "install
+    hint"}`` and imports those modules only when its classes are used; a
+    missing one makes it unavailable, listed with the hint, instead of
+    failing ``connect()`` for every other plugin.
+    """
+    requires = getattr(plugin, REQUIRES_ATTRIBUTE, None)
+    if requires is None:
+        return None
+    if not isinstance(requires, Mapping) or not all(
+        isinstance(k, str) and k and isinstance(v, str) for k, v in requires.items()
+    ):
+        raise PluginError(
+            f'plugin "{name}" from {origin}: {REQUIRES_ATTRIBUTE} must map module names to '
+            f"install hints (strings), got {requires!r}"
+        )
+    missing = []
+    for module, hint in requires.items():
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # a parent package missing, or a blocked import
+            found = False
+        if not found:
+            missing.append(f"{module} ({hint})" if hint else module)
+    if not missing:
+        return None
+    return f"needs {', '.join(missing)}, which is not installed"
+
+
+def _check_accepts_start(where: str, cls: type[Any]) -> None:
+    """Hold a source's ``accepts_start`` declaration to its ``latest_offsets`` signature.
+
+    The declaration decides whether the micro-batch loop passes ``start``;
+    the signature is read here only to refuse a declaration the method cannot
+    honour, and to keep sources written for the old convention (a ``start``
+    parameter and no declaration, before 0.2) working for one release.
+    """
+    declared = getattr(cls, "accepts_start", False)
+    if not isinstance(declared, bool):
+        raise PluginError(
+            f"{where}: source {cls.__qualname__} declares accepts_start = {declared!r}; "
+            "it must be True or False"
+        )
+    if not getattr(cls, "streaming", False):
+        return
+    try:
+        parameters = inspect.signature(cls.latest_offsets).parameters
+    except (TypeError, ValueError):  # a C callable, say: take the declaration as it is
+        return
+    takes_start = "start" in parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
+    )
+    if declared and not takes_start:
+        raise PluginError(
+            f"{where}: source {cls.__qualname__} declares accepts_start = True, but its "
+            f"latest_offsets({', '.join(parameters)}) has no 'start' "
+            "parameter: define latest_offsets(self, context, start=None), or drop the declaration"
+        )
+    if not declared and "start" in parameters:
+        warnings.warn(
+            f"{where}: source {cls.__module__}.{cls.__qualname__}.latest_offsets takes 'start' "
+            "but the class does not declare accepts_start = True; sparkjet passes start to it "
+            "for now, but from the next release only a declared source gets it: add "
+            f"'accepts_start = True' to {cls.__qualname__}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        cls.accepts_start = True
 
 
 class PluginHost:
@@ -135,8 +219,9 @@ class PluginHost:
             raise PluginError(
                 f'plugin "{name}"{origin} implements a hook sparkjet does not define: {exc}'
             ) from exc
-        for name in list(self.plugins):
-            self._collect(name)
+        for name, info in list(self.plugins.items()):
+            if info.unavailable is None:
+                self._collect(name)
 
     # --- loading ---------------------------------------------------------
 
@@ -176,6 +261,11 @@ class PluginHost:
             plugin = load()
         except Exception as exc:
             raise PluginError(f'Error importing plugin "{name}" from {origin}: {exc!r}') from exc
+        missing = _missing_requirements(name, origin, plugin)
+        if missing is not None:
+            log.info("plugin %s (%s) is unavailable: %s", name, origin, missing)
+            self.plugins[name] = PluginInfo(name, origin, unavailable=missing)
+            return
         try:
             self.pm.register(plugin, name=name)
         except ValueError as exc:
@@ -189,7 +279,7 @@ class PluginHost:
         if name in self.plugins:
             raise PluginError(f'a plugin named "{name}" is already registered')
         self._load(name, lambda: plugin, "registered at runtime")
-        if name in self.plugins:
+        if name in self.plugins and self.plugins[name].unavailable is None:
             try:
                 self.pm.check_pending()
             except pluggy.PluginValidationError as exc:
@@ -252,6 +342,8 @@ class PluginHost:
                 f"{where}: {category} {cls.__qualname__} must declare 'guarantees' as a "
                 f"non-empty set of ProcessingGuarantee"
             )
+        if category is Category.SOURCE:
+            _check_accepts_start(where, cls)
         existing = self._by_kind.get((category, kind))
         if existing is not None and existing.cls is not cls:
             raise PluginError(

@@ -485,6 +485,11 @@ class Store:
 
     # --- data structures ---------------------------------------------------
 
+    @property
+    def files(self) -> Store:
+        """The store's files: the store itself (what plugins reach as ``context.store.files``)."""
+        return self
+
     def list_log(self, name: str) -> CommitLog:
         """The commit log of the list ``name``."""
         return CommitLog(self, self.layout.list_paths(name).folder, f"list {name!r}")
