@@ -113,8 +113,11 @@ class FileSource(Source):
     larger than that is read over several micro-batches, at line boundaries).
     A file is read once its size and modification time have not changed for
     ``settle_seconds`` (0: as soon as it is listed, for writers that rename
-    finished files into place). The folder is listed at most every
-    ``poll_seconds``. A file that appears with a modification time more than
+    finished files into place). A file read over several micro-batches is
+    done only once its last byte was read: a new driver waits until it has
+    settled in its own listing and reads on from the position reached; a file
+    gone or shorter than that position is an error. The folder is listed at
+    most every ``poll_seconds``. A file that appears with a modification time more than
     ``late_seconds`` older than the newest file already read is not read.
     ``initial_position``: ``"oldest"`` (the files already there too) or
     ``"latest"`` (only files that land after the job starts).
