@@ -153,6 +153,141 @@ def test_a_large_json_lines_file_is_read_over_batches_by_position(
     assert batches == -(-size // 1000)
 
 
+def drain(source: FileSource, start: Any, job: JobContext, task: TaskContext,
+          want: int, timeout: float = 5.0) -> tuple[list[Any], list[Any]]:
+    """Micro-batches from ``start`` until ``want`` items were read or ``timeout`` passed.
+
+    Returns the items and each batch's end offsets. No batch may mark a file done
+    before its last byte: each file named in ``done`` was read up to its size.
+    """
+    seen: list[Any] = []
+    ends: list[Any] = []
+    deadline = time.monotonic() + timeout
+    while len(seen) < want and time.monotonic() < deadline:
+        end = source.latest_offsets(job, start)
+        if end == start:
+            time.sleep(0.05)
+            continue
+        seen.extend(read_batch(source, start, end, job, task))
+        ends.append(end)
+        start = end
+    return seen, ends
+
+
+@pytest.mark.parametrize("late", [600.0, 0.0])
+@pytest.mark.parametrize("settle", [0.0, 0.3])
+def test_a_new_driver_reads_the_rest_of_the_open_file(
+    tmp_path: Path, store_url: str, settle: float, late: float
+) -> None:
+    """Issue 23: a fresh source (a new driver after suspend or a crash) given offsets with an
+    open file read the file's tail as an empty range and marked the file done (settle > 0:
+    its first listing has nothing settled yet). It waits for the file and reads the tail."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    items = [{"n": n, "pad": "x" * (n % 7)} for n in range(400)]
+    write_jsonl(folder / "big.jsonl", items, time.time() - 10)
+    size = (folder / "big.jsonl").stat().st_size
+    write_jsonl(folder / "later.jsonl", ["later"], time.time() - 5)
+
+    def fresh() -> FileSource:
+        return FileSource(str(folder), settle_seconds=settle, poll_seconds=0,
+                          max_bytes_per_batch=2048, late_seconds=late)
+
+    job, task = contexts(store_url)
+    first = fresh()
+    start = first.initial_offsets(job)
+    end = wait_until(lambda: (e := first.latest_offsets(job, start)) != start and e, timeout=5)
+    assert end["open"][:2] == ["big.jsonl", 2048]
+    head = read_batch(first, start, end, job, task)
+    again = fresh()  # the next driver: no listing remembered
+    if settle:
+        assert again.latest_offsets(job, end) == end  # the open file has not settled here yet
+    rest, ends = drain(again, end, job, task, want=len(items) + 1 - len(head))
+    assert head + rest == [*items, "later"]  # every line once, in order, then the next file
+    for offsets in ends:
+        assert ["big.jsonl", 2048, 2048] not in offsets["batch"]
+        if "big.jsonl" in {d[1] for d in offsets["done"]}:
+            assert offsets["open"] is None
+    assert ends[-1]["open"] is None
+    assert [r[2] for o in ends for r in o["batch"] if r[0] == "big.jsonl"][-1] == size
+
+
+def open_big_file(folder: Path, store_url: str, **options: Any) -> tuple[Any, Any, Any, Any]:
+    """A 400-line ``big.jsonl`` read up to byte 2048 by a first micro-batch.
+
+    Returns that micro-batch's start and end offsets and the (job, task) contexts.
+    """
+    write_jsonl(folder / "big.jsonl", [{"n": n} for n in range(400)], time.time() - 10)
+    source = FileSource(str(folder), settle_seconds=0, poll_seconds=0, max_bytes_per_batch=2048,
+                        **options)
+    job, task = contexts(store_url)
+    start = source.initial_offsets(job)
+    end = source.latest_offsets(job, start)
+    assert end["open"][:2] == ["big.jsonl", 2048]
+    return start, end, job, task
+
+
+@pytest.mark.parametrize("settle", [0.0, 0.3])
+@pytest.mark.parametrize("change", ["deleted", "shrank"])
+def test_an_open_file_that_is_gone_or_shrank_is_an_error_naming_stage_file_and_position(
+    tmp_path: Path, store_url: str, settle: float, change: str
+) -> None:
+    folder = tmp_path / "in"
+    folder.mkdir()
+    _, end, job, _ = open_big_file(folder, store_url)
+    error: type[Exception]
+    if change == "deleted":
+        (folder / "big.jsonl").unlink()
+        error, what = FileNotFoundError, "is gone"
+    else:
+        write_jsonl(folder / "big.jsonl", [{"n": n} for n in range(10)])
+        error, what = ValueError, r"is now \d+ bytes, shorter"
+    source = FileSource(str(folder), settle_seconds=settle, poll_seconds=0,
+                        max_bytes_per_batch=2048)
+    for _ in range(2):  # the same error every time: nothing is skipped
+        with pytest.raises(error, match=r"stage 'from-files\(in\)': file big\.jsonl, read up to "
+                                        rf"byte 2048, {what}"):
+            source.latest_offsets(job, end)
+
+
+def test_an_open_file_that_grows_is_read_to_its_new_end_once_it_settles(
+    tmp_path: Path, store_url: str
+) -> None:
+    folder = tmp_path / "in"
+    folder.mkdir()
+    start, end, job, task = open_big_file(folder, store_url)
+    source = FileSource(str(folder), settle_seconds=0.3, poll_seconds=0,
+                        max_bytes_per_batch=2048)
+    head = read_batch(source, start, end, job, task)
+    wait_until(lambda: source.latest_offsets(job, end) != end, timeout=5)  # settled here
+    with (folder / "big.jsonl").open("a", encoding="utf-8") as fh:  # a writer appends more
+        fh.write("".join(json.dumps({"n": n}) + "\n" for n in range(400, 500)))
+    assert source.latest_offsets(job, end) == end  # changed: not settled, not advanced
+    rest, ends = drain(source, end, job, task, want=500 - len(head))
+    assert [item["n"] for item in head + rest] == list(range(500))
+    assert ends[-1]["open"] is None and ends[-1]["done"][-1][1] == "big.jsonl"
+
+
+def test_a_file_changed_after_it_was_read_is_warned_about_naming_it(
+    tmp_path: Path, store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = tmp_path / "in"
+    folder.mkdir()
+    write_jsonl(folder / "a.jsonl", [1], time.time() - 10)
+    source = FileSource(str(folder), settle_seconds=0, poll_seconds=0)
+    job, task = contexts(store_url)
+    start = source.initial_offsets(job)
+    end = source.latest_offsets(job, start)
+    assert read_batch(source, start, end, job, task) == [1]
+    write_jsonl(folder / "a.jsonl", [1, 2], time.time() - 5)  # appended after it was read
+    with caplog.at_level("WARNING", logger="sparkjet.contrib.files"):
+        assert source.latest_offsets(job, end) == end  # a file is read once
+        assert source.latest_offsets(job, end) == end
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1, warnings  # once per change, not once per listing
+    assert "stage 'from-files(in)': file a.jsonl changed after it was read" in warnings[0]
+
+
 def test_offset_of_names_each_items_file_and_line_or_row(
     tmp_path: Path, store_url: str
 ) -> None:

@@ -113,8 +113,11 @@ class FileSource(Source):
     larger than that is read over several micro-batches, at line boundaries).
     A file is read once its size and modification time have not changed for
     ``settle_seconds`` (0: as soon as it is listed, for writers that rename
-    finished files into place). The folder is listed at most every
-    ``poll_seconds``. A file that appears with a modification time more than
+    finished files into place). A file read over several micro-batches is
+    done only once its last byte was read: a new driver waits until it has
+    settled in its own listing and reads on from the position reached; a file
+    gone or shorter than that position is an error. The folder is listed at
+    most every ``poll_seconds``. A file that appears with a modification time more than
     ``late_seconds`` older than the newest file already read is not read.
     ``initial_position``: ``"oldest"`` (the files already there too) or
     ``"latest"`` (only files that land after the job starts).
@@ -194,15 +197,17 @@ class FileSource(Source):
         # Driver-only memory: the previous listing (for "unchanged since") and
         # the settled files of the last one (listed at most every poll_seconds).
         self._seen: dict[str, tuple[int, int, float]] = {}
+        self._listing: list[tuple[int, str, int]] = []
         self._settled: list[tuple[int, str, int]] | None = None
         self._listed_at = -math.inf
+        self._warned: set[tuple[str, int]] = set()  # (file, mtime) changed after it was read
         # Executor-only memory: where the items of the partitions read last came
         # from, for dead letters (see offset_of).
         self._origins: dict[str, list[_Origin]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for key in ("_seen", "_settled", "_listed_at", "_origins"):
+        for key in ("_seen", "_listing", "_settled", "_listed_at", "_warned", "_origins"):
             state.pop(key, None)
         return state
 
@@ -286,14 +291,29 @@ class FileSource(Source):
             start = self.initial_offsets(context)
         now = time.monotonic()
         if self._settled is None or now - self._listed_at >= self.poll_seconds:
-            self._settled = self._stable(self._list())
+            self._listing = self._list()
+            self._settled = self._stable(self._listing)
             self._listed_at = now
-        return self._advance(start, self._settled)
+        return self._advance(start, self._listing, self._settled, context.stage)
 
-    def _advance(self, start: Any, stable: list[tuple[int, str, int]]) -> Any:
+    def _advance(
+        self, start: Any, listing: list[tuple[int, str, int]],
+        stable: list[tuple[int, str, int]], stage: str,
+    ) -> Any:
+        """The offsets after the next micro-batch from ``start``: ``start`` itself if none.
+
+        ``listing``: every matching file; ``stable``: those settled. A file is
+        done only once its last byte was planned: the open file (read up to a
+        position) waits, and the micro-batch with it, until it is settled in
+        this driver's listing (a new driver has settled nothing yet); it is
+        then read on from its position to its size, so bytes appended while it
+        was open are read too. An open file that is gone or shorter than its
+        position is an error: its rest cannot be read, and is never skipped.
+        """
         floor = start["floor"]
-        done = {name for _, name in start["done"]}
+        done = {d[1]: d[0] for d in start["done"]}
         opened = start["open"]
+        self._warn_changed(done, stable, stage)
         pending = [
             f for f in stable
             if f[1] not in done and (floor is None or f[0] >= floor)
@@ -301,8 +321,20 @@ class FileSource(Source):
         ]
         by_name = {f[1]: f for f in stable}
         if opened is not None:
-            current = by_name.get(opened[0], (opened[2], opened[0], opened[1]))
-            pending.insert(0, current)
+            name, position = opened[0], opened[1]
+            listed = next((f for f in listing if f[1] == name), None)
+            where = (f"{self.describe()}, stage {stage!r}: file {name}, read up to byte "
+                     f"{position},")
+            if listed is None:
+                raise FileNotFoundError(
+                    f"{where} is gone (deleted or renamed before its rest was read)")
+            if listed[2] < position:
+                raise ValueError(
+                    f"{where} is now {listed[2]} bytes, shorter than what was read "
+                    "(truncated or replaced while it was being read)")
+            if name not in by_name:
+                return start  # not settled here (yet): wait rather than guess its size
+            pending.insert(0, by_name[name])
         budget = self.max_bytes_per_batch
         batch: list[list[Any]] = []
         new_done = [list(d) for d in start["done"]]
@@ -336,6 +368,25 @@ class FileSource(Source):
             new_done = [d for d in new_done if d[0] >= new_floor]
         return {"floor": new_floor, "done": sorted(new_done), "open": new_open,
                 "batch": batch, "after": _fingerprint(start)}
+
+    def _warn_changed(
+        self, done: Mapping[str, int], stable: list[tuple[int, str, int]], stage: str
+    ) -> None:
+        """Log, once per change, each file done at one modification time and listed at another.
+
+        A file is read once: what was written to it after it was read (or
+        after a job started at ``latest`` passed it by) is not read.
+        """
+        for mtime, name, _ in stable:
+            read_at = done.get(name)
+            if read_at is None or read_at == mtime or (name, mtime) in self._warned:
+                continue
+            self._warned.add((name, mtime))
+            log.warning(
+                "%s, stage %r: file %s changed after it was read (modified at %d µs, read "
+                "at %d µs); a file is read once, so its new content is not read: write "
+                "files under a hidden name and rename them into place when complete",
+                self.describe(), stage, name, mtime, read_at)
 
     def plan_range(self, start: Any, end: Any, context: JobContext) -> Sequence[Any]:
         """Runs on the driver: the micro-batch's file ranges, packed into partitions."""
