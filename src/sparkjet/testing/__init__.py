@@ -95,14 +95,18 @@ from sparkjet.core.store import commit_log as commit_log_module
 from sparkjet.core.store.commit_log import CommitLog
 from sparkjet.core.store.fs import Store
 from sparkjet.core.store.stream_log import StreamLog
+from sparkjet.testing.sources import SourceConformance, SourceHarness, kit_items
 
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 __all__ = [
     "SnapshotBackendConformance",
+    "SourceConformance",
+    "SourceHarness",
     "StoreConformance",
     "StoreLocation",
     "fake_gcs_server",
+    "kit_items",
     "moto_s3_server",
 ]
 
