@@ -180,14 +180,42 @@ class FileHarness(SourceHarness):
         self.files += 1
 
 
-class TestFileSourceLocal(SourceConformance):
+#: The bug the kit was written to catch: a new FileSource (a restarted job's,
+#: a resumed driver's) lists no settled file at first, and its first micro-batch
+#: closes the file it was half-way through at the offset it had reached, so the
+#: rest of that file is never read. Fixed on another branch: when it lands, these
+#: tests pass, strict xfail fails them, and the marks go.
+FILE_TAIL_DROPPED = pytest.mark.xfail(
+    strict=True, reason="FileSource drops the rest of an open file after a restart "
+    "(its first plan closes the file at its offset when the file has not settled yet)")
+
+
+class FileSourceChecks(SourceConformance):
+    """The file source's checks: those that restart a job from its checkpoint catch the bug."""
+
+    @FILE_TAIL_DROPPED
+    def test_cancel_and_restart_from_a_snapshot_at_every_batch_boundary(
+        self, run: Any, source_harness: SourceHarness
+    ) -> None:
+        super().test_cancel_and_restart_from_a_snapshot_at_every_batch_boundary(
+            run, source_harness)
+
+    @pytest.mark.slow
+    @FILE_TAIL_DROPPED
+    def test_a_killed_driver_process_resumes_exactly_once(
+        self, run: Any, source_harness: SourceHarness, tmp_path: Path
+    ) -> None:
+        super().test_a_killed_driver_process_resumes_exactly_once(run, source_harness, tmp_path)
+
+
+class TestFileSourceLocal(FileSourceChecks):
     @pytest.fixture
     def source_harness(self, tmp_path: Path) -> SourceHarness:
         return FileHarness(str(tmp_path / "inbox"))
 
 
 @pytest.mark.storage
-class TestFileSourceS3(SourceConformance):
+class TestFileSourceS3(FileSourceChecks):
     @pytest.fixture
     def source_harness(self, s3_location: StoreLocation) -> SourceHarness:
         where = s3_location.fresh()

@@ -278,15 +278,22 @@ class _Run:
         def status() -> str:
             if job is None:
                 return ""
-            return f"; job {job.status.name}, metrics {job.get_metrics()}"
+            return f"; job {job.status.name}, last committed batch {self.committed(job)}"
 
-        _wait(reached, lambda: f"{count} items read ({what}); the list has {size()}{status()}")
+        _wait(reached, lambda: (f"{count} items read ({what}): "
+                                f"{describe_multiset(self.seen(), range(self.given))}{status()}"))
         time.sleep(0.5)
         return self.seen()
 
     @staticmethod
     def committed(job: Job) -> int:
+        """The job's last committed micro-batch (counted on from a snapshot it started from)."""
         return int(job.get_metrics().get("lastCommittedBatch", -1))
+
+    @staticmethod
+    def batches_run(job: Job) -> int:
+        """How many micro-batches this job has run (up to the 100 its metrics keep)."""
+        return len(job.get_metrics().get("batchDurationsMillis", []))
 
     def stop_all(self) -> None:
         for job in self.jobs:
@@ -527,7 +534,8 @@ class SourceConformance:
                 run.add(self.ROUND)  # items that land while the job is suspended
             job.resume()
             if stops > 40:
-                pytest.fail(f"{stops} suspends and still {size()} of {run.given} items read")
+                pytest.fail(f"{stops} suspends and still not every item read: "
+                            f"{describe_multiset(run.seen(), range(run.given))}")
         seen = run.wait_read(job, run.given, f"after {stops} suspends")
         assert_exactly_once(seen, range(run.given), f"a job suspended {stops} times")
 
@@ -542,9 +550,13 @@ class SourceConformance:
         restarts = 0
         while size() < run.given or restarts < 1:
             job = run.submit(source_harness.new_source(), snapshot)
-            _wait(lambda j=job: (run.committed(j) >= 0  # type: ignore[misc]
+            # A job started from a snapshot counts its batches on from the snapshot's:
+            # wait for a micro-batch this job ran.
+            _wait(lambda j=job: (run.batches_run(j) > 0  # type: ignore[misc]
                                  or size() >= run.given or j.is_terminal()),
-                  f"a first micro-batch of job {restarts + 1}")
+                  lambda n=restarts + 1: (  # type: ignore[misc]
+                      f"a micro-batch of job {n} (started from the last one's snapshot), or "
+                      f"every item read: {describe_multiset(run.seen(), range(run.given))}"))
             if job.is_terminal():
                 job.join(timeout=30)
             snapshot = f"conformance-{restarts}"
@@ -553,7 +565,9 @@ class SourceConformance:
             if restarts == 1:
                 run.add(self.ROUND)  # items that land between two jobs
             if restarts > 30:
-                pytest.fail(f"{restarts} restarts and still {size()} of {run.given} items read")
+                pytest.fail(f"{restarts} jobs, each restarted from the last one's snapshot, and "
+                            f"still not every item read: "
+                            f"{describe_multiset(run.seen(), range(run.given))}")
         job = run.submit(source_harness.new_source(), snapshot)
         seen = run.wait_read(job, run.given, f"after {restarts} restarts")
         assert_exactly_once(seen, range(run.given), f"{restarts} jobs restarted from snapshots")
