@@ -678,8 +678,9 @@ class SourceConformance:
         source = source_harness.new_source(capped=False)
         ctx = run.context(source)
         start, _ = run.drain(source, source.initial_offsets(ctx), len(first))
-        assert source_lag(start, latest_offsets(source, ctx, start)) in (
-            0 if source_harness.lag_countable else None, None)
+        caught_up = source_lag(start, latest_offsets(source, ctx, start))
+        assert caught_up == (0 if source_harness.lag_countable else None), (
+            f"source_lag of a source that read everything is {caught_up}")
         new = len(run.add(17))
         if not source_harness.lag_countable:
             # Offsets that do not count items show no lag: never a wrong number.
@@ -695,7 +696,7 @@ class SourceConformance:
             lags.append(source_lag(start, latest_offsets(source, ctx, start)))
             return lags[-1] == new
 
-        _wait(honest, f"source_lag to say {new}; it said {lags[-5:]}", 30)
+        _wait(honest, lambda: f"source_lag to say {new}; it said {lags[-5:]}")
         assert all(lag is not None and lag <= new for lag in lags), (
             f"source_lag said more than the {new} new items: {lags}")
 
