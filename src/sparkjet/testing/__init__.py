@@ -96,6 +96,7 @@ from sparkjet.core.store.commit_log import CommitLog
 from sparkjet.core.store.fs import Store
 from sparkjet.core.store.stream_log import StreamLog
 from sparkjet.testing.sinks import SinkConformance, SinkHarness
+from sparkjet.testing.sources import SourceConformance, SourceHarness, kit_items
 
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
@@ -103,9 +104,12 @@ __all__ = [
     "SinkConformance",
     "SinkHarness",
     "SnapshotBackendConformance",
+    "SourceConformance",
+    "SourceHarness",
     "StoreConformance",
     "StoreLocation",
     "fake_gcs_server",
+    "kit_items",
     "moto_s3_server",
 ]
 

@@ -1,0 +1,746 @@
+"""The source conformance kit: what every source, built-in, contrib or third-party, must do.
+
+:class:`SourceConformance` is a pytest class a source's author subclasses,
+giving it a ``source_harness`` fixture: a :class:`SourceHarness` that makes a
+fresh source reading the test's data and makes more items available to it.
+The kit generates distinguishable items (``{"seq": i, "key": ..., "kit": token}``),
+hands them to the harness, and drives the source through sparkjet's real
+micro-batch loop (real jobs on the test's Spark session, EXACTLY_ONCE, the
+store's list sink recording what was read), then checks what was read against
+what it gave:
+
+- every item is read once (:meth:`~SourceConformance.test_reads_every_item_once`);
+- the same offsets read the same items, also by a copy of the source as a
+  restarted driver has (``test_replay_reads_the_same_items``);
+- a job stopped at every micro-batch boundary, suspended and resumed
+  (``test_suspend_and_resume_at_every_batch_boundary``) or cancelled with an
+  exported snapshot and started again from it
+  (``test_cancel_and_restart_from_a_snapshot_at_every_batch_boundary``), and a
+  real driver process SIGKILLed at random moments and resumed by a new process
+  (``test_a_killed_driver_process_resumes_exactly_once``, ``slow``), read every
+  item exactly once;
+- offsets never go backwards: each micro-batch starts where the last ended,
+  and offsets shaped as numbers per partition never decrease
+  (``test_offsets_never_go_backwards``);
+- a declared cap holds: ``latest_offsets(context, start=...)`` never plans
+  more than :attr:`SourceHarness.max_items_per_batch` items
+  (``test_latest_offsets_respect_the_cap``);
+- lag is honest: after N new items ``source_lag`` over the source's offsets
+  says N, or the offsets are uncountable (None) and the harness says so
+  (``test_lag_is_honest``);
+- partitions added while a job runs are read (``test_partitions_added_while_running_are_read``);
+- a trimmed or compacted range is reported, never skipped: the job fails
+  naming the stage (``test_a_trimmed_range_is_reported_not_skipped``).
+
+Each check is its own test, so a report shows which promise broke. What a
+harness cannot do it declares (``can_add_partitions = False``, ``can_trim =
+False``, ``max_items_per_batch = None``, ``streaming = False`` for a bounded
+source); those tests are then skipped with the declaration as the reason,
+visible in ``pytest -rs``. A bounded (batch) source runs the first two checks:
+a batch job reads every item once, and planning and reading twice give the
+same items; the others are about offsets and micro-batches it has not got.
+
+A complete third-party example, for a source whose data lives in the store's
+streams (any source works alike: write the data where the source reads it)::
+
+    # conftest.py
+    pytest_plugins = ["sparkjet.testing"]
+
+    @pytest.fixture
+    def client(tmp_path):          # the kit runs its jobs through this client
+        return sparkjet.connect(store={"url": str(tmp_path / "store")},
+                                spark={"master": "local[2]"})
+
+    # test_my_source.py
+    import uuid
+    import pytest
+    from sparkjet.testing import SourceConformance, SourceHarness
+    from my_plugin import MySource
+
+    class MyHarness(SourceHarness):
+        max_items_per_batch = 10   # what MySource(max_per_batch=10) promises
+        can_trim = True
+
+        def __init__(self) -> None:
+            self.name = f"data-{uuid.uuid4().hex[:8]}"
+
+        def new_source(self, *, capped=True):
+            return MySource(self.name, max_per_batch=10 if capped else None)
+
+        def add(self, client, items):
+            client.get_stream(self.name, partitions=2).publish_all(items)
+
+        def trim(self, client):
+            log = client.store.stream_log(self.name)
+            for p, end in enumerate(log.end_offsets()):
+                log.trim(p, end)
+
+    class TestMySource(SourceConformance):
+        @pytest.fixture
+        def source_harness(self):
+            return MyHarness()
+
+The harness is pickled with cloudpickle for the driver-kill test, which runs
+``python -m sparkjet.testing.source_driver`` with the test's ``sys.path``: keep
+it to plain attributes (names, URLs, options), never a client or a connection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import cloudpickle
+import pytest
+
+from sparkjet.core.checkpoint import BatchPlan, Checkpoint
+from sparkjet.core.client import Client
+from sparkjet.core.contracts import JobContext, Source, TaskContext
+from sparkjet.core.microbatch_loop import latest_offsets, source_lag
+from sparkjet.job import Job, JobConfig, JobStatus, ProcessingGuarantee
+from sparkjet.pipeline import Pipeline
+
+__all__ = [
+    "SourceConformance",
+    "SourceHarness",
+    "kit_items",
+]
+
+#: The name the kit gives the source's stage in every job it runs.
+STAGE = "conformance-source"
+#: The list the kit's jobs write what they read to.
+SEEN = "conformance-seen"
+#: How long any one wait of the kit may take before the test fails
+#: (``SPARKJET_KIT_WAIT_SECONDS`` sets it, for a slow or crowded machine).
+WAIT_SECONDS = float(os.environ.get("SPARKJET_KIT_WAIT_SECONDS", "120"))
+
+
+def kit_items(start: int, count: int, token: str = "kit") -> list[dict[str, Any]]:
+    """The kit's items ``start`` to ``start + count - 1``: ``{"seq", "key", "kit"}`` dicts.
+
+    JSON-serialisable, small, and told apart by ``seq``; ``key`` spreads them
+    over a few keys (a harness may use it as a partition key).
+    """
+    return [{"seq": i, "key": f"k{i % 5}", "kit": token} for i in range(start, start + count)]
+
+
+class SourceHarness(ABC):
+    """How the kit makes and feeds the source under test; subclass it for your source.
+
+    Every method runs in the test process, and :meth:`new_source` and
+    :meth:`prepare` also in the driver process of the kill test (the harness
+    travels there pickled with cloudpickle, so keep it to plain attributes).
+    """
+
+    #: False for a bounded (batch) source: only the checks a batch job has are run.
+    streaming: ClassVar[bool] = True
+    #: The most items one micro-batch of ``new_source(capped=True)`` may read (None: no cap).
+    max_items_per_batch: ClassVar[int | None] = None
+    #: Whether the source's offsets count items (``source_lag`` gives a number).
+    lag_countable: ClassVar[bool] = True
+    #: Whether :meth:`add_partitions` can give the source's data more partitions.
+    can_add_partitions: ClassVar[bool] = False
+    #: Whether :meth:`trim` can remove (trim, compact) items the source has not read.
+    can_trim: ClassVar[bool] = False
+    #: Why a capability is missing, shown in the report of a skipped check.
+    why_not: ClassVar[dict[str, str]] = {}
+
+    def prepare(self, client: Client) -> None:  # noqa: B027 - optional hook
+        """Make the client ready for the source (register a plugin); default: nothing."""
+
+    @abstractmethod
+    def new_source(self, *, capped: bool = True) -> Source:
+        """A fresh source reading this harness's data from its start.
+
+        ``capped``: with the cap :attr:`max_items_per_batch` declares (small
+        micro-batches, so the kit stops jobs between many of them); False: uncapped.
+        """
+
+    @abstractmethod
+    def add(self, client: Client, items: list[dict[str, Any]]) -> None:
+        """Make ``items`` available to the source (publish, write a file, produce)."""
+
+    def decode(self, item: Any) -> dict[str, Any]:
+        """The kit's item from what the source read (default: the item itself)."""
+        return dict(item)
+
+    def add_partitions(self, client: Client) -> None:
+        """Give the data more partitions; later :meth:`add` calls use them too."""
+        raise NotImplementedError(f"{type(self).__qualname__} cannot add partitions")
+
+    def trim(self, client: Client) -> None:
+        """Remove the oldest items (retention, compaction): all but those of the last :meth:`add`.
+
+        The items of the last add may stay; at least those of the add before
+        it must go.
+        """
+        raise NotImplementedError(f"{type(self).__qualname__} cannot trim")
+
+
+# --- helpers --------------------------------------------------------------------------
+
+
+def _wait(predicate: Callable[[], Any], what: str | Callable[[], str],
+          timeout: float = WAIT_SECONDS) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for "
+                        f"{what() if callable(what) else what}")
+        time.sleep(0.05)
+
+
+def describe_multiset(seqs: list[int], expected: range) -> str:
+    """Why a multiset of sequence numbers differs from ``expected`` (missing, duplicated, extra)."""
+    counts = Counter(seqs)
+    missing = [i for i in expected if i not in counts]
+    dups = sorted((i, c) for i, c in counts.items() if c > 1)
+    extra = sorted(i for i in counts if i not in expected)
+    return (f"{len(seqs)} items read, {len(expected)} given: {len(missing)} missing "
+            f"(first {missing[:10]}), {len(dups)} duplicated (first {dups[:10]}), "
+            f"{len(extra)} never given (first {extra[:10]})")
+
+
+def assert_exactly_once(seqs: list[int], expected: range, what: str) -> None:
+    """Fail unless ``seqs`` holds every number of ``expected`` once and nothing else."""
+    if sorted(seqs) != list(expected):
+        pytest.fail(f"{what}: not every item exactly once: {describe_multiset(seqs, expected)}")
+
+
+class _Run:
+    """One test's jobs and direct reads of the source, on the test's client."""
+
+    def __init__(self, client: Client, harness: SourceHarness) -> None:
+        self.client = client
+        self.harness = harness
+        self.jobs: list[Job] = []
+        self.given = 0
+        self.token = uuid.uuid4().hex[:8]
+        harness.prepare(client)
+
+    # items
+    def add(self, count: int) -> range:
+        items = kit_items(self.given, count, self.token)
+        self.harness.add(self.client, items)
+        self.given += count
+        return range(self.given - count, self.given)
+
+    def seqs_of(self, items: list[Any]) -> list[int]:
+        seqs = []
+        for raw in items:
+            item = self.harness.decode(raw)
+            if item.get("kit") != self.token:
+                pytest.fail(f"read an item the kit did not give in this test: {raw!r}")
+            seqs.append(int(item["seq"]))
+        return seqs
+
+    def seen(self) -> list[int]:
+        return self.seqs_of(self.client.get_list(SEEN).get_all())
+
+    # jobs
+    def pipeline(self, source: Source) -> Pipeline:
+        p = Pipeline.create()
+        p.read_from(source).set_name(STAGE).write_to(Pipeline.to_list(SEEN))
+        return p
+
+    def submit(self, source: Source, snapshot: str | None = None) -> Job:
+        job = self.client.get_jet().submit(self.pipeline(source), JobConfig(
+            name=f"conformance-{uuid.uuid4().hex[:8]}",
+            processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
+            snapshot_interval_millis=100, initial_snapshot_name=snapshot))
+        self.jobs.append(job)
+        return job
+
+    def wait_read(self, job: Job | None, count: int, what: str) -> list[int]:
+        """Wait until the list holds ``count`` items and, 0.5 s later, still as many."""
+        size = self.client.get_list(SEEN).size
+
+        def reached() -> bool:
+            if job is not None and job.is_terminal():
+                job.join(timeout=30)  # raises the job's failure
+            return size() >= count
+
+        def status() -> str:
+            if job is None:
+                return ""
+            return f"; job {job.status.name}, last committed batch {self.committed(job)}"
+
+        _wait(reached, lambda: (f"{count} items read ({what}): "
+                                f"{describe_multiset(self.seen(), range(self.given))}{status()}"))
+        time.sleep(0.5)
+        return self.seen()
+
+    @staticmethod
+    def committed(job: Job) -> int:
+        """The job's last committed micro-batch (counted on from a snapshot it started from)."""
+        return int(job.get_metrics().get("lastCommittedBatch", -1))
+
+    @staticmethod
+    def batches_run(job: Job) -> int:
+        """How many micro-batches this job has run (up to the 100 its metrics keep)."""
+        return len(job.get_metrics().get("batchDurationsMillis", []))
+
+    def stop_all(self) -> None:
+        for job in self.jobs:
+            with contextlib.suppress(Exception):
+                if not job.is_terminal():
+                    job.cancel()
+            with contextlib.suppress(Exception):
+                job.join(timeout=60)
+
+    # direct calls, as the loop makes them
+    def context(self, source: Source, job_id: str = "conformance-direct") -> JobContext:
+        return JobContext(job_id=job_id, job_name=None, store=self.client.store,
+                          parallelism=2, stage=STAGE,
+                          options=dict(self.client.config.plugin_options.get(source.kind, {})),
+                          processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE, batch_id=0)
+
+    def read_range(self, source: Source, start: Any, end: Any, ctx: JobContext) -> list[int]:
+        """The kit's seqs ``plan_range`` and ``read`` give for ``[start, end)``."""
+        items: list[Any] = []
+        for i, descriptor in enumerate(source.plan_range(start, end, ctx)):
+            task = TaskContext(job_id=ctx.job_id, partition=i, store=ctx.store,
+                               options=ctx.options, stage=STAGE)
+            items.extend(cloudpickle.loads(cloudpickle.dumps(source)).read(
+                cloudpickle.loads(cloudpickle.dumps(descriptor)), task))
+        return self.seqs_of(items)
+
+    def read_batch(self, source: Source) -> list[int]:
+        """What a bounded source's ``partitions`` and ``read`` give."""
+        ctx = self.context(source)
+        items: list[Any] = []
+        for i, descriptor in enumerate(source.partitions(ctx)):
+            task = TaskContext(job_id=ctx.job_id, partition=i, store=ctx.store,
+                               options=ctx.options, stage=STAGE)
+            items.extend(source.read(descriptor, task))
+        return self.seqs_of(items)
+
+    def drain(self, source: Source, start: Any, count: int,
+              check: Callable[[Any, Any, list[int]], None] | None = None) -> tuple[Any, list[int]]:
+        """Plan and read from ``start`` until ``count`` items came; returns (end offsets, seqs).
+
+        ``check(start, end, seqs)`` sees every non-empty step.
+        """
+        ctx = self.context(source)
+        read: list[int] = []
+        deadline = time.monotonic() + WAIT_SECONDS
+        while len(read) < count:
+            end = latest_offsets(source, ctx, start)
+            if end == start:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"the source planned nothing more after {len(read)} of "
+                                f"{count} items (offsets {start!r})")
+                time.sleep(0.1)
+                continue
+            seqs = self.read_range(source, start, end, ctx)
+            if check is not None:
+                check(start, end, seqs)
+            read.extend(seqs)
+            start = end
+        return start, read
+
+
+def _numeric_partitions(offsets: Any) -> dict[str, int] | None:
+    """Offsets shaped as numbers (one, a list or a dict of them) per partition; else None."""
+    if isinstance(offsets, bool):
+        return None
+    if isinstance(offsets, int):
+        return {"0": offsets}
+    if isinstance(offsets, list) and all(type(o) is int for o in offsets):
+        return {str(i): o for i, o in enumerate(offsets)}
+    if isinstance(offsets, dict) and all(type(o) is int for o in offsets.values()):
+        return {str(k): o for k, o in offsets.items()}
+    return None
+
+
+def check_forward(start: Any, end: Any, where: str) -> None:
+    """Fail if numeric-shaped ``end`` offsets are behind ``start`` in any partition."""
+    before, after = _numeric_partitions(start), _numeric_partitions(end)
+    if before is None or after is None:
+        return
+    lost = sorted(set(before) - set(after))
+    if lost:
+        pytest.fail(f"{where}: partitions {lost} vanished from the offsets ({start!r} -> {end!r})")
+    back = {p: (before[p], after[p]) for p in before if after[p] < before[p]}
+    if back:
+        pytest.fail(f"{where}: offsets went backwards in partitions {back} "
+                    f"({start!r} -> {end!r})")
+
+
+def _plans(client: Client, job: Job) -> list[BatchPlan]:
+    """The job's write-ahead plans still in its checkpoint, in batch order."""
+    checkpoint = Checkpoint(client.store, client.store.layout.checkpoint(job.id, "checkpoint"))
+    plans = []
+    for batch in range(checkpoint.last_commit() + 2):
+        plan = checkpoint.planned(batch)
+        if plan is not None:
+            plans.append(plan)
+    return plans
+
+
+def _skip_unless(harness: SourceHarness, capability: str, declared: bool, what: str) -> None:
+    """Skip, naming the harness's declaration, when it declares it cannot do ``capability``."""
+    if not declared:
+        why = harness.why_not.get(capability, "")
+        pytest.skip(f"{type(harness).__name__} declares {what}" + (f": {why}" if why else ""))
+
+
+# --- the kill test's driver processes -------------------------------------------------
+
+
+class _Driver:
+    """One ``python -m sparkjet.testing.source_driver`` process, in its own process group."""
+
+    def __init__(self, spec: Path, log_dir: Path, index: int) -> None:
+        self.out = log_dir / f"driver-{index}.out"
+        self.err = log_dir / f"driver-{index}.err"
+        env = dict(os.environ)
+        env["PYSPARK_PYTHON"] = env.get("PYSPARK_PYTHON", sys.executable)
+        # The harness's module must import there as it does here (a test module).
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+        with open(self.out, "wb") as out, open(self.err, "wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "sparkjet.testing.source_driver", str(spec)],
+                stdout=out, stderr=err, env=env, start_new_session=True)
+
+    def line(self, prefix: str) -> str | None:
+        for line in self.out.read_text().splitlines():
+            if line.startswith(prefix):
+                return line
+        if self.proc.poll() is not None:
+            tail = "\n".join(self.err.read_text(errors="replace").splitlines()[-30:])
+            pytest.fail(f"driver exited ({self.proc.returncode}) before {prefix!r}:\n{tail}")
+        return None
+
+    def kill(self) -> None:
+        """SIGKILL the driver with its JVM and Python workers; reap it."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+
+# --- the suite -------------------------------------------------------------------------
+
+
+class SourceConformance:
+    """What every source must do; subclass it with a ``source_harness`` fixture.
+
+    The kit also uses a ``client`` fixture (a :class:`sparkjet.Client` on a
+    fresh store, as sparkjet's own tests have): give one in your conftest.
+    See the module's docstring for a complete example.
+    """
+
+    #: Items the kit gives per round; small, so a source's whole kit runs in well under a minute.
+    ROUND = 30
+
+    @pytest.fixture
+    def source_harness(self) -> SourceHarness:
+        """The harness of the source under test: override this in the subclass."""
+        raise NotImplementedError("give the SourceConformance subclass a 'source_harness' fixture")
+
+    @pytest.fixture
+    def run(self, client: Client, source_harness: SourceHarness) -> Iterator[_Run]:
+        """The test's jobs and reads; every job still running is cancelled at teardown."""
+        client.spark  # noqa: B018 - started here, so no wait of the kit counts its start
+        run = _Run(client, source_harness)
+        yield run
+        run.stop_all()
+
+    @staticmethod
+    def _streaming_only(harness: SourceHarness) -> None:
+        _skip_unless(harness, "streaming", harness.streaming,
+                     "a bounded source (streaming = False): no offsets or micro-batches")
+
+    # --- checks every source has ---------------------------------------------------
+
+    def test_reads_every_item_once(self, run: _Run, source_harness: SourceHarness) -> None:
+        """Items given before and while a job runs are each read once."""
+        if not source_harness.streaming:
+            run.add(self.ROUND)
+            run.add(self.ROUND)
+            job = run.submit(source_harness.new_source())
+            job.join(timeout=WAIT_SECONDS)
+            assert_exactly_once(run.seen(), range(run.given), "a batch job")
+            return
+        run.add(self.ROUND)
+        job = run.submit(source_harness.new_source())
+        run.wait_read(job, run.given, "the first round")
+        run.add(self.ROUND)
+        run.add(self.ROUND)
+        seen = run.wait_read(job, run.given, "rounds given while the job ran")
+        assert_exactly_once(seen, range(run.given), "a running job")
+
+    def test_replay_reads_the_same_items(self, run: _Run, source_harness: SourceHarness) -> None:
+        """The same offsets read the same items, also by a pickled copy of the source."""
+        if not source_harness.streaming:
+            run.add(self.ROUND)
+            source = source_harness.new_source()
+            first = run.read_batch(source)
+            again = run.read_batch(cloudpickle.loads(cloudpickle.dumps(source)))
+            assert first == again, "partitions() and read() gave other items the second time"
+            assert_exactly_once(first, range(run.given), "a batch read")
+            return
+        given = run.add(self.ROUND)
+        source = source_harness.new_source(capped=False)
+        ctx = run.context(source)
+        start = source.initial_offsets(ctx)
+        end, first = run.drain(source, start, len(given))
+        assert_exactly_once(first, given, "reading the first round")
+        # Every range again, each by a fresh copy of the source (a restarted driver's).
+        copy = cloudpickle.loads(cloudpickle.dumps(source_harness.new_source(capped=False)))
+        again = run.read_range(copy, start, end, run.context(copy))
+        assert again == first, (
+            f"offsets {start!r} to {end!r} read other items the second time: "
+            f"{describe_multiset(again, given)}")
+        assert run.read_range(source, start, end, ctx) == first
+
+    # --- streaming checks ---------------------------------------------------------------
+
+    def test_suspend_and_resume_at_every_batch_boundary(
+        self, run: _Run, source_harness: SourceHarness
+    ) -> None:
+        """A job suspended after every micro-batch (given items while suspended) reads each once."""
+        self._streaming_only(source_harness)
+        run.add(self.ROUND)
+        job = run.submit(source_harness.new_source())
+        size = run.client.get_list(SEEN).size
+        stops = 0
+        while size() < run.given or stops < 1:
+            done = run.committed(job)
+            _wait(lambda d=done: (run.committed(job) > d  # type: ignore[misc]
+                                  or size() >= run.given or job.is_terminal()),
+                  f"a micro-batch after batch {done}")
+            if job.is_terminal():
+                job.join(timeout=30)
+            job.suspend()
+            job.wait_for_status(JobStatus.SUSPENDED, timeout=WAIT_SECONDS)
+            stops += 1
+            if stops == 1:
+                run.add(self.ROUND)  # items that land while the job is suspended
+            job.resume()
+            if stops > 40:
+                pytest.fail(f"{stops} suspends and still not every item read: "
+                            f"{describe_multiset(run.seen(), range(run.given))}")
+        seen = run.wait_read(job, run.given, f"after {stops} suspends")
+        assert_exactly_once(seen, range(run.given), f"a job suspended {stops} times")
+
+    def test_cancel_and_restart_from_a_snapshot_at_every_batch_boundary(
+        self, run: _Run, source_harness: SourceHarness
+    ) -> None:
+        """Jobs cancelled with a snapshot after each micro-batch, each the next's start."""
+        self._streaming_only(source_harness)
+        run.add(self.ROUND)
+        size = run.client.get_list(SEEN).size
+        snapshot: str | None = None
+        restarts = 0
+        while size() < run.given or restarts < 1:
+            job = run.submit(source_harness.new_source(), snapshot)
+            # A job started from a snapshot counts its batches on from the snapshot's:
+            # wait for a micro-batch this job ran.
+            _wait(lambda j=job: (run.batches_run(j) > 0  # type: ignore[misc]
+                                 or size() >= run.given or j.is_terminal()),
+                  lambda n=restarts + 1: (  # type: ignore[misc]
+                      f"a micro-batch of job {n} (started from the last one's snapshot), or "
+                      f"every item read: {describe_multiset(run.seen(), range(run.given))}"))
+            if job.is_terminal():
+                job.join(timeout=30)
+            snapshot = f"conformance-{restarts}"
+            job.cancel_and_export_snapshot(snapshot)
+            restarts += 1
+            if restarts == 1:
+                run.add(self.ROUND)  # items that land between two jobs
+            if restarts > 30:
+                pytest.fail(f"{restarts} jobs, each restarted from the last one's snapshot, and "
+                            f"still not every item read: "
+                            f"{describe_multiset(run.seen(), range(run.given))}")
+        job = run.submit(source_harness.new_source(), snapshot)
+        seen = run.wait_read(job, run.given, f"after {restarts} restarts")
+        assert_exactly_once(seen, range(run.given), f"{restarts} jobs restarted from snapshots")
+
+    @pytest.mark.slow
+    def test_a_killed_driver_process_resumes_exactly_once(
+        self, run: _Run, source_harness: SourceHarness, tmp_path: Path
+    ) -> None:
+        """Drivers SIGKILLed at random moments, each resumed by a new process: each item once."""
+        self._streaming_only(source_harness)
+        seed = int(os.environ.get("SPARKJET_FAULT_SEED", random.randrange(1 << 30)))
+        rng = random.Random(seed)
+        print(f"fault seed {seed} (set SPARKJET_FAULT_SEED to repeat)")
+        config = run.client.config
+        spec = tmp_path / "driver-spec.pkl"
+        spec.write_bytes(cloudpickle.dumps({
+            "harness": source_harness,
+            "store": {"url": config.store_url, "options": dict(config.store_options)},
+            "spark": {"master": config.spark_master, "app_name": "sparkjet-source-driver",
+                      "conf": {**config.spark_conf, "spark.driver.memory": "512m"}},
+            "job_name": f"conformance-kill-{run.token}",
+            "pipeline": run.pipeline(source_harness.new_source()),
+        }))
+        log_dir = tmp_path / "drivers"
+        log_dir.mkdir()
+        drivers: list[_Driver] = []
+        size = run.client.get_list(SEEN).size
+        try:
+            run.add(self.ROUND)
+            for n in range(3):
+                driver = _Driver(spec, log_dir, n + 1)
+                drivers.append(driver)
+                line = _wait(lambda d=driver: d.line(("SUBMITTED", "RESUMED")),  # type: ignore[misc]
+                             f"driver {n + 1} to start", 180)
+                job = run.client.get_jet().get_job(line.split()[1])
+                assert job is not None
+                if n == 2:
+                    break  # the last driver runs to the end
+                if n == 0:  # kill after some progress; the second one early, mid-replay
+                    _wait(lambda j=job: run.committed(j) >= 0,  # type: ignore[misc]
+                          "a first micro-batch", 120)
+                time.sleep(rng.uniform(0.0, 1.0))
+                driver.kill()
+                print(f"killed driver {n + 1}: {size()} items read of {run.given}")
+                run.add(self.ROUND)
+            seen = run.wait_read(None, run.given, "by the last driver")
+            assert_exactly_once(seen, range(run.given), f"drivers killed twice (seed {seed})")
+        finally:
+            for driver in drivers:
+                driver.kill()
+
+    def test_offsets_never_go_backwards(self, run: _Run, source_harness: SourceHarness) -> None:
+        """Each micro-batch starts where the last ended; numeric offsets never decrease."""
+        self._streaming_only(source_harness)
+        run.add(self.ROUND)
+        # Directly: each next plan starts where the last ended (the kit passes it on).
+        source = source_harness.new_source()
+        ctx = run.context(source)
+        start = source.initial_offsets(ctx)
+        _, direct = run.drain(source, start, self.ROUND,
+                              lambda s, e, _: check_forward(s, e, "latest_offsets"))
+        assert_exactly_once(direct, range(self.ROUND), "planning step by step")
+        # In a job, across a suspend and new items: the plans in its checkpoint.
+        job = run.submit(source_harness.new_source())
+        run.wait_read(job, run.given, "the first round")
+        job.suspend()
+        job.wait_for_status(JobStatus.SUSPENDED, timeout=WAIT_SECONDS)
+        run.add(self.ROUND)
+        job.resume()
+        seen = run.wait_read(job, run.given, "after a suspend")
+        assert_exactly_once(seen, range(run.given), "the job")
+        plans = _plans(run.client, job)
+        assert plans, "the job's checkpoint holds no plan"
+        for before, after in itertools.pairwise(plans):
+            where = f"micro-batch {after.batch}"
+            check_forward(before.starts[STAGE], before.ends[STAGE], f"micro-batch {before.batch}")
+            if after.batch == before.batch + 1:
+                assert after.starts[STAGE] == before.ends[STAGE], (
+                    f"{where} starts at {after.starts[STAGE]!r}, not where micro-batch "
+                    f"{before.batch} ended ({before.ends[STAGE]!r})")
+            check_forward(before.ends[STAGE], after.starts[STAGE], where)
+
+    def test_latest_offsets_respect_the_cap(self, run: _Run, source_harness: SourceHarness) -> None:
+        """No micro-batch of the capped source plans more than the declared cap."""
+        self._streaming_only(source_harness)
+        cap = source_harness.max_items_per_batch
+        _skip_unless(source_harness, "cap", cap is not None, "no cap (max_items_per_batch = None)")
+        assert cap is not None
+        given = run.add(max(self.ROUND, 3 * cap))
+        sizes: list[int] = []
+
+        def capped(start: Any, end: Any, seqs: list[int]) -> None:
+            sizes.append(len(seqs))
+            if len(seqs) > cap:
+                pytest.fail(f"latest_offsets(start={start!r}) planned {len(seqs)} items, "
+                            f"over the declared cap of {cap}")
+
+        source = source_harness.new_source(capped=True)
+        _, read = run.drain(source, source.initial_offsets(run.context(source)), len(given),
+                            capped)
+        assert_exactly_once(read, given, f"micro-batches of at most {cap}")
+        assert len(sizes) >= len(given) / cap
+
+    def test_lag_is_honest(self, run: _Run, source_harness: SourceHarness) -> None:
+        """After N new items, ``source_lag`` over the offsets says N (or None if uncountable)."""
+        self._streaming_only(source_harness)
+        first = run.add(self.ROUND)
+        source = source_harness.new_source(capped=False)
+        ctx = run.context(source)
+        start, _ = run.drain(source, source.initial_offsets(ctx), len(first))
+        caught_up = source_lag(start, latest_offsets(source, ctx, start))
+        assert caught_up == (0 if source_harness.lag_countable else None), (
+            f"source_lag of a source that read everything is {caught_up}")
+        new = len(run.add(17))
+        if not source_harness.lag_countable:
+            # Offsets that do not count items show no lag: never a wrong number.
+            _wait(lambda: latest_offsets(source, ctx, start) != start, "the new items")
+            lag = source_lag(start, latest_offsets(source, ctx, start))
+            assert lag is None, (
+                f"{type(source_harness).__name__} declares its offsets uncountable, "
+                f"but source_lag gives {lag}")
+            return
+        lags: list[int | None] = []
+
+        def honest() -> bool:
+            lags.append(source_lag(start, latest_offsets(source, ctx, start)))
+            return lags[-1] == new
+
+        _wait(honest, lambda: f"source_lag to say {new}; it said {lags[-5:]}")
+        assert all(lag is not None and lag <= new for lag in lags), (
+            f"source_lag said more than the {new} new items: {lags}")
+
+    def test_partitions_added_while_running_are_read(
+        self, run: _Run, source_harness: SourceHarness
+    ) -> None:
+        """Items in partitions added while a job runs are read, each once."""
+        self._streaming_only(source_harness)
+        _skip_unless(source_harness, "partitions", source_harness.can_add_partitions,
+                     "it cannot add partitions (can_add_partitions = False)")
+        run.add(self.ROUND)
+        job = run.submit(source_harness.new_source())
+        run.wait_read(job, run.given, "before partitions were added")
+        source_harness.add_partitions(run.client)
+        run.add(self.ROUND)
+        seen = run.wait_read(job, run.given, "after partitions were added")
+        assert_exactly_once(seen, range(run.given), "a job whose data grew partitions")
+
+    def test_a_trimmed_range_is_reported_not_skipped(
+        self, run: _Run, source_harness: SourceHarness
+    ) -> None:
+        """A job whose next range was trimmed fails naming its stage; it never jumps ahead."""
+        self._streaming_only(source_harness)
+        _skip_unless(source_harness, "trim", source_harness.can_trim,
+                     "it cannot trim (can_trim = False)")
+        read = run.add(self.ROUND)
+        job = run.submit(source_harness.new_source(capped=False))
+        run.wait_read(job, run.given, "before the trim")
+        job.suspend()
+        job.wait_for_status(JobStatus.SUSPENDED, timeout=WAIT_SECONDS)
+        trimmed = run.add(self.ROUND)
+        kept = run.add(self.ROUND)
+        source_harness.trim(run.client)
+        job.resume()
+        _wait(lambda: job.is_terminal() or len(run.seen()) > len(read),
+              "the job to fail or read on", 60)
+        time.sleep(1.0)
+        seen = set(run.seen())
+        jumped = seen & set(kept)
+        if not job.is_terminal() and not jumped and set(trimmed) <= seen:
+            return  # the trim left the range readable: nothing was lost
+        assert not (jumped and not set(trimmed) <= seen), (
+            f"the job skipped the trimmed range silently: it read {len(jumped)} items given "
+            f"after it, and {len(seen & set(trimmed))} of the {len(trimmed)} trimmed ones")
+        assert job.status is JobStatus.FAILED, f"the job is {job.status.name}, not FAILED"
+        failure = job.get_failure() or ""
+        assert STAGE in failure, f"the failure does not name the stage {STAGE!r}: {failure}"
