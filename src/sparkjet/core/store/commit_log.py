@@ -143,6 +143,15 @@ class CommitLog:
         found = (self.paths.base_number(e) for e in self.store.listdir(self.paths.bases))
         return sorted(seq for seq in found if seq is not None)
 
+    def exists(self) -> bool:
+        """Whether anything was ever committed to the log (a record, or a fold of records).
+
+        A list or map exists from its first commit on, also one that committed
+        nothing but a ``clear`` or a batch job's empty output; a name nothing
+        was ever committed to does not.
+        """
+        return bool(self.bases() or self.sequences())
+
     def commit(
         self,
         op: str,
