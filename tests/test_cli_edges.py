@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 import sparkjet
+import sparkjet.errors
 from sparkjet.cli import main
 from sparkjet.job import Job, JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.pipeline import Pipeline, StreamSource
@@ -204,6 +205,35 @@ def test_a_batch_job_with_no_output_leaves_an_existing_empty_map(
         .write_to(Pipeline.to_map("pairs"))
     client.get_jet().submit(p).join(timeout=120)
     assert run(capsys, "get", "map", "pairs", "--json") == (0, "[]\n", "")
+
+
+# --- 4. a damaged map writer index is named, and leaves the map readable ----------------------
+
+
+@pytest.mark.usefixtures("no_spark")
+@pytest.mark.parametrize(("damage", "says"), [
+    (b'{"seq": 7}', "it names record 7, which the log does not hold (its records end at 2)"),
+    (b'{"seq": 1', "is corrupt or truncated (9 bytes)"),
+    (b"", "is corrupt or truncated (0 bytes)"),
+])
+def test_a_damaged_map_writer_index_is_named_and_commits_nothing(
+    client: sparkjet.Client, damage: bytes, says: str
+) -> None:
+    """What a micro-batch's map sink does on the driver (CommitLogSink.commit -> commit_once)."""
+    log = client.store.map_log("m")
+    log.commit("put", [("items", [("a", 1)])])
+    assert log.commit_once("put", [("items", [("b", 2)])], token="t0", writer="w",
+                           producer="p", batch=0) == 2
+    index = Path(log.paths.writer_index("w"))
+    index.write_bytes(damage)
+    with pytest.raises(sparkjet.errors.StoreError) as info:
+        log.commit_once("put", [("items", [("c", 3)])], token="t1", writer="w",
+                        producer="p", batch=1)
+    text = str(info.value)
+    assert f"map 'm': writer index {str(index)!r}" in text and says in text
+    assert f"in store '{client.config.store_url}'" in text
+    assert dict(client.get_map("m").entry_set()) == {"a": 1, "b": 2}  # readable, nothing lost
+    assert log.sequences() == [1, 2]
 
 
 # --- 5. the suspension cause in the command's words ---------------------------------------
