@@ -8,6 +8,7 @@ on from the checkpoint when another driver takes a job over.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -344,3 +345,101 @@ def test_a_bug_is_one_line_and_its_traceback_is_printed_with_v(
     code, _, err = run(capsys, "-v", "get", "list", "l")
     assert code == 1 and "Traceback" in err and "raise RuntimeError" in err
     assert err.splitlines()[-1] == "ERROR: unexpected RuntimeError: a bug"
+
+
+# --- 8. per-stage counts go on from the checkpoint --------------------------------------------
+
+
+def test_per_stage_counts_continue_across_suspend_and_another_driver(
+    client: sparkjet.Client, store_url: str, cancel_at_end: list[Job],
+) -> None:
+    stream = client.get_stream("events", partitions=1)
+    stream.publish_all(range(14))  # 0 and 7 are dead letters
+    p = Pipeline.create()
+    (p.read_from(StreamSource("events")).set_name("events")
+      .map(lambda n: 100 // (n % 7)).set_name("divide")   # every seventh is a dead letter
+      .write_to(Pipeline.to_list("out")))
+    job = client.get_jet().submit(p, JobConfig(
+        name="counting", processing_guarantee=EXACTLY_ONCE, snapshot_interval_millis=10,
+        error_policy="dead-letter"))
+    cancel_at_end.append(job)
+    out = client.get_list("out")
+
+    def divided(view: Job) -> dict[str, int]:
+        return dict(view.get_metrics()["stages"]["divide"])
+
+    def counted(view: Job, received: int) -> bool:
+        if view.status is not JobStatus.RUNNING and view.status is not JobStatus.STARTING:
+            pytest.fail(f"job {view.label} is {view.status.value}: {view.get_failure()}")
+        return divided(view)["receivedCount"] >= received
+
+    wait_until(lambda: counted(job, 14), 600, "the first items")
+    assert divided(job) == {"receivedCount": 14, "emittedCount": 12, "deadLetters": 2}
+
+    # Suspended and resumed here: the counts go on.
+    job.suspend()
+    job.wait_for_status(JobStatus.SUSPENDED, timeout=120)
+    job.resume()
+    stream.publish_all(range(14, 21))  # 14 is one
+    wait_until(lambda: counted(job, 21), 300, "the counts after the resume")
+    assert divided(job) == {"receivedCount": 21, "emittedCount": 18, "deadLetters": 3}
+
+    # Its driver dies; another one takes the job over from the checkpoint: the counts go on.
+    job.suspend()
+    job.wait_for_status(JobStatus.SUSPENDED, timeout=120)
+    kill_driver(client, job)
+    fresh = sparkjet.connect(store={"url": store_url}, spark=TEST_SPARK)
+    orphan = fresh.get_jet().get_job(job.id)
+    assert orphan is not None
+    cancel_at_end.append(orphan)
+    orphan.resume()
+    assert orphan.is_driven_here()
+    stream.publish_all(range(21, 28))  # 21 is one
+    wait_until(lambda: len(out.get_all()) == 24, 300, "the items on the new driver")
+    wait_until(lambda: counted(orphan, 28), 60, "the new driver's counts to go on from 21")
+    assert divided(orphan) == {"receivedCount": 28, "emittedCount": 24, "deadLetters": 4}
+    # Another process reads the same totals from the job's record.
+    elsewhere = sparkjet.connect(store={"url": store_url}).get_jet().get_job(job.id)
+    assert elsewhere is not None
+    wait_until(lambda: divided(elsewhere)["receivedCount"] == 28, 60, "the record's counts")
+    assert divided(elsewhere) == {"receivedCount": 28, "emittedCount": 24, "deadLetters": 4}
+
+
+# --- 6. docs/kafka.md runs twice, and its producer adds clicks -------------------------------
+
+
+@pytest.mark.slow
+def test_the_kafka_page_runs_again_and_its_producer_produces_more(tmp_path: Path) -> None:
+    from confluent_kafka import Consumer, TopicPartition
+
+    from tests.kafka_broker import kafka_broker
+    from tests.test_snippets import ROOT, RUNNER, file_blocks, reader_env, runnable_blocks
+
+    page = ROOT / "docs" / "kafka.md"
+    folder = tmp_path / "reader"
+    folder.mkdir()
+    for path, code in file_blocks(page).items():
+        (folder / path).write_text(code, encoding="utf-8")
+    assert "produce_clicks.py" in file_blocks(page)
+    program = tmp_path / "blocks.json"
+    program.write_text(json.dumps(runnable_blocks(page)), encoding="utf-8")
+    with kafka_broker() as bootstrap:
+        env = reader_env(KAFKA_BROKERS=bootstrap)
+        # The second run meets the topics and the first job's name: it counts 200 clicks.
+        for last in ("{'u0': 15, 'u1': 15, 'u2': 14, 'u3': 14, 'u4': 14, 'u5': 14, 'u6': 14}",
+                     "{'u0': 30, 'u1': 30, 'u2': 28, 'u3': 28, 'u4': 28, 'u5': 28, 'u6': 28}"):
+            run = subprocess.run([sys.executable, "-c", RUNNER, str(program)], cwd=folder,
+                                 env=env, capture_output=True, text=True, timeout=420)
+            assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+            assert "TOPIC_ALREADY_EXISTS" not in run.stderr
+            assert run.stdout.splitlines()[-1] == last, run.stdout
+        produced = subprocess.run([sys.executable, "produce_clicks.py", "50"], cwd=folder,
+                                  env=env, capture_output=True, text=True, timeout=120)
+        assert produced.returncode == 0, produced.stderr
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "check"})
+        try:
+            ends = [consumer.get_watermark_offsets(TopicPartition("clicks", p), timeout=30)[1]
+                    for p in (0, 1)]
+        finally:
+            consumer.close()
+        assert sum(ends) == 250
