@@ -73,6 +73,7 @@ def test_get_list_and_its_tail(client: sparkjet.Client, capsys: pytest.CaptureFi
     code, out, _ = run(capsys, "get", "list", "out", "--tail", "1", "--json")
     assert (code, [json.loads(line) for line in out.splitlines()]) == (
         0, [{"index": 2, "item": [3, "y"]}])
+    client.get_list("empty").clear()  # exists, and is empty (a name never written: exit 1)
     assert run(capsys, "get", "list", "empty") == (0, "", "")
     code, _, err = run(capsys, "get", "list", "out", "--tail", "0")
     assert code == 2
