@@ -73,6 +73,7 @@ def test_get_list_and_its_tail(client: sparkjet.Client, capsys: pytest.CaptureFi
     code, out, _ = run(capsys, "get", "list", "out", "--tail", "1", "--json")
     assert (code, [json.loads(line) for line in out.splitlines()]) == (
         0, [{"index": 2, "item": [3, "y"]}])
+    client.get_list("empty").clear()  # exists, and is empty (a name never written: exit 1)
     assert run(capsys, "get", "list", "empty") == (0, "", "")
     code, _, err = run(capsys, "get", "list", "out", "--tail", "0")
     assert code == 2
@@ -270,7 +271,7 @@ def test_submit_shows_the_streaming_jobs_progress(
 
 
 #: A sample line of Prometheus's text format: name{labels} value.
-SAMPLE = r'sparkjet_[A-Za-z]+\{(?:[a-z_]+="(?:[^"\\]|\\.)*",?)+\} -?[0-9.e+-]+'
+SAMPLE = r'sparkjet_[A-Za-z_]+\{(?:[a-z_]+="(?:[^"\\]|\\.)*",?)+\} -?[0-9.e+-]+'
 
 
 @pytest.mark.usefixtures("config_file")
@@ -289,11 +290,11 @@ def test_metrics_in_prometheus_text_format(
     code, out, _ = run(capsys, "metrics", "prom", "--prometheus")
     assert code == 0
     lines = out.splitlines()
-    assert "# TYPE sparkjet_receivedCount counter" in lines
+    assert "# TYPE sparkjet_receivedCount_total counter" in lines
     assert "# TYPE sparkjet_executionStartTime gauge" in lines
     labels = f'job_id="{job.id}",job_name="prom"'
     assert f'sparkjet_status{{{labels},status="COMPLETED"}} 1' in lines
-    assert f'sparkjet_receivedCount{{{labels},stage="say \\"hi\\""}} 3' in lines
+    assert f'sparkjet_receivedCount_total{{{labels},stage="say \\"hi\\""}} 3' in lines
     for line in lines:
         assert line.startswith("# TYPE ") or re.fullmatch(SAMPLE, line), line
     code, _, err = run(capsys, "metrics", "prom", "--json", "--prometheus")
@@ -341,7 +342,7 @@ def test_metrics_served_to_prometheus_from_another_process(
                 return str(answer.read().decode())
 
         labels = f'job_id="{job.id}",job_name="served"'
-        wait_for(lambda: f'sparkjet_receivedCount{{{labels},stage="to-list(seen)"}} 4'
+        wait_for(lambda: f'sparkjet_receivedCount_total{{{labels},stage="to-list(seen)"}} 4'
                  in scrape(), 60, "the committed counts in a scrape")
         text = scrape()
         assert f'sparkjet_status{{{labels},status="RUNNING"}} 1' in text.splitlines()

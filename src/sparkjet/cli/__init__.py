@@ -22,6 +22,9 @@ Commands::
                                            [--to-backend KIND]
     sparkjet [--config FILE] apply FILE.toml
     sparkjet [--config FILE] get jobs [-a] | get snapshots [-F]
+    sparkjet [--config FILE] get map NAME [KEY] | get list NAME [--tail N]
+    sparkjet [--config FILE] metrics JOB [--json|--prometheus]
+    sparkjet [--config FILE] metrics [JOB] --serve [HOST:]PORT
 
 The configuration is found as ``sparkjet.connect()`` finds it (``--config``,
 ``SPARKJET_CONFIG``, ``./sparkjet.toml``, ``[tool.sparkjet]`` in
@@ -45,8 +48,10 @@ snapshot could not be done (unknown job, stream or snapshot, wrong status,
 timeout, a corrupt snapshot); 2 when the command line, the configuration, a
 plugin, the pipeline file or the file to publish is wrong, or the pipeline's
 state is incompatible with the snapshot it would start from; 130 when
-interrupted. Expected errors print ``ERROR: <message>`` on
-stderr, without a traceback, and never a configured secret.
+interrupted; 141 when whoever read the output stopped reading (``| head``).
+Every error prints one line, ``ERROR: <message>``, on stderr, without a
+traceback (an unexpected one has its traceback printed with ``-v``), and
+never a configured secret.
 """
 
 from __future__ import annotations

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import sys
 import traceback
 from collections.abc import Sequence
 
 import sparkjet
 from sparkjet import Client
-from sparkjet.cli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, CliError
+from sparkjet.cli.errors import (
+    EXIT_BROKEN_PIPE,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    CliError,
+)
 from sparkjet.cli.output import describe, error, logging_to_stderr, out, version_text
 from sparkjet.cli.parser import Handler, UsageError, build_parser
 from sparkjet.errors import ConfigError, PipelineDefinitionError, PluginError, SparkjetError
@@ -23,7 +32,33 @@ def _exit_status(code: object) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``sparkjet`` command with ``argv`` (default ``sys.argv[1:]``); returns the status."""
+    """Run the ``sparkjet`` command with ``argv`` (default ``sys.argv[1:]``); returns the status.
+
+    The one place errors become exit statuses: an expected error is one line
+    on stderr (``ERROR: <message>``); so is an unexpected one, whose
+    traceback only ``-v`` prints. A reader that stops reading (``| head -1``)
+    ends the command quietly with :data:`EXIT_BROKEN_PIPE`; Ctrl-C anywhere,
+    with ``interrupted`` and :data:`EXIT_INTERRUPTED`.
+    """
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+    except KeyboardInterrupt:  # before or after a command runs (while parsing, connecting)
+        error("interrupted")
+        return EXIT_INTERRUPTED
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so flushing it at exit raises no BrokenPipeError again."""
+    with contextlib.suppress(Exception):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -60,11 +95,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         except SparkjetError as exc:
             error(redact(str(exc)))
             return EXIT_FAILED
-        except KeyboardInterrupt:
-            error("interrupted")
-            return EXIT_INTERRUPTED
+        except (BrokenPipeError, KeyboardInterrupt):
+            raise  # see main()
+        except OSError as exc:
+            # The operating system refused something (a file, a socket, a permission):
+            # its message names what, so it needs no traceback.
+            error(redact(describe(exc)))
+            return EXIT_FAILED
         except Exception as exc:
-            # A bug, not an expected error: keep the traceback, without secrets.
-            sys.stderr.write(redact(traceback.format_exc()))
-            error(redact(f"unexpected {describe(exc)}"))
+            # A bug, not an expected error: one line, the traceback with -v (without secrets).
+            if args.verbose:
+                sys.stderr.write(redact(traceback.format_exc()))
+                error(redact(f"unexpected {describe(exc)}"))
+            else:
+                error(redact(f"unexpected {describe(exc)} (-v prints the traceback)"))
             return EXIT_FAILED

@@ -16,7 +16,7 @@ from sparkjet import Client
 from sparkjet.cli.errors import EXIT_FAILED, EXIT_OK, CliError
 from sparkjet.cli.follow import await_end, await_status, follow
 from sparkjet.cli.loading import load_pipeline
-from sparkjet.cli.output import format_time, out, state_line, table
+from sparkjet.cli.output import format_time, out, resume_command, state_line, table
 from sparkjet.job import Job, JobConfig, JobStatus
 
 
@@ -95,7 +95,7 @@ def status(args: argparse.Namespace, client: Client) -> int:
         if failure:
             out(f"Failure: {client.redact(failure)}")
     elif status is JobStatus.SUSPENDED:
-        out(f"Resume it with: sparkjet resume {job.name or job.id}")
+        out(f"Resume it with: {resume_command(job)}")
     return EXIT_OK
 
 

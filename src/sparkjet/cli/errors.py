@@ -6,6 +6,9 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+#: Whoever read stdout stopped reading (``sparkjet get list L | head -1``): 128 + SIGPIPE,
+#: the status a shell shows for a command that the signal ended.
+EXIT_BROKEN_PIPE = 141
 
 
 class CliError(Exception):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shlex
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
@@ -88,10 +89,15 @@ def status_text(job: Job) -> str:
 def suspension_cause(job: Job, client: Client) -> str:
     """Why the job is suspended (secrets redacted), or ``no longer suspended``."""
     try:
-        cause = job.get_suspension_cause()
+        cause = job.get_suspension_cause(how_to_resume=f"continue it with: {resume_command(job)}")
     except JobStateError:  # it changed status meanwhile
         return "no longer suspended"
     return client.redact(cause)
+
+
+def resume_command(job: Job) -> str:
+    """``sparkjet resume <name or id>``, quoted for a shell where it must be."""
+    return f"sparkjet resume {shlex.quote(job.name or job.id)}"
 
 
 def state_line(job: Job, client: Client) -> str:

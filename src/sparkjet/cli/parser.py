@@ -458,9 +458,10 @@ def _add_declarative_commands(subcommands: Any) -> None:
         "metrics", help="show a job's metrics, or serve every active job's to Prometheus",
         description="Show the metrics of the job with this id or name (Job.get_metrics()): "
         "execution times, streaming progress and per-stage counts; --json prints them as "
-        "one JSON object, --prometheus in Prometheus's text format. --serve [HOST:]PORT "
-        "serves the metrics of every active job in the store at http://HOST:PORT/metrics "
-        "(HOST 127.0.0.1 unless given) until interrupted.",
+        "one JSON object, --prometheus in Prometheus's text format (counters end in "
+        "_total). --serve [HOST:]PORT serves the metrics of every active job in the store "
+        "(of JOB alone when given) at http://HOST:PORT/metrics (HOST 127.0.0.1 unless given; "
+        "PORT 0 to 65535, 0: any free port) until interrupted.",
     )
     metrics.add_argument("job", nargs="?", metavar="JOB", help="the job's id or name")
     shown_as = metrics.add_mutually_exclusive_group()

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import http.server
 import json
+import socket
 import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -61,6 +62,7 @@ def dumps(value: Any) -> str:
 def get_map(args: argparse.Namespace, client: Client) -> int:
     """``get map NAME [KEY]``: every entry, or one key's value (exit 1 if it is absent)."""
     imap = client.get_map(_named(args, "map"))
+    _must_exist("map", imap.name, imap.exists(), client)
     if args.key is not None:
         found, key, value = _lookup(imap.entry_set(), args.key)
         if not found:
@@ -94,9 +96,17 @@ def _lookup(entries: list[tuple[Any, Any]], text: str) -> tuple[bool, Any, Any]:
     return True, *by_text[0]
 
 
+def _must_exist(kind: str, name: str, exists: bool, client: Client) -> None:
+    """CliError (exit 1) when nothing was ever written to the map or list ``name``."""
+    if not exists:
+        raise CliError(f"no {kind} '{name}' in store '{client.redact(client.config.store_url)}' "
+                       f"(nothing was ever written to it)", EXIT_FAILED)
+
+
 def get_list(args: argparse.Namespace, client: Client) -> int:
     """``get list NAME [--tail N]``: the items in order, or the last N."""
     ilist = client.get_list(_named(args, "list"))
+    _must_exist("list", ilist.name, ilist.exists(), client)
     items = ilist.get_all()
     first = 0
     if args.tail is not None:
@@ -154,9 +164,11 @@ def _named(args: argparse.Namespace, kind: str) -> str:
 
 
 def metrics(args: argparse.Namespace, client: Client) -> int:
-    """``metrics JOB [--json|--prometheus]``, or ``metrics --serve [HOST:]PORT``."""
+    """``metrics JOB [--json|--prometheus]``, or ``metrics [JOB] --serve [HOST:]PORT``."""
     if args.serve is not None:
-        return serve_metrics(client, args.serve)
+        host, port = listen_address(args.serve)
+        only = find_job(client, args.job) if args.job is not None else None
+        return serve_metrics(client, host, port, only)
     if args.job is None:
         raise CliError("'metrics' needs a JOB (or --serve [HOST:]PORT)")
     job = find_job(client, args.job)
@@ -220,6 +232,13 @@ def info(args: argparse.Namespace, client: Client) -> int:
 #: Every metric's name starts with this; the rest is Jet's metric name.
 PROMETHEUS_PREFIX = "sparkjet_"
 
+#: Jet's metrics that count something from the job's start and only go up (Prometheus
+#: counters, named with ``_total`` after Jet's name); every other metric is a level, a
+#: gauge. ``snapshotCount`` counts committed micro-batches (each one a checkpoint).
+PROMETHEUS_COUNTERS = frozenset({
+    "receivedCount", "emittedCount", "deadLetters", "lateEventsDropped", "snapshotCount",
+})
+
 
 def prometheus_text(jobs: Iterable[Job]) -> str:
     """The jobs' metrics in Prometheus's text exposition format (version 0.0.4).
@@ -228,7 +247,9 @@ def prometheus_text(jobs: Iterable[Job]) -> str:
     (``lastCommittedBatch``, ``processingRate``, ...) labelled by ``job_id``
     and ``job_name``, stage metrics (``receivedCount``, ``emittedCount``,
     ``snapshotKeys``, ...) by ``stage`` too, and ``sparkjet_status`` 1 for the
-    job's status (label ``status``).
+    job's status (label ``status``). Counters (:data:`PROMETHEUS_COUNTERS`)
+    are typed ``counter`` and named with Prometheus's ``_total`` suffix
+    (``sparkjet_receivedCount_total``); the rest are gauges.
     """
     samples: dict[str, list[str]] = {}
 
@@ -236,7 +257,8 @@ def prometheus_text(jobs: Iterable[Job]) -> str:
         if isinstance(value, bool) or not isinstance(value, int | float):
             return
         text = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
-        samples.setdefault(name, []).append(f"{PROMETHEUS_PREFIX}{name}{{{text}}} {value}")
+        full = prometheus_name(name)
+        samples.setdefault(full, []).append(f"{full}{{{text}}} {value}")
 
     for job in jobs:
         job_labels = {"job_id": job.id, "job_name": job.name or ""}
@@ -248,8 +270,9 @@ def prometheus_text(jobs: Iterable[Job]) -> str:
             for name, value in stage_values.items():
                 add(name, {**job_labels, "stage": stage}, value)
     lines = []
-    for name, rows in samples.items():
-        lines.append(f"# TYPE {PROMETHEUS_PREFIX}{name} {_prometheus_type(name)}")
+    for full, rows in samples.items():
+        kind = "counter" if full.endswith("_total") else "gauge"
+        lines.append(f"# TYPE {full} {kind}")
         lines.extend(rows)
     return "\n".join(lines) + "\n" if lines else ""
 
@@ -258,18 +281,55 @@ def _label(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def _prometheus_type(name: str) -> str:
-    return "counter" if name.endswith("Count") else "gauge"
+def prometheus_name(name: str) -> str:
+    """Jet's metric ``name`` in Prometheus: ``sparkjet_<name>``, ``_total`` after a counter."""
+    suffix = "_total" if name in PROMETHEUS_COUNTERS else ""
+    return f"{PROMETHEUS_PREFIX}{name}{suffix}"
 
 
-def serve_metrics(client: Client, where: str) -> int:
-    """Serve the active jobs' metrics at ``http://HOST:PORT/metrics`` until interrupted."""
+#: The TCP ports ``--serve`` can listen on (0: any free port, printed).
+PORTS = range(0, 65536)
+
+
+def listen_address(where: str) -> tuple[str, int]:
+    """``[HOST:]PORT`` as ``(host, port)``; CliError (exit 2) naming what is allowed.
+
+    HOST defaults to 127.0.0.1; an IPv6 address is written in brackets
+    (``[::1]:9464``).
+    """
     host, _, port_text = where.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    allowed = (f"expected [HOST:]PORT with PORT a number from {PORTS.start} to "
+               f"{PORTS.stop - 1} (0: any free port), got {where!r}")
     try:
         port = int(port_text)
     except ValueError:
-        raise CliError(f"--serve: expected [HOST:]PORT, got {where!r}") from None
+        raise CliError(f"--serve: {allowed}") from None
+    if port not in PORTS:
+        raise CliError(f"--serve: port {port} is out of range; {allowed}")
+    return host or "127.0.0.1", port
+
+
+class _ThreadingHTTPServerV6(http.server.ThreadingHTTPServer):
+    """The HTTP server on an IPv6 address."""
+
+    address_family = socket.AF_INET6
+
+
+def serve_metrics(client: Client, host: str, port: int, only: Job | None = None) -> int:
+    """Serve the active jobs' metrics (``only`` that job's) at ``http://HOST:PORT/metrics``.
+
+    Until interrupted. A host that does not resolve is a CliError (exit 2); a
+    port that is taken or not allowed to this user, exit 1.
+    """
     jet = client.get_jet()
+    what = f"job {only.label}'s metrics" if only is not None else "the active jobs' metrics"
+
+    def jobs() -> list[Job]:
+        if only is not None:
+            return [job for job in [jet.get_job(only.id)] if job is not None]
+        return [job for job in jet.get_jobs() if not job.status.is_terminal()]
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -277,8 +337,7 @@ def serve_metrics(client: Client, where: str) -> int:
                 self.send_error(404, "only /metrics is served")
                 return
             try:
-                active = [job for job in jet.get_jobs() if not job.status.is_terminal()]
-                body = prometheus_text(active).encode()
+                body = prometheus_text(jobs()).encode()
             except Exception as exc:  # the store failed: say so, keep serving
                 self.send_error(503, client.redact(f"cannot read the jobs: {exc}"))
                 return
@@ -291,13 +350,19 @@ def serve_metrics(client: Client, where: str) -> int:
         def log_message(self, format: str, *args: Any) -> None:
             pass  # scrapes are not news
 
+    server_class: type[http.server.ThreadingHTTPServer] = (
+        _ThreadingHTTPServerV6 if ":" in host else http.server.ThreadingHTTPServer)
+    shown_host = f"[{host}]" if ":" in host else host
     try:
-        server = http.server.ThreadingHTTPServer((host or "127.0.0.1", port), Handler)
+        server = server_class((host, port), Handler)
+    except socket.gaierror as exc:
+        raise CliError(f"--serve: cannot listen on host {host!r}: it does not resolve "
+                       f"({exc.strerror or exc}); give an address or a known host name") from None
     except OSError as exc:
-        raise CliError(f"--serve {where}: cannot listen: {exc}", EXIT_FAILED) from exc
-    bound_host, bound_port = server.server_address[:2]
-    out(f"Serving the active jobs' metrics at http://{bound_host!s}:{bound_port}/metrics "
-        "(Ctrl-C stops)")
+        raise CliError(f"--serve: cannot listen on {shown_host}:{port}: "
+                       f"{exc.strerror or exc}", EXIT_FAILED) from None
+    bound_port = server.server_address[1]
+    out(f"Serving {what} at http://{shown_host}:{bound_port}/metrics (Ctrl-C stops)")
     try:
         server.serve_forever(poll_interval=0.2)
     except KeyboardInterrupt:

@@ -195,6 +195,11 @@ class CommitRecord:
     restored_from: RestoredFrom | None = None
     #: Event time after the batch: what the sources saw, the watermarks emitted up to.
     event_time: EventTime | None = None
+    #: The job's counts from its first batch up to and including this one, by counter
+    #: (a stage's emitted items under its name, its dead letters and late items under
+    #: theirs): the per-stage metrics go on from here after a suspend, a restart or
+    #: another driver. None in records of older versions (the counts start again).
+    totals: dict[str, int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The record as ``commits/<batch>.json`` holds it."""
@@ -207,6 +212,8 @@ class CommitRecord:
             data["restored_from"] = {"snapshot": r.snapshot, "batch": r.batch, "job_id": r.job_id}
         if self.event_time is not None and not self.event_time.empty():
             data["event_time"] = self.event_time.to_json()
+        if self.totals is not None:
+            data["totals"] = dict(self.totals)
         return data
 
     @classmethod
@@ -220,7 +227,22 @@ class CommitRecord:
             RestoredFrom(str(restored["snapshot"]), int(restored["batch"]),
                          str(restored["job_id"])) if isinstance(restored, dict) else None,
             EventTime.from_json(data["event_time"]) if "event_time" in data else None,
+            _totals_from_json(data.get("totals")),
         )
+
+
+def _totals_from_json(data: Any) -> dict[str, int] | None:
+    """A commit record's ``totals``; ValueError if they are not counts by name."""
+    if data is None:
+        return None
+    if not isinstance(data, dict):
+        raise ValueError(f"'totals' is not an object of counts: {data!r}")
+    totals: dict[str, int] = {}
+    for name, value in data.items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"'totals' of {name!r} is not a count: {value!r}")
+        totals[str(name)] = value
+    return totals
 
 
 class Checkpoint:

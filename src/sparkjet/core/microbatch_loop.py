@@ -88,6 +88,9 @@ class StreamProgress:
     snapshots: int = 0
     durations_ms: list[int] = field(default_factory=list)
     input_rows: list[int] = field(default_factory=list)
+    #: The job's counts since it started, by counter (stage names, dead-letter and late
+    #: counters): read from the last commit record when the loop starts, and written
+    #: into every commit record, so they go on across suspends and drivers.
     stage_totals: dict[str, int] = field(default_factory=dict)
     state: dict[str, tuple[int, int]] = field(default_factory=dict)  # stage -> (keys, bytes)
     last_batch_end_ms: int = -1
@@ -254,8 +257,11 @@ class StreamLoop:
             record = self.checkpoint.commit_record(committed)
             ends = record.ends
             self.event_time = record.event_time or EventTime()
+            # The counts go on from the checkpoint, as the batch numbers do.
+            self.progress.stage_totals = dict(record.totals or {})
         else:
             ends = initial_offsets(self.plan, self.job_context)
+            self.progress.stage_totals = {}
         self.ends = ends
         self.progress.last_committed = committed
         self.progress.snapshots = committed + 1  # batches are numbered from 0
@@ -310,17 +316,23 @@ class StreamLoop:
             event_time = self.event_time.after(
                 result.event_times, planned.time_ms,
                 {stage: clock.current for stage, clock in clocks.items()})
+            totals = dict(self.progress.stage_totals)
+            for counter, value in result.items.items():
+                totals[counter] = totals.get(counter, 0) + value
             host.check_fence()
             if not self.checkpoint.write_commit(
                 CommitRecord(batch, planned.ends, int(time.time() * 1000), duration_ms, files,
-                             event_time=event_time),
+                             event_time=event_time, totals=totals),
                 state.with_counted(counted),
             ):
                 host.check_fence()  # committed by another driver: this one was replaced
                 log.warning("micro-batch %d was committed already; going on after it", batch)
                 counted = self.checkpoint.counted()  # its record names the files that count
-                event_time = self.checkpoint.commit_record(batch).event_time or EventTime()
+                theirs = self.checkpoint.commit_record(batch)
+                event_time = theirs.event_time or EventTime()
+                totals = theirs.totals if theirs.totals is not None else totals
             self.event_time = event_time
+            self.progress.stage_totals = totals
             for old in [b for b in counted if b <= batch - 2 * KEEP_LOG]:
                 del counted[old]  # its record is gone, and the files that did not count
             self._record(result, batch, duration_ms)
@@ -344,8 +356,6 @@ class StreamLoop:
         rows = sum(counts.get(self.plan.name(n), 0) for n in self.sources)
         p.input_rows.append(rows)
         del p.input_rows[:-1000]
-        for stage, value in counts.items():
-            p.stage_totals[stage] = p.stage_totals.get(stage, 0) + value
         for stage, size in result.state.items():
             p.state[stage] = (size.keys, size.bytes)
         p.previous_batch_end_ms = p.last_batch_end_ms

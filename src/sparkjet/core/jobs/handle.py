@@ -193,8 +193,12 @@ class Job:
             return "the driver process running the job died"
         return None
 
-    def get_suspension_cause(self) -> str:
+    def get_suspension_cause(self, *, how_to_resume: str = "resume() continues it here") -> str:
         """Why the job is suspended: requested by a user, a failure, or a dead driver.
+
+        When the process that ran the job has exited, the cause ends with
+        ``how_to_resume``: the default speaks to a Python caller; the
+        ``sparkjet`` command passes its own words (``sparkjet resume NAME``).
 
         :raises JobStateError: the job is not suspended.
         """
@@ -205,8 +209,8 @@ class Job:
         cause = record.suspension_cause or "Requested by user"
         if self._runner is None and not self._driver_alive(record):
             if record.status is JobStatus.SUSPENDED:
-                return f"{cause}; the process that ran it has exited, resume() continues it here"
-            return "the driver process running the job died; resume() continues it here"
+                return f"{cause}; the process that ran it has exited, {how_to_resume}"
+            return f"the driver process running the job died; {how_to_resume}"
         return cause
 
     def add_status_listener(self, listener: Callable[[JobStatusEvent], None]) -> None:

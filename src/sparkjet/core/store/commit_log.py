@@ -11,6 +11,7 @@ newest one. Where the files lie is
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import pickle
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparkjet.core.errors import StoreError
-from sparkjet.core.naming import PICKLE_PROTOCOL
+from sparkjet.core.naming import PICKLE_PROTOCOL, json_loads
 from sparkjet.core.store.files import StoreFiles
 from sparkjet.core.store.layout import CommitLogPaths
 
@@ -143,6 +144,15 @@ class CommitLog:
         found = (self.paths.base_number(e) for e in self.store.listdir(self.paths.bases))
         return sorted(seq for seq in found if seq is not None)
 
+    def exists(self) -> bool:
+        """Whether anything was ever committed to the log (a record, or a fold of records).
+
+        A list or map exists from its first commit on, also one that committed
+        nothing but a ``clear`` or a batch job's empty output; a name nothing
+        was ever committed to does not.
+        """
+        return bool(self.bases() or self.sequences())
+
     def commit(
         self,
         op: str,
@@ -214,19 +224,30 @@ class CommitLog:
         driver writes anyway is skipped by every reader (see the class).
         """
         index = self.paths.writer_index(writer)
+        raw: bytes | None
         try:
-            after = int(self.store.read_json(
-                index, f"{self.label}: writer index", check=_seq_is_int)["seq"])
+            raw = self.store.read_bytes(index)
         except FileNotFoundError:
-            after = 0
+            raw = None
+        after = 0 if raw is None else int(self.store.decode(
+            index, raw, json_loads, f"{self.label}: writer index", check=_seq_is_int)["seq"])
         bases = self.bases()
         floor = bases[-1] if bases else 0
         cursor = LogCursor()
-        if after > floor:
+        own = self._read_record(after) if after > floor else None
+        if after > floor and own is None and self._newest_base() < after:
+            # The writer's last record is neither in the log nor folded: the index
+            # is damaged. Committing after it would leave a gap no reader passes.
+            raise StoreError(self.store.redact(
+                f"{self.label}: writer index {index!r} is damaged ({len(raw or b'')} bytes) "
+                f"in store {self.store.shown_url!r}: it names record {after}, which the log "
+                f"does not hold (its records end at {self._last_sequence()}); nothing was "
+                "committed"))
+        if own is not None:
             # From the writer's own last record on: a replay finds its batch's
             # record whether or not the index was updated after it.
-            last = max(floor, after - 1)
-            records: Iterator[Record] = self._tail(last)
+            last = after - 1
+            records: Iterator[Record] = itertools.chain([own], self._tail(after))
         else:
             # No index yet (a first commit, or a crash before the index was
             # written), or the writer's records were folded: read the log.
@@ -243,6 +264,16 @@ class CommitLog:
         seq = self._append(_record_payload(op, parts, token, producer, batch), last, floor)
         self.store.write_bytes(index, json.dumps({"seq": seq}).encode())
         return seq
+
+    def _newest_base(self) -> int:
+        """The record number the newest base folds up to, listed afresh (0: none)."""
+        bases = self.bases()
+        return bases[-1] if bases else 0
+
+    def _last_sequence(self) -> int:
+        """The newest record's number, or the newest base's when the log has no record."""
+        seqs = self.sequences()
+        return seqs[-1] if seqs else self._newest_base()
 
     def _read_record(self, seq: int) -> Record | None:
         path = self.paths.record(seq)

@@ -65,6 +65,13 @@ class IList:
         """Remove every item (one atomic commit)."""
         self._log.commit("clear")
 
+    def exists(self) -> bool:
+        """True once anything was committed to the list (items, a ``clear``, a sink's output).
+
+        An existing list may be empty; a name nothing was ever written to does not exist.
+        """
+        return self._log.exists()
+
 
 class IMap:
     """A named key -> value map in the store; keys are any hashable Python values."""
@@ -140,6 +147,13 @@ class IMap:
     def clear(self) -> None:
         """Remove every entry (one atomic commit)."""
         self._log.commit("clear")
+
+    def exists(self) -> bool:
+        """True once anything was committed to the map (entries, a removal, a ``clear``).
+
+        An existing map may be empty; a name nothing was ever written to does not exist.
+        """
+        return self._log.exists()
 
 
 class IStream:
