@@ -337,6 +337,30 @@ def test_a_direct_sink_reuses_its_producer_and_drops_one_that_failed(
     assert json.dumps(config, sort_keys=True, default=str) not in plugin._PRODUCERS._idle
 
 
+def test_a_range_the_topic_does_not_hold_is_an_error_never_other_records(
+    bootstrap: str, store_url: str
+) -> None:
+    """Offsets the partition does not hold (deleted by retention, or a topic made anew) fail.
+
+    The consumer's reset policy was ``earliest``: asked for offsets 50..60 of a
+    partition holding 0..9, it read 0..9 in their place, silently. Offsets
+    below the log start (DeleteRecords, retention) take the same path;
+    Tansu, the test broker, has no DeleteRecords, so the range past the end
+    stands for both.
+    """
+    topic = new_topic(bootstrap, 1)
+    publish(bootstrap, topic, list(range(10)), partitions=1)
+    source = KafkaSource(topic, bootstrap, timeout=5)
+    context = TaskContext("job-1", 0, StoreLocation(store_url).store())
+    assert source.read((0, 2, 5), context) == [2, 3, 4]
+    with pytest.raises(KafkaError) as info:
+        source.read((0, 50, 60), context)
+    message = str(info.value)
+    assert f"from-kafka({topic})" in message
+    assert f"{topic}/0 offsets 50..60" in message
+    assert "not in the partition" in message
+
+
 def sink_context(store_url: str, batch: int, job_id: str = "job-1") -> JobContext:
     return JobContext(job_id, None, StoreLocation(store_url).store(), parallelism=2,
                       processing_guarantee=EXACTLY_ONCE, batch_id=batch,

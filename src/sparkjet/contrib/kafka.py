@@ -275,7 +275,9 @@ class KafkaSource(Source):
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "enable.partition.eof": True,
-            "auto.offset.reset": "earliest",
+            # A range the partition no longer (or never) held is an error, never
+            # a silent jump to other records (see _records).
+            "auto.offset.reset": "error",
             "isolation.level": config.get("isolation.level", "read_committed"),
         })
         return config
@@ -431,6 +433,7 @@ class KafkaSource(Source):
             return
         consumer.assign([ck.TopicPartition(self.topic, partition, start)])
         deadline = time.monotonic() + self.timeout
+        first = True
         try:
             while True:
                 batch = consumer.consume(num_messages=1000, timeout=0.5)
@@ -439,6 +442,7 @@ class KafkaSource(Source):
                     if position and position[0].offset >= end:
                         return
                     if time.monotonic() > deadline:
+                        self._check_held(consumer, partition, start, end, what)
                         raise KafkaError(
                             f"{what}: reading {self.topic}/{partition} offsets "
                             f"{start}..{end}: no record for {self.timeout:g} s"
@@ -452,10 +456,17 @@ class KafkaSource(Source):
                             if message.offset() >= end:
                                 return
                             continue
+                        if error.code() == ck.KafkaError._AUTO_OFFSET_RESET:
+                            self._check_held(consumer, partition, start, end, what)
                         raise KafkaError(
                             f"{what}: reading {self.topic}/{partition} at offset "
                             f"{start}..{end}: {error.str()}"
                         )
+                    if first and message.offset() > start:
+                        # Offsets may skip (markers, compaction), but not below the
+                        # log start: records deleted before the job read them.
+                        self._check_held(consumer, partition, start, end, what)
+                    first = False
                     if message.offset() >= end:
                         return
                     yield message
@@ -463,6 +474,30 @@ class KafkaSource(Source):
                         return
         finally:
             consumer.unassign()
+
+    def _check_held(
+        self, consumer: Any, partition: int, start: int, end: int, what: str
+    ) -> None:
+        """Raise :class:`KafkaError` if the partition does not hold ``[start, end)``.
+
+        Records below the partition's log start were deleted (retention,
+        DeleteRecords) before the job read them; offsets past its end belong
+        to a topic that was deleted and made anew. Either would be data
+        silently lost or replaced, so the stage fails naming the range.
+        """
+        low, high = consumer.get_watermark_offsets(
+            _confluent_kafka().TopicPartition(self.topic, partition), timeout=self.timeout)
+        where = f"{what}: reading {self.topic}/{partition} offsets {start}..{end}"
+        if start < low:
+            raise KafkaError(
+                f"{where}: offsets {start}..{low - 1} are not in the partition any more "
+                f"(it starts at {low}: deleted by retention before the job read them)"
+            )
+        if end > high:
+            raise KafkaError(
+                f"{where}: offsets {max(start, high)}..{end - 1} are not in the partition "
+                f"(it ends at {high}: was the topic deleted and made anew?)"
+            )
 
     def read(self, partition: Any, context: TaskContext) -> Iterable[Any]:
         """Runs on an executor: the items of one partition's offset range, in order."""
