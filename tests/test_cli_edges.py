@@ -23,11 +23,11 @@ import pytest
 
 import sparkjet
 import sparkjet.errors
-from sparkjet.cli import main
 from sparkjet.job import Job, JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.pipeline import Pipeline, StreamSource
 from tests.conftest import TEST_SPARK, wait_until
 from tests.test_cli import no_spark, write_config
+from tests.test_cli_results import run
 from tests.test_truncated_files import kill_driver
 
 __all__ = ["no_spark"]  # the fixture, used by name
@@ -38,12 +38,6 @@ EXACTLY_ONCE = ProcessingGuarantee.EXACTLY_ONCE
 @pytest.fixture
 def config_file(client: sparkjet.Client) -> Path:
     return write_config(client)
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def cli(*argv: str, **kwargs: Any) -> subprocess.Popen[bytes]:
