@@ -43,6 +43,7 @@ from sparkjet.job import JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.pipeline import Pipeline, StreamSource
 from sparkjet.plugin import (
     ALL_GUARANTEES,
+    AT_LEAST_ONCE_AT_MOST,
     JobContext,
     Sink,
     Source,
@@ -192,7 +193,7 @@ from sparkjet.errors import JobFailedError
 from sparkjet.job import JobConfig
 from sparkjet.pipeline import Pipeline
 from sparkjet.plugin import hookimpl
-from sparkjet_example import JsonLinesSink, RangeSource
+from sparkjet_example import JsonLinesSink, RangeSource, read_json_lines
 
 store, out = sys.argv[1], sys.argv[2]
 seen = {}
@@ -228,9 +229,9 @@ p.read_from(RangeSource("numbers", 10)) \
 job = client.get_jet().submit(p, JobConfig(name="squares"))
 job.join(timeout=240)
 report["status"] = job.status.value
-report["files_after_success"] = sorted(os.listdir(out))
-with open(os.path.join(out, "squares.jsonl"), encoding="utf-8") as fh:
-    report["lines"] = fh.read().splitlines()
+report["files_after_success"] = sorted(os.listdir(os.path.join(out, "squares")))
+report["job_id"] = job.id
+report["items"] = read_json_lines(out, "squares")
 report["marker"] = client.spark.conf.get("spark.sparkjet.test.marker")
 report["seen"] = seen
 
@@ -250,7 +251,9 @@ try:
     report["failure"] = None
 except JobFailedError as exc:
     report["failure"] = {"stage": exc.stage, "message": str(exc)}
-report["files_after_failure"] = sorted(os.listdir(out))
+report["files_after_failure"] = {
+    name: sorted(os.listdir(os.path.join(out, name))) for name in sorted(os.listdir(out))
+}
 print("REPORT " + json.dumps(report))
 """
 
@@ -298,10 +301,8 @@ def test_installed_distribution_is_discovered_and_runs_a_job(tmp_path: Path) -> 
 
     # The job ran on Spark executors and committed one file, in order, no leftovers.
     assert report["status"] == "COMPLETED"
-    assert [json.loads(ln) for ln in report["lines"]] == [
-        {"n": n, "square": n * n} for n in range(10)
-    ]
-    assert report["files_after_success"] == ["squares.jsonl"]
+    assert report["items"] == [{"n": n, "square": n * n} for n in range(10)]
+    assert report["files_after_success"] == [f"{report['job_id']}.jsonl"]
 
     # before_spark_session_created ran before the (fresh) session was built.
     assert report["seen"] == {"ui": "false"}
@@ -311,8 +312,9 @@ def test_installed_distribution_is_discovered_and_runs_a_job(tmp_path: Path) -> 
     assert report["failure"] is not None
     assert report["failure"]["stage"] == "boom"
     assert "no sevens" in report["failure"]["message"]
-    assert "failed.jsonl" not in report["files_after_failure"]
-    assert "squares.jsonl" in report["files_after_failure"]
+    assert report["files_after_failure"] == {
+        "failed": [], "squares": [f"{report['job_id']}.jsonl"]
+    }
 
 
 # --- the example plugin's classes, without Spark -------------------------------------------
@@ -346,18 +348,21 @@ def test_jsonl_sink_commits_parts_in_order_atomically(example: ModuleType, tmp_p
     # Partitions finish in any order; commit gets the messages in partition order.
     second = sink.write(state, iter([{"b": 3}]), TaskContext("job-1", 1, store))
     first = sink.write(state, iter([{"a": 1}, [2]]), TaskContext("job-1", 0, store))
-    assert not (out / "result.jsonl").exists()  # nothing visible before commit
+    assert example.read_json_lines(out, "result") == []  # nothing visible before commit
 
     sink.commit(state, [first, second], job)
 
-    assert (out / "result.jsonl").read_text().splitlines() == ['{"a": 1}', "[2]", '{"b": 3}']
-    assert sorted(os.listdir(out)) == ["result.jsonl"]
+    folder = out / "result"
+    assert (folder / "job-1.jsonl").read_text().splitlines() == ['{"a": 1}', "[2]", '{"b": 3}']
+    assert sorted(os.listdir(folder)) == ["job-1.jsonl"]  # no temp file left
 
-    # A second job replaces the output as a whole.
-    state = sink.prepare(job)
-    part = sink.write(state, iter(["x"]), TaskContext("job-1", 0, store))
-    sink.commit(state, [part], job)
-    assert (out / "result.jsonl").read_text() == '"x"\n'
+    # Another job adds its own file; the first job's output stays.
+    job2 = JobContext("job-2", None, store, parallelism=2)
+    state = sink.prepare(job2)
+    part = sink.write(state, iter(["x"]), TaskContext("job-2", 0, store))
+    sink.commit(state, [part], job2)
+    assert sorted(os.listdir(folder)) == ["job-1.jsonl", "job-2.jsonl"]
+    assert example.read_json_lines(out, "result") == [{"a": 1}, [2], {"b": 3}, "x"]
 
 
 def test_jsonl_sink_abort_removes_every_temp_file(example: ModuleType, tmp_path: Path) -> None:
@@ -365,8 +370,8 @@ def test_jsonl_sink_abort_removes_every_temp_file(example: ModuleType, tmp_path:
     out = tmp_path / "out"
     sink = example.JsonLinesSink("result", out)
     job = JobContext("job-1", None, store, parallelism=2)
-    (out).mkdir()
-    (out / "unrelated.txt").write_text("keep me")
+    (out / "result").mkdir(parents=True)
+    (out / "result" / "unrelated.txt").write_text("keep me")
 
     state = sink.prepare(job)
     written = sink.write(state, iter([1, 2]), TaskContext("job-1", 0, store))
@@ -374,7 +379,7 @@ def test_jsonl_sink_abort_removes_every_temp_file(example: ModuleType, tmp_path:
 
     sink.abort(state, [written], job)
 
-    assert sorted(os.listdir(out)) == ["unrelated.txt"]
+    assert sorted(os.listdir(out / "result")) == ["unrelated.txt"]
 
 
 # --- entry points -----------------------------------------------------------------------------
@@ -703,36 +708,51 @@ def test_unblocked_logger_pipeline_plans(client: sparkjet.Client) -> None:
 # --- processing guarantees at submit ----------------------------------------------------------
 
 
-def _stream_pipeline(example: ModuleType, out: Path) -> Pipeline:
+def _stream_pipeline(example: ModuleType, client: sparkjet.Client, out: Path) -> Pipeline:
+    """Ticker (NONE) to a sink declaring NONE and AT_LEAST_ONCE: two offenders for EXACTLY_ONCE.
+
+    The example's own sink keeps every guarantee, so the second offender is
+    a subclass of it that declares less, registered by a plugin of its own.
+    """
+
+    class AtLeastOnceJsonLinesSink(example.JsonLinesSink):  # type: ignore[name-defined,misc]
+        kind = "jsonl-alo"
+        guarantees = AT_LEAST_ONCE_AT_MOST
+
+    class AtLeastOncePlugin:
+        @hookimpl
+        def register_sinks(self, register: Any) -> None:
+            register(AtLeastOnceJsonLinesSink)
+
+    client.register_plugin(example, "example")
+    client.register_plugin(AtLeastOncePlugin(), "alo")
     p = Pipeline.create()
-    p.read_from(example.TickerSource("ticks")).write_to(example.JsonLinesSink("out", out))
+    p.read_from(example.TickerSource("ticks")).write_to(AtLeastOnceJsonLinesSink("out", out))
     return p
 
 
 def test_guarantee_check_lists_every_offender(
     client: sparkjet.Client, example: ModuleType, tmp_path: Path
 ) -> None:
-    client.register_plugin(example, "example")
-
     with pytest.raises(ProcessingGuaranteeError) as info:
-        plan(_stream_pipeline(example, tmp_path), client.plugins, EXACTLY_ONCE)
+        plan(_stream_pipeline(example, client, tmp_path), client.plugins, EXACTLY_ONCE)
 
     error = info.value
     assert error.offenders == [
         "stage 'from-ticker(ticks)' (source 'ticker' from plugin 'example') supports NONE",
-        "stage 'to-jsonl(out)' (sink 'jsonl' from plugin 'example') supports NONE, AT_LEAST_ONCE",
+        "stage 'to-jsonl-alo(out)' (sink 'jsonl-alo' from plugin 'alo') supports NONE, "
+        "AT_LEAST_ONCE",
     ]
     assert "asks for EXACTLY_ONCE" in str(error)
     assert all(offender in str(error) for offender in error.offenders)
     assert error.stage == "from-ticker(ticks)"
-    assert error.stages == ["from-ticker(ticks)", "to-jsonl(out)"]
+    assert error.stages == ["from-ticker(ticks)", "to-jsonl-alo(out)"]
 
 
 def test_guarantee_check_lists_only_offenders(
     client: sparkjet.Client, example: ModuleType, tmp_path: Path
 ) -> None:
-    client.register_plugin(example, "example")
-    pipeline = _stream_pipeline(example, tmp_path)
+    pipeline = _stream_pipeline(example, client, tmp_path)
 
     with pytest.raises(ProcessingGuaranteeError) as info:
         plan(pipeline, client.plugins, AT_LEAST_ONCE)
@@ -741,7 +761,7 @@ def test_guarantee_check_lists_only_offenders(
 
     validated = plan(pipeline, client.plugins, NONE)
     assert validated.streaming
-    assert {e.plugin for e in validated.participants.values()} == {"example"}
+    assert {e.plugin for e in validated.participants.values()} == {"example", "alo"}
 
 
 def test_batch_jobs_accept_any_guarantee(
@@ -760,9 +780,8 @@ def test_batch_jobs_accept_any_guarantee(
 def test_submit_checks_guarantees_before_refusing_streams(
     client: sparkjet.Client, example: ModuleType, tmp_path: Path
 ) -> None:
-    client.register_plugin(example, "example")
     jet = client.get_jet()
-    pipeline = _stream_pipeline(example, tmp_path)
+    pipeline = _stream_pipeline(example, client, tmp_path)
 
     with pytest.raises(ProcessingGuaranteeError) as info:
         jet.submit(pipeline, JobConfig(processing_guarantee=EXACTLY_ONCE))

@@ -7,12 +7,14 @@ It uses only the public plugin API, :mod:`sparkjet.plugin`, and contributes:
   every guarantee;
 - source ``ticker``: :class:`TickerSource`, an unbounded (streaming) source
   of ticks that cannot replay, so it declares NONE only;
-- sink ``jsonl``: :class:`JsonLinesSink`, one JSON document per line in
-  ``<path>/<name>.jsonl``. Executors write their partition to a temporary
-  file in ``path``; the driver's commit concatenates them, in partition order,
-  into the target file and renames it into place (atomic). The commit replaces
-  the whole file and is not tied to a batch id, so after a failure between
-  rename and clean-up a replay may repeat items: NONE and AT_LEAST_ONCE only;
+- sink ``jsonl``: :class:`JsonLinesSink`, one JSON document per line, one
+  file per commit in the folder ``<path>/<name>``: ``<job id>.jsonl`` for a
+  batch job, ``<commit token>.jsonl`` for each micro-batch of a streaming
+  job. Executors write their partition to a hidden temporary file there; the
+  driver's commit concatenates them, in partition order, and links the result
+  to its name, which is atomic and never replaces a file, so a replayed batch
+  commits once: every guarantee (the sink conformance kit proves it).
+  :func:`read_json_lines` reads what was committed;
 - snapshot backend ``example-dir``: :class:`DirectorySnapshotBackend`,
   snapshots as plain files in a local folder, with ``os`` calls only (no
   fsspec), to show a backend that is not one of sparkjet's own.
@@ -32,7 +34,6 @@ from typing import Any
 
 from sparkjet.plugin import (
     ALL_GUARANTEES,
-    AT_LEAST_ONCE_AT_MOST,
     JobContext,
     ProcessingGuarantee,
     Sink,
@@ -42,7 +43,9 @@ from sparkjet.plugin import (
     hookimpl,
 )
 
-__all__ = ["DirectorySnapshotBackend", "JsonLinesSink", "RangeSource", "TickerSource"]
+__all__ = [
+    "DirectorySnapshotBackend", "JsonLinesSink", "RangeSource", "TickerSource", "read_json_lines",
+]
 
 
 class RangeSource(Source):
@@ -126,56 +129,65 @@ class TickerSource(Source):
 
 
 class JsonLinesSink(Sink):
-    """Writes items as JSON lines to ``<path>/<name>.jsonl``, all of them in one commit."""
+    """Writes items as JSON lines, one file per commit in the folder ``<path>/<name>``.
+
+    A batch job's commit is ``<job id>.jsonl``; each micro-batch of a
+    streaming job is ``<commit token>.jsonl``. Parts are staged as hidden
+    temporary files in the same folder and published by a hard link, which
+    never replaces a file: a commit whose file exists (a replayed batch, a
+    driver that was replaced) changes nothing. So every guarantee holds.
+    """
 
     kind = "jsonl"
-    guarantees = AT_LEAST_ONCE_AT_MOST
+    guarantees = ALL_GUARANTEES
 
     def __init__(self, name: str, path: str | os.PathLike[str]) -> None:
         super().__init__(name)
-        self.path = os.fspath(path)
-
-    @property
-    def target(self) -> str:
-        """The file a successful job leaves behind."""
-        return os.path.join(self.path, f"{self.name}.jsonl")
+        self.folder = os.path.join(os.fspath(path), name)
 
     def prepare(self, context: JobContext) -> Any:
-        """Runs on the driver: create ``path``; the state is this run's temp-file prefix."""
-        os.makedirs(self.path, exist_ok=True)
-        return f".{self.name}.{context.job_id}.{uuid.uuid4().hex}"
+        """Runs on the driver: create the folder; the state is this run's temp-file prefix."""
+        os.makedirs(self.folder, exist_ok=True)
+        return f".{context.job_id}.{uuid.uuid4().hex}"
 
     def write(self, state: Any, items: Iterator[Any], context: TaskContext) -> Any:
-        """Runs on an executor: one temp file per partition; returns its path."""
-        part = os.path.join(self.path, f"{state}.part-{context.partition:05d}.tmp")
+        """Runs on an executor: one temp file per task attempt; returns its path."""
+        name = f"{state}.part-{context.partition:05d}.{uuid.uuid4().hex[:8]}.tmp"
+        part = os.path.join(self.folder, name)
         with open(part, "w", encoding="utf-8") as fh:
             for item in items:
-                fh.write(json.dumps(item))
-                fh.write("\n")
+                fh.write(json.dumps(item) + "\n")
         return part
 
     def commit(self, state: Any, messages: list[Any], context: JobContext) -> None:
-        """Runs on the driver: concatenate the parts in order, rename into place, clean up."""
-        staged = os.path.join(self.path, f"{state}.jsonl.tmp")
+        """Runs on the driver: concatenate the parts in order, link the file into place once."""
+        target = os.path.join(self.folder, f"{context.commit_token or context.job_id}.jsonl")
+        staged = os.path.join(self.folder, f"{state}.jsonl.tmp")
         with open(staged, "wb") as out:
             for part in messages:
                 with open(part, "rb") as fh:
                     shutil.copyfileobj(fh, out)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(staged, self.target)
-        self._remove_temps(state)
+        try:
+            os.link(staged, target)  # atomic, and unlike a rename it never replaces a file
+        except FileExistsError:
+            pass  # this batch was committed before: keep what is there
+        finally:
+            self.abort(state, [], context)  # remove the staged file and the parts
 
     def abort(self, state: Any, messages: list[Any], context: JobContext) -> None:
         """Runs on the driver: delete this run's temp files (also those no message names)."""
-        for part in messages:
-            _remove(part)
-        self._remove_temps(state)
-
-    def _remove_temps(self, state: Any) -> None:
-        pattern = os.path.join(glob.escape(self.path), glob.escape(str(state)) + "*.tmp")
-        for leftover in glob.glob(pattern):
+        for leftover in glob.glob(os.path.join(glob.escape(self.folder), f"{state}*.tmp")):
             _remove(leftover)
+
+
+def read_json_lines(path: str | os.PathLike[str], name: str) -> list[Any]:
+    """What :class:`JsonLinesSink` ``name`` committed under ``path``: every file, by name."""
+    folder = glob.escape(os.path.join(os.fspath(path), name))
+    items = []
+    for committed in sorted(glob.glob(os.path.join(folder, "*.jsonl"))):  # skips .tmp files
+        with open(committed, encoding="utf-8") as fh:
+            items.extend(json.loads(line) for line in fh)
+    return items
 
 
 class DirectorySnapshotBackend(SnapshotBackend):
