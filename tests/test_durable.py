@@ -543,6 +543,7 @@ def test_commit_once_costs_the_same_however_long_the_log(
 _OVER_MEMORY = r"""
 import resource, sys
 from sparkjet.aggregate import counting
+from sparkjet.core.graph import AggregateSpec
 from sparkjet.core.keyed import keyed_fold
 from sparkjet.core.runtime.microbatch import StateTask
 from sparkjet.core.state_files import RangeState, StatePaths
@@ -558,7 +559,7 @@ size = sum(v.size for v in paths.versions("counts"))
 with open("/proc/self/status") as fh:
     used = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmSize"))
 resource.setrlimit(resource.RLIMIT_AS, (used + 2 * size, resource.RLIM_INFINITY))
-fold = keyed_fold("aggregate", {"operation": counting()})
+fold = keyed_fold(AggregateSpec(counting()))
 task = StateTask(fold, "counts", None, paths, 1, 0, 0, None, 1)
 try:
     list(task(0, iter([])))
