@@ -313,6 +313,7 @@ def run_page(
     """
     for path, code in file_blocks(page).items():
         if not path.startswith("src/"):
+            (folder / path).parent.mkdir(parents=True, exist_ok=True)  # tests/test_x.py too
             (folder / path).write_text(code, encoding="utf-8")
     program = folder.parent / "blocks.json"
     program.write_text(json.dumps(runnable_blocks(page)), encoding="utf-8")
