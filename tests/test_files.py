@@ -588,7 +588,7 @@ def test_streaming_from_and_to_s3(fclient: sparkjet.Client, s3_location: StoreLo
         for f in range(5):
             fs.pipe(f"{inbox}/f{f}.jsonl", b"".join(
                 json.dumps({"id": f * 3 + i}).encode() + b"\n" for i in range(3)))
-        wait_until(lambda: len(read_committed(out, "parquet", options)) == 15, timeout=90,
+        wait_until(lambda: len(read_committed(out, "parquet", options)) == 15, timeout=300,
                    what="every row in the bucket")
         time.sleep(0.5)
         assert sorted(r["id"] for r in read_committed(out, "parquet", options)) == list(range(15))
