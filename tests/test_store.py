@@ -332,3 +332,29 @@ def test_a_folder_deleted_by_two_threads_at_once_is_gone(
         store.fs.makedirs(f"{tree}/empty", exist_ok=True)
         _race(lambda _, tree=tree: remove(tree), 2)
         assert not store.exists(tree)
+
+
+def test_a_create_only_write_whose_folder_is_removed_right_after_it_landed_succeeds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A newer export retires the attempt the moment its manifest lands: the create still won.
+
+    On a local disk the manifest is linked from a temp file beside it; a
+    snapshot superseded at once has its folder, temp file included, removed
+    before the temp file's own cleanup (a CI run failed the concurrent
+    export test on it with FileNotFoundError).
+    """
+    import os
+    import shutil
+
+    store = Store(str(tmp_path / "store"))
+    folder = store.path("snapshots", "attempt")
+    link = os.link
+
+    def link_then_retire(src: str, dst: str) -> None:
+        link(src, dst)
+        shutil.rmtree(folder)
+
+    monkeypatch.setattr(os, "link", link_then_retire)
+    assert store.create_exclusive(f"{folder}/MANIFEST.json", b"manifest")
+    assert not store.exists(folder)

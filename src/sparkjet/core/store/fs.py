@@ -295,7 +295,10 @@ class Store:
                 except FileExistsError:
                     return self._landed(path, data)  # the same rule on every filesystem
                 finally:
-                    os.unlink(tmp)
+                    # Gone already if the folder was removed once the file landed
+                    # (a newer snapshot export retiring this attempt at once).
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(tmp)
                 return True
             if not self.conditional_writes:
                 # Check, then write: documented as racy; EXACTLY_ONCE is refused here.
