@@ -81,7 +81,11 @@ _BOOL_FIELDS = (
     "suspend_on_failure",
     "metrics_enabled",
     "store_metrics_after_job_completion",
+    "allow_dropped_state",
+    "allow_changed_state",
 )
+#: Where a source the snapshot has no offsets for starts (``JobConfig.source_starts``).
+SOURCE_STARTS = ("initial", "latest")
 
 
 @dataclass
@@ -117,6 +121,21 @@ class JobConfig:
     error_policy: str = "fail"
     #: The stream dead letters go to; default ``<job name or id>.dead-letters``.
     dead_letter_stream: str | None = None
+    #: Starting from a snapshot: accept that state or offsets the snapshot holds for a
+    #: stage this pipeline does not have are dropped (Flink's ``allowNonRestoredState``);
+    #: without it such a submit is refused.
+    allow_dropped_state: bool = False
+    #: Starting from a snapshot: keep the state of a stage whose key function or
+    #: operation changed (its state's type did not); without it such a submit is refused.
+    allow_changed_state: bool = False
+    #: Starting from a snapshot: ``{old name: new name}``, the state of stage (or the
+    #: offsets of source) ``old`` in the snapshot go to stage ``new`` of this pipeline.
+    stage_renames: dict[str, str] = field(default_factory=dict)
+    #: Starting from a snapshot: ``{source stage: "initial" | "latest"}``, where a source
+    #: the snapshot has no offsets for (a new one, or one that reads something else now)
+    #: starts: where it would without a snapshot, or at the data's end now. ``"*"`` names
+    #: every such source. Without an entry such a submit is refused.
+    source_starts: dict[str, str] = field(default_factory=dict)
 
     def __setattr__(self, key: str, value: Any) -> None:
         object.__setattr__(self, key, _validate(key, value))
@@ -163,6 +182,24 @@ def _validate(key: str, value: Any) -> Any:
     elif key in _BOOL_FIELDS:
         if not isinstance(value, bool):
             raise bad("a bool")
+    elif key == "stage_renames":
+        if not isinstance(value, dict) or not all(
+            isinstance(k, str) and k and isinstance(v, str) and v for k, v in value.items()
+        ):
+            raise bad("a dict of old stage name to new stage name")
+        targets = list(value.values())
+        twice = sorted({t for t in targets if targets.count(t) > 1})
+        if twice:
+            raise ConfigError(
+                f"JobConfig.{key}: stage {twice[0]!r} is the new name of more than one stage"
+            )
+        return dict(value)
+    elif key == "source_starts":
+        if not isinstance(value, dict) or not all(
+            isinstance(k, str) and k and v in SOURCE_STARTS for k, v in value.items()
+        ):
+            raise bad("a dict of source stage name (or '*') to 'initial' or 'latest'")
+        return dict(value)
     elif key == "arguments":
         if not isinstance(value, list | tuple):
             raise bad("a list")

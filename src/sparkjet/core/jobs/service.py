@@ -33,6 +33,7 @@ from sparkjet.core.jobs.runner import JobRunner, Services
 from sparkjet.core.model import JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.core.planner import plan
 from sparkjet.core.snapshots import Manifest, Snapshot
+from sparkjet.core.snapshots.format import pipeline_fingerprint
 
 log = logging.getLogger("sparkjet.jobs")
 
@@ -343,7 +344,18 @@ class JetService:
         """Every exported snapshot, by name (Jet's ``getJobStateSnapshots``)."""
         return self.services.snapshots().list()
 
-    def check_upgrade(self, pipeline: Any, snapshot: str) -> list[UpgradeRow]:
+    def pipeline_fingerprint(self, pipeline: Any) -> str:
+        """A short hash of ``pipeline``: its stages, their functions' code and its sources.
+
+        Equal fingerprints mean the same pipeline; ``sparkjet apply`` compares
+        them to see whether a job needs an upgrade.
+        """
+        return pipeline_fingerprint(plan(pipeline, self.services.plugins,
+                                         ProcessingGuarantee.NONE))
+
+    def check_upgrade(
+        self, pipeline: Any, snapshot: str, config: JobConfig | None = None
+    ) -> list[UpgradeRow]:
         """What submitting ``pipeline`` from ``snapshot`` would do, per stateful stage; no job.
 
         Rows with status ``restored``, ``new``, ``dropped`` or ``incompatible``
