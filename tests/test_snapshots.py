@@ -30,9 +30,11 @@ from tests.conftest import wait_until as wait_for
 EXACTLY_ONCE = ProcessingGuarantee.EXACTLY_ONCE
 
 
-def start(client: Any, pipeline: Pipeline, name: str, snapshot: str | None = None) -> Any:
+def start(
+    client: Any, pipeline: Pipeline, name: str, snapshot: str | None = None, **options: Any
+) -> Any:
     config = JobConfig(name=name, processing_guarantee=EXACTLY_ONCE,
-                       snapshot_interval_millis=100, key_groups=16)
+                       snapshot_interval_millis=100, key_groups=16, **options)
     config.initial_snapshot_name = snapshot
     job = client.get_jet().submit(pipeline, config)
     wait_for(lambda: job.status is JobStatus.RUNNING, what=f"{name} to run")
@@ -100,7 +102,9 @@ def test_export_then_upgrade_carries_state_by_stage_name(client: Any) -> None:
         stop(job)
     # Published while no job ran: the upgraded job reads it from the snapshot's offsets.
     stream.publish_all(range(400, 450))
-    job2 = start(client, v2(), "clicks-v2", snapshot="v1")
+    with pytest.raises(StateIncompatibleError, match="'uniq', which this pipeline does not"):
+        start(client, v2(), "clicks-v2", snapshot="v1")  # v2 has no 'uniq': refused by default
+    job2 = start(client, v2(), "clicks-v2", snapshot="v1", allow_dropped_state=True)
     try:
         stream.publish_all(range(450, 500))
         wait_for(lambda: dict(client.get_map("counts").entry_set()) == oracle(range(500), 10),
@@ -111,6 +115,7 @@ def test_export_then_upgrade_carries_state_by_stage_name(client: Any) -> None:
         assert restore["snapshot"] == "v1"
         assert restore["stages"] == {"clicks-per-user": "restored", "per-parity": "new",
                                      "uniq": "dropped"}
+        assert restore["sources"] == {"clicks": "restored"}
     finally:
         stop(job2)
 
@@ -134,8 +139,10 @@ def test_upgrades_refused_at_submit_name_the_stage_or_file(client: Any) -> None:
     config.initial_snapshot_name = "good"
     with pytest.raises(StateIncompatibleError, match="clicks-per-user") as refused:
         jet.submit(p, config)
-    assert refused.value.stages == ["clicks-per-user"]
+    assert "clicks-per-user" in refused.value.stages
+    assert "keeps state" in str(refused.value)
     assert "'int'" in str(refused.value) or '"int"' in str(refused.value)
+    config.allow_dropped_state = True  # v2 has no 'uniq'
     config.initial_snapshot_name = "missing"
     with pytest.raises(SnapshotNotFoundError, match="missing"):
         jet.submit(v2(), config)
@@ -200,8 +207,12 @@ def test_check_upgrade_and_read_state_without_a_job(client: Any) -> None:
     with pytest.raises(SnapshotNotFoundError, match=r"'nope'.*'clicks-per-user'"):
         snapshot.read_state("nope")
     rows = client.get_jet().check_upgrade(v2(), "for-analysis")
-    assert {(r.stage, r.status, r.keys) for r in rows} == {
-        ("clicks-per-user", "restored", 10), ("per-parity", "new", 0), ("uniq", "dropped", 25)}
+    assert {(r.stage, r.status, r.keys, bool(r.refusal)) for r in rows} == {
+        ("clicks-per-user", "restored", 10, False), ("per-parity", "new", 0, False),
+        ("uniq", "dropped", 25, True), ("clicks", "restored", 0, False)}
+    accepted = client.get_jet().check_upgrade(
+        v2(), "for-analysis", config=JobConfig(allow_dropped_state=True))
+    assert [r.refusal for r in accepted] == ["", "", "", ""]
     assert client.get_jet().get_jobs()[0].name == "clicks"  # check_upgrade submitted nothing
 
 
@@ -228,7 +239,7 @@ def test_upgrade_round_trip_while_a_producer_keeps_publishing(client: Any) -> No
         job.cancel_and_export_snapshot("live")
         with pytest.raises(JobCancelledError):
             job.join(timeout=60)
-        job2 = start(client, v2(), "clicks-v2", snapshot="live")
+        job2 = start(client, v2(), "clicks-v2", snapshot="live", allow_dropped_state=True)
         wait_for(lambda: len(published) > 900, what="more clicks")
     finally:
         stop_publishing.set()
@@ -291,8 +302,10 @@ def test_a_plugin_transform_declares_its_state_signature(client: Any) -> None:
         snapshot = job.export_snapshot("highs")
     finally:
         stop(job)
-    assert snapshot.manifest.stage("highs").state_signature == {
+    signature = snapshot.manifest.stage("highs").state_signature
+    assert {k: v for k, v in signature.items() if k != "key"} == {
         "op": "apply", "transform": "highs", "state": "max:int"}
+    assert signature["key"].startswith("<lambda>#")  # the key function's identity
     config = JobConfig(name="highs-2", processing_guarantee=EXACTLY_ONCE)
     config.initial_snapshot_name = "highs"
     with pytest.raises(StateIncompatibleError, match="max:list"):
@@ -327,7 +340,7 @@ def test_a_signed_snapshot_is_refused_with_the_wrong_key(
 def test_a_restore_that_carries_no_state_keeps_the_jobs_own_key_groups(tmp_path: Any) -> None:
     """Every stateful stage new: the checkpoint gets the job's key_groups, not the snapshot's."""
     from sparkjet.core.checkpoint import Checkpoint
-    from sparkjet.core.exports import seed_checkpoint
+    from sparkjet.core.exports import SourceOffsets, seed_checkpoint
     from sparkjet.core.planner import plan
     from sparkjet.core.plugin_manager import PluginHost
     from sparkjet.core.snapshots import ManifestFields, SnapshotStore
@@ -341,8 +354,10 @@ def test_a_restore_that_carries_no_state_keeps_the_jobs_own_key_groups(tmp_path:
     store = Store(str(tmp_path / "store"))
     checkpoint = Checkpoint(store, store.path("jobs", "new", "checkpoint"))
     planned = plan(v2(), PluginHost(), EXACTLY_ONCE)
-    rows = seed_checkpoint(checkpoint, planned, snapshots.get("old"), lambda s: [0, 0], 64)
-    assert {r.status for r in rows} == {"new"}
+    offsets = SourceOffsets(lambda s: [0, 0], lambda s: [9, 9],
+                            lambda s, at: [str(p) for p in range(len(at))])
+    rows = seed_checkpoint(checkpoint, planned, snapshots.get("old"), offsets, 64)
+    assert {(r.kind, r.status) for r in rows} == {("state", "new"), ("source", "restored")}
     assert checkpoint.written_key_groups() == 64
     assert checkpoint.commit_record(0).ends == {"clicks": [5, 7]}
 
@@ -485,7 +500,7 @@ def test_a_job_that_has_committed_no_batch_exports_its_empty_state(client: Any) 
         "clicks-per-user": 0, "uniq": 0}
     assert snapshot.manifest.sources == {"clicks": [0, 0]}
     stream.publish_all(range(40))  # after the cut: the job started from it reads them all
-    job2 = start(client, v2(), "clicks-v2", snapshot="at-start")
+    job2 = start(client, v2(), "clicks-v2", snapshot="at-start", allow_dropped_state=True)
     try:
         wait_for(lambda: dict(client.get_map("counts").entry_set()) == oracle(range(40), 10),
                  what="counts from the empty snapshot")
@@ -596,7 +611,9 @@ def test_a_restore_reads_each_snapshot_file_once(store_url: str, tmp_path: Any) 
                 for f in s.files}
     assert restored
     CountingSnapshotBackend.reads.clear()
-    job2 = start(client, v2(), "clicks-v2", snapshot="v1")
+    with pytest.raises(StateIncompatibleError, match="'uniq', which this pipeline does not"):
+        start(client, v2(), "clicks-v2", snapshot="v1")  # v2 has no 'uniq': refused by default
+    job2 = start(client, v2(), "clicks-v2", snapshot="v1", allow_dropped_state=True)
     try:
         wait_for(lambda: dict(client.get_map("counts").entry_set()) == oracle(range(200), 10),
                  what="the restored counts")

@@ -192,14 +192,32 @@ def _millis(value: int) -> str:
 #: What each status of :class:`UpgradeRow` means, for the summary line.
 _STATUS_TEXT = {
     "restored": "restored",
-    "new": "new (starts empty)",
-    "dropped": "dropped (state ignored)",
+    "changed": "changed",
+    "new": "new",
+    "dropped": "dropped",
     "incompatible": "incompatible",
 }
 
 
+def _what(row: UpgradeRow, value: Any) -> str:
+    """A signature (a stage's state) or an identity (a source's data), shortly; ``-`` if none."""
+    if value is None:
+        return "-"
+    if row.kind == "source" and isinstance(value, dict) and "plugin" in value:
+        reads = value.get("reads")
+        text = f"{value['plugin']}:{reads if isinstance(reads, str) else _signature(reads)}"
+        if "partitions" in value:
+            text += f" ({_plural(int(value['partitions']), 'partition')})"
+        return text
+    if isinstance(value, dict) and "op" in value:
+        shown = {k: v for k, v in value.items() if k not in ("op", "definition")}
+        parts = [str(value["op"])] + [f"{k}={v}" for k, v in sorted(shown.items())]
+        return " ".join(parts)
+    return _signature(value)
+
+
 def check_upgrade(args: argparse.Namespace, client: Client) -> int:
-    """``check-upgrade -s SNAPSHOT FILE.py``: what ``submit -s`` would do, per stateful stage."""
+    """``check-upgrade -s SNAPSHOT FILE.py``: what ``submit -s`` would do, per stage and source."""
     job_args = list(args.args)
     if job_args[:1] == ["--"]:
         job_args = job_args[1:]
@@ -211,10 +229,12 @@ def check_upgrade(args: argparse.Namespace, client: Client) -> int:
         f"Snapshot '{snapshot.name}' of job {_job_label(snapshot)}, batch "
         f"{snapshot.manifest.batch_id}, with {args.file}:"
     )
-    header = ("STAGE", "STATUS", "KEYS", "SNAPSHOT SIGNATURE", "NEW SIGNATURE")
+    header = ("STAGE", "KIND", "STATUS", "KEYS", "IN THE SNAPSHOT", "IN THE PIPELINE")
     cells = [
-        (r.stage, r.status, format_count(r.keys), _signature(r.old_signature),
-         _signature(r.new_signature))
+        (f"{r.renamed_from} -> {r.stage}" if r.renamed_from else r.stage, r.kind,
+         r.status + (" (refused)" if r.refusal else ""),
+         format_count(r.keys) if r.kind == "state" else "-",
+         _what(r, r.old_signature), _what(r, r.new_signature))
         for r in rows
     ]
     for line in table(header, cells):
@@ -231,29 +251,31 @@ def check_upgrade(args: argparse.Namespace, client: Client) -> int:
         if r.status == "incompatible":
             text += ": refused (a sliding or tumbling window cannot become a session window, " \
                     "nor the other way; nor can the accumulator change)"
-        elif r.note:
-            text += f": {r.note}"
         elif r.status == "new":
             text += ": starts empty, at the sources' watermark"
         out(text)
+    noted = [r for r in rows if r.note and not r.refusal]
+    if noted:
+        out()
+        out("Notes:")
+        for r in noted:
+            out(f"  '{r.stage}' {r.status}: {r.note}")
     counts = {status: sum(r.status == status for r in rows) for status in _STATUS_TEXT}
     summary = ", ".join(
         f"{count} {_STATUS_TEXT[status]}" for status, count in counts.items() if count
-    ) or "no stateful stages"
-    bad = [r for r in rows if r.status == "incompatible"]
+    ) or "no stateful stages or sources"
+    bad = [r for r in rows if r.refusal]
     if not bad:
         out(f"Compatible: {summary}; every file of the snapshot checked.")
         return EXIT_OK
-    details = "; ".join(
-        f"'{r.stage}' keeps state {_signature(r.old_signature)} in the snapshot, the new "
-        f"pipeline {_signature(r.new_signature)}"
-        for r in bad
-    )
-    noun = "stage" if len(bad) == 1 else "stages"
+    out()
+    out("Refused:")
+    for r in bad:
+        out(f"  '{r.stage}' {r.status}: {r.refusal}")
+    noun = "row" if len(bad) == 1 else "rows"
     raise CliError(
         f"{args.file} cannot start from snapshot '{snapshot.name}': {len(bad)} {noun} "
-        f"incompatible: {details} (rename the stage to start it empty, or keep its state "
-        "type)",
+        f"refused ({', '.join(repr(r.stage) for r in bad)}); see above ({summary})",
         EXIT_USAGE,
     )
 

@@ -219,6 +219,11 @@ class FileSource(Source):
         """``files:<name>``: the ``name`` given, else the url (stage names come from it)."""
         return f"files:{self.name}"
 
+    def identity(self) -> Any:
+        """What the source reads: the folder, the files' pattern and format (not the label)."""
+        return {"url": self.url, "glob": self.glob, "format": self.format,
+                "recursive": self.recursive}
+
     # --- listing (driver) ------------------------------------------------------
 
     def _list(self, missing_ok: bool = True) -> list[tuple[int, str, int]]:

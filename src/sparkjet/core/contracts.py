@@ -458,6 +458,18 @@ class Source(_Participant):
         """``kind:name``, used in generated stage names and messages."""
         return f"{self.kind}:{self.name}"
 
+    def identity(self) -> Any:
+        """What this source reads (a JSON value): a stream's or topic's name, a folder.
+
+        A snapshot records it, with the plugin's kind and the partition count,
+        beside the source's offsets; starting a job from the snapshot refuses a
+        source stage whose identity changed (its offsets would be applied to
+        other data) unless told where it starts (``JobConfig.source_starts``).
+        The default is :attr:`name`; a source whose ``name`` is only a label
+        returns what it reads instead.
+        """
+        return self.name
+
     @abstractmethod
     def partitions(self, context: JobContext) -> Sequence[Any]:
         """Runs on the driver: plan the read as picklable partition descriptors, in order.

@@ -95,6 +95,15 @@ class StoreError(SparkjetError):
     """Reading or writing the store (lists, maps, job records) failed: names the path."""
 
 
+class SourceOffsetsError(SparkjetError):
+    """A source's offsets went backwards: its data now ends before where the job read to.
+
+    Names the source stage and both offsets. The source was pointed at other
+    data (a stream deleted and created again, another topic of the same
+    name), or its data was rewritten; reading on would skip or repeat items.
+    """
+
+
 class TimeoutException(SparkjetError, TimeoutError):
     """``Job.join(timeout=...)`` expired before the job reached a terminal status."""
 

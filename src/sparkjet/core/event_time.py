@@ -119,6 +119,12 @@ class EventTime:
                 partitions.setdefault(source, {})[key] = (NO_WATERMARK, time_ms)
         return EventTime(partitions, self.watermarks, self.time_ms)
 
+    def renamed(self, names: Mapping[str, str]) -> EventTime:
+        """Only the sources and stages ``names`` maps (old name -> new), under their new names."""
+        return EventTime({names[s]: p for s, p in self.partitions.items() if s in names},
+                         {names[s]: w for s, w in self.watermarks.items() if s in names},
+                         self.time_ms)
+
     def restricted(self, sources: set[str], stages: set[str]) -> EventTime:
         """Only what a pipeline with these source and windowed stages carries over."""
         return EventTime({s: p for s, p in self.partitions.items() if s in sources},

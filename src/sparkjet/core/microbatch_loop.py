@@ -16,6 +16,7 @@ what the loop asks of the job it runs for is :class:`LoopHost`.
 from __future__ import annotations
 
 import enum
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from typing import Any, Protocol
 from sparkjet.core.checkpoint import KEEP_LOG, BatchPlan, Checkpoint, CommitRecord
 from sparkjet.core.contracts import JobContext
 from sparkjet.core.engine import BatchResult, Engine, MicroBatchSpec
+from sparkjet.core.errors import SourceOffsetsError
 from sparkjet.core.event_time import NO_WATERMARK, EventTime, WindowClock, stage_watermark
 from sparkjet.core.graph import Transform, WindowSpec
 from sparkjet.core.model import DEFAULT_KEY_GROUPS
@@ -54,6 +56,29 @@ def latest_offsets(source: Any, context: Any, start: Any) -> Any:
     if getattr(source, "accepts_start", False):
         return source.latest_offsets(context, start=start)
     return source.latest_offsets(context)
+
+
+def offsets_behind(start: Any, latest: Any) -> str | None:
+    """Where ``latest`` offsets are behind ``start`` (a partition, or "" for a number); None if not.
+
+    Offsets that are a number, a list of numbers or a dict of numbers (one
+    per partition, as a stream's and Kafka's) are compared partition by
+    partition, for the partitions both have; other shapes are the source's
+    own and are not compared.
+    """
+    def number(value: Any) -> bool:
+        return type(value) is int
+
+    if number(start) and number(latest):
+        return "" if latest < start else None
+    if isinstance(start, list) and isinstance(latest, list):
+        pairs: list[tuple[str, Any, Any]] = [
+            (str(i), s, a) for i, (s, a) in enumerate(zip(start, latest, strict=False))]
+    elif isinstance(start, dict) and isinstance(latest, dict):
+        pairs = [(str(k), start[k], latest[k]) for k in start if k in latest]
+    else:
+        return None
+    return next((p for p, s, a in pairs if number(s) and number(a) and a < s), None)
 
 
 def source_lag(read: Any, available: Any) -> int | None:
@@ -200,6 +225,19 @@ class StreamLoop:
         #: Event time as of the last committed batch.
         self.event_time = EventTime()
 
+    def _check_forward(self, ends: dict[str, Any], latest: dict[str, Any]) -> None:
+        """Fail naming the source whose data now ends before the offsets the batch starts at."""
+        for stage, offsets in latest.items():
+            partition = offsets_behind(ends.get(stage), offsets)
+            if partition is not None:
+                where = f" (partition {partition})" if partition else ""
+                raise SourceOffsetsError(
+                    f"source {stage!r}: its data ends at {json.dumps(offsets)} now, before "
+                    f"the offsets the next micro-batch starts from, {json.dumps(ends.get(stage))}"
+                    f"{where}; the source reads other data than the job read (deleted and "
+                    "created again, or rewritten). The job stops rather than skip or repeat "
+                    "items: start it anew, or from a snapshot with source_starts")
+
     def _know_partitions(self, latest: dict[str, Any], now_ms: int) -> None:
         """Add the timestamped sources' partitions at ``latest`` to the event-time record."""
         if not self.windows:
@@ -281,6 +319,7 @@ class StreamLoop:
                                                       ends.get(self.plan.name(n)))
                     for n in self.sources
                 }
+                self._check_forward(ends, latest)
                 now_ms = int(time.time() * 1000)
                 self._know_partitions(latest, now_ms)
                 for stage, offsets in latest.items():

@@ -41,6 +41,8 @@ from sparkjet.core.errors import (
 from sparkjet.core.event_time import NO_WATERMARK, late_counter
 from sparkjet.core.exports import (
     ExportCut,
+    SourceOffsets,
+    UpgradeOptions,
     cut_export,
     export_state,
     release_cut,
@@ -71,6 +73,7 @@ from sparkjet.core.microbatch_loop import (
     StreamLoop,
     StreamProgress,
     initial_offsets,
+    latest_offsets,
 )
 from sparkjet.core.model import JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.core.planner import Plan
@@ -656,21 +659,26 @@ class JobRunner:
         checkpoint = self._checkpoint(record_now=False)
         make = self.context_factory()
         sources = {self.plan.name(n): (n, spec) for n, spec in self.plan.sources().items()}
+        offsets = SourceOffsets(
+            initial=lambda stage: sources[stage][1].source.initial_offsets(
+                make(sources[stage][0])),
+            latest=lambda stage: latest_offsets(sources[stage][1].source,
+                                                make(sources[stage][0]), None),
+            partitions=lambda stage, at: list(
+                sources[stage][1].source.watermark_partitions(at)),
+        )
         try:
-            rows = seed_checkpoint(
-                checkpoint, self.plan, snapshot,
-                lambda source: sources[source][1].source.initial_offsets(
-                    make(sources[source][0])),
-                self.job.config.key_groups,
-            )
+            rows = seed_checkpoint(checkpoint, self.plan, snapshot, offsets,
+                                   self.job.config.key_groups,
+                                   UpgradeOptions.of(self.job.config))
         except BaseException:
             checkpoint.delete()
             raise
         for row in rows:
-            if row.status == "dropped":
-                log.warning("job %s: snapshot %r holds state of stage %r (%d keys), which this "
-                            "pipeline does not have: ignored", self.job.label, name, row.stage,
-                            row.keys)
+            if row.status in ("dropped", "changed") or row.note:
+                what = "source" if row.kind == "source" else "stage"
+                log.warning("job %s: snapshot %r: %s %r %s%s", self.job.label, name, what,
+                            row.stage, row.status, f": {row.note}" if row.note else "")
         log.info("job %s: started from snapshot %r (batch %d): %s", self.job.label, name,
                  snapshot.manifest.batch_id,
                  ", ".join(f"{r.stage} {r.status}" for r in rows) or "no stateful stages")

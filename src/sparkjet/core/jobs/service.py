@@ -19,7 +19,12 @@ from sparkjet.core.errors import (
     PipelineDefinitionError,
     ProcessingGuaranteeError,
 )
-from sparkjet.core.exports import UpgradeRow, check_upgrade, require_compatible
+from sparkjet.core.exports import (
+    UpgradeOptions,
+    UpgradeRow,
+    check_upgrade,
+    require_compatible,
+)
 from sparkjet.core.jobs.handle import Job
 from sparkjet.core.jobs.record import (
     JobRecord,
@@ -33,7 +38,7 @@ from sparkjet.core.jobs.runner import JobRunner, Services
 from sparkjet.core.model import JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.core.planner import plan
 from sparkjet.core.snapshots import Manifest, Snapshot
-from sparkjet.core.snapshots.format import pipeline_fingerprint
+from sparkjet.core.snapshots.format import pipeline_fingerprint, stateful_stages
 
 log = logging.getLogger("sparkjet.jobs")
 
@@ -187,9 +192,10 @@ class JetService:
             # checkpoint, before the job exists (so each file is read once).
             snapshot = self.services.snapshots().get(config.initial_snapshot_name)
             snapshot.check_listing()
-            rows = require_compatible(validated, snapshot.manifest)
+            rows = require_compatible(validated, snapshot.manifest, UpgradeOptions.of(config))
             restore = {"snapshot": snapshot.name, "batch": snapshot.manifest.batch_id,
-                       "stages": {r.stage: r.status for r in rows}}
+                       "stages": {r.stage: r.status for r in rows if r.kind == "state"},
+                       "sources": {r.stage: r.status for r in rows if r.kind == "source"}}
         store = self.services.store
         if (
             validated.streaming
@@ -209,6 +215,8 @@ class JetService:
                 "JobConfig.suspend_on_failure=True: batch jobs cannot be suspended; a failed "
                 "batch job leaves its sinks untouched, so submit it again"
             )
+        if validated.streaming:
+            _warn_unnamed_state(validated, config)
         frozen = cloudpickle.dumps(pipeline) if validated.streaming else None
         with self._submit_lock:
             job_id = new_job_id()
@@ -358,17 +366,21 @@ class JetService:
     ) -> list[UpgradeRow]:
         """What submitting ``pipeline`` from ``snapshot`` would do, per stateful stage; no job.
 
-        Rows with status ``restored``, ``new``, ``dropped`` or ``incompatible``
-        (see :class:`UpgradeRow`); submit succeeds when none is incompatible.
-        The pipeline is validated as submit would (the guarantee does not
-        matter here) and the snapshot verified whole.
+        One row per stateful stage and per source (see :class:`UpgradeRow`),
+        judged with the upgrade options of ``config`` (``allow_dropped_state``,
+        ``allow_changed_state``, ``stage_renames``, ``source_starts``); a
+        submit with that config succeeds when no row has a ``refusal``. The
+        pipeline is validated as submit would (the guarantee does not matter
+        here) and the snapshot verified whole. A source's partitions are
+        checked at submit, where its current offsets are read.
 
         :raises SnapshotError: the snapshot is missing, corrupt or untrusted.
+        :raises StateIncompatibleError: a rename names a stage neither side has.
         """
         validated = plan(pipeline, self.services.plugins, ProcessingGuarantee.NONE)
         found = self.services.snapshots().get(snapshot)
         found.verify()
-        return check_upgrade(validated, found.manifest)
+        return check_upgrade(validated, found.manifest, UpgradeOptions.of(config))
 
     def get_jobs(self) -> list[Job]:
         """Every job in the store, newest first."""
@@ -378,3 +390,16 @@ class JetService:
             jobs.append(runner.job if runner is not None else Job(self, record))
         jobs.sort(key=lambda j: j.submission_time, reverse=True)
         return jobs
+
+
+def _warn_unnamed_state(validated: Any, config: JobConfig) -> None:
+    """A streaming job whose stateful stages have generated names: say that upgrades need names."""
+    unnamed = [validated.name(n) for n in stateful_stages(validated).values()
+               if not n.explicit_name]
+    if unnamed:
+        log.warning(
+            "job %s: stateful stage(s) %s have generated names; a snapshot's state is matched "
+            "by name, and generated names shift when stages are added, so an upgraded "
+            "pipeline can restore their state only if its stateful stages are unchanged: "
+            "name them with set_name()", config.name or "(unnamed)",
+            ", ".join(repr(u) for u in unnamed))

@@ -11,10 +11,15 @@ identifies the shape of the pipeline that wrote the snapshot.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import json
+import types
 from typing import Any, assert_never
 
+from sparkjet.core.aggregation import AggregateOperation
+from sparkjet.core.contracts import Source
 from sparkjet.core.graph import (
     DistinctSpec,
     GroupAggregateSpec,
@@ -64,18 +69,97 @@ def _type_name(value: Any) -> str:
         f"{kind.__module__}.{kind.__qualname__}")
 
 
-def state_signature(node: Transform) -> dict[str, Any]:
-    """What the stage's state looks like; a restore refuses a stage whose signature changed.
+def code_identity(fn: Any, _depth: int = 0) -> str:
+    """A function's identity for the upgrade rules: its name and a hash of its code.
 
-    The kind of stateful operation and the type of each key's state: an
-    aggregation's accumulator (what ``create()`` returns) and whether it has a
-    combiner (the two keep different entries); a ``map_stateful``'s state
-    object; a plugin transform's own ``state_signature()``. Changing what the
-    functions compute with the same types (Jet: "tweak the aggregate
-    operation, but accumulator type has to stay the same"), a TTL, or any
-    stateless stage keeps the signature.
+    The hash covers the bytecode, constants and names (nested functions'
+    too), default arguments, and what the closure holds (functions by their
+    own identity, plain values by ``repr``), but not line numbers or the
+    module it was loaded as: moving a function in its file keeps it, editing
+    what it computes changes it. So does a new Python release (its bytecode
+    differs): ``JobConfig.allow_changed_state`` accepts that. A callable
+    without code (``operator.itemgetter``, a class instance) is known by its
+    ``repr`` or its class.
+    """
+    if isinstance(fn, functools.partial):
+        inner = code_identity(fn.func, _depth + 1)
+        return f"partial({inner}, {_value_identity(fn.args, _depth)}, " \
+               f"{_value_identity(sorted(fn.keywords.items()), _depth)})"
+    code = getattr(fn, "__code__", None)
+    # The name, not the qualified name: ``v1.<locals>.<lambda>`` and
+    # ``v2.<locals>.<lambda>`` are the same function in two versions of a file.
+    name = getattr(fn, "__name__", None) or type(fn).__qualname__
+    if not isinstance(code, types.CodeType):
+        if type(fn).__module__ in ("operator", "builtins"):
+            return repr(fn)
+        return f"{type(fn).__module__}.{type(fn).__qualname__}"
+    digest = hashlib.sha256()
+    _feed_code(digest, code)
+    digest.update(_value_identity(getattr(fn, "__defaults__", None), _depth).encode())
+    cells = getattr(fn, "__closure__", None) or ()
+    for cell in cells:
+        try:
+            held = cell.cell_contents
+        except ValueError:  # an empty cell (a name bound later)
+            held = None
+        digest.update(_value_identity(held, _depth).encode())
+    return f"{name}#{digest.hexdigest()[:12]}"
+
+
+def _feed_code(digest: Any, code: types.CodeType) -> None:
+    digest.update(code.co_code)
+    digest.update(repr(code.co_names).encode())
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            _feed_code(digest, const)
+        else:
+            digest.update(repr(const).encode())
+
+
+def _value_identity(value: Any, depth: int) -> str:
+    """A closure cell's or default's part of an identity."""
+    if depth > 4:
+        return type(value).__qualname__
+    if callable(value) and not isinstance(value, type):
+        return code_identity(value, depth + 1)
+    if value is None or isinstance(value, bool | int | float | str | bytes):
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return "(" + ",".join(_value_identity(v, depth + 1) for v in value) + ")"
+    return type(value).__qualname__
+
+
+def operation_identity(operation: AggregateOperation) -> str:
+    """An aggregate operation's identity: its name and what it accumulates with.
+
+    A built-in compiled into the runtime's loop (``counting()``,
+    ``summing(get)``) is known by its kind and its value function; any other
+    by its ``accumulate`` function. ``finish`` is not part of it: it only
+    shapes results, never state (Jet lets it change).
+    """
+    if operation.inline is not None:
+        kind, get = operation.inline
+        return kind if get is None else f"{kind}({code_identity(get)})"
+    return f"{operation.name}({code_identity(operation.accumulate)})"
+
+
+def state_signature(node: Transform) -> dict[str, Any]:
+    """What the stage's state is and how it is keyed; the upgrade rules compare them.
+
+    Two kinds of fields. Those of the state's *shape* must match for state
+    to be restored: the kind of operation (``op``), the type of each key's
+    state (an aggregation's ``accumulator``, what ``create()`` returns, and
+    whether it has a ``combiner``; a ``map_stateful``'s ``state``; a plugin
+    transform's own ``state``), and a window's kind. The *identity* fields
+    say what the state means: ``key``, the key function's
+    :func:`code_identity`, and ``operation`` (an aggregation's
+    :func:`operation_identity`, a ``map_stateful``'s functions): a change
+    there keeps the shape but not the meaning, and is refused unless
+    accepted. A window's ``definition`` may change (Jet's rules).
     """
     spec = keyed_spec(node)
+    key = getattr(spec, "key_fn", None)
+    keyed = {"key": code_identity(key)} if key is not None else {}
     match spec:
         case WindowSpec(operation=operation, window=definition):
             # The definition is shown and compared by the upgrade rules, not matched exactly:
@@ -83,25 +167,65 @@ def state_signature(node: Transform) -> dict[str, Any]:
             return {"op": "window", "window": "session" if definition.is_session else "frames",
                     "accumulator": _type_name(operation.create()),
                     "combiner": operation.combine is not None,
-                    "definition": definition.to_json()}
+                    "definition": definition.to_json(),
+                    **keyed, "operation": operation_identity(operation)}
         case GroupAggregateSpec(operation=operation):
             return {"op": "aggregate", "accumulator": _type_name(operation.create()),
-                    "combiner": operation.combine is not None}
-        case MapStatefulSpec(create_fn=create_fn):
-            return {"op": "map_stateful", "state": _type_name(create_fn())}
+                    "combiner": operation.combine is not None,
+                    **keyed, "operation": operation_identity(operation)}
+        case MapStatefulSpec(create_fn=create_fn, map_fn=map_fn):
+            return {"op": "map_stateful", "state": _type_name(create_fn()), **keyed,
+                    "operation": code_identity(map_fn)}
         case DistinctSpec():
-            return {"op": "distinct"}
+            return {"op": "distinct", **keyed}
         case GroupApplySpec(transform=transform):
             return {"op": "apply", "transform": transform.kind,
-                    "state": transform.state_signature()}
+                    "state": transform.state_signature(), **keyed}
         case None:
             raise AssertionError(f"stage '{node.name}' ({node.op}) keeps no state")
         case _:  # pragma: no cover
             assert_never(spec)
 
 
+#: The fields of a state signature that say what the state means, not its shape.
+IDENTITY_FIELDS = ("key", "operation")
+
+
+def source_identity(source: Source, offsets: Any) -> dict[str, Any]:
+    """What a source reads, for the upgrade rules: its plugin, its ``identity()``, partitions.
+
+    ``partitions`` is how many partitions the source had at ``offsets``
+    (``Source.watermark_partitions``).
+    """
+    return {"plugin": source.kind, "reads": source.identity(),
+            "partitions": len(source.watermark_partitions(offsets))}
+
+
 def pipeline_fingerprint(plan: Plan) -> str:
-    """Identifies a pipeline's shape: its stages' names and operations, and the edges."""
-    shape = [[plan.name(n), n.op.value, sorted(plan.name(c) for c in n.consumers)]
-             for n in plan.nodes]
-    return hashlib.sha256(json.dumps(sorted(shape)).encode()).hexdigest()[:16]
+    """Identifies a pipeline: its stages' names, operations, functions' code, sources, edges.
+
+    Two plans with the same fingerprint run the same code on the same data
+    (``sparkjet apply`` upgrades a job whose fingerprint changed).
+    """
+    shape = []
+    for node in plan.nodes:
+        spec = node.spec
+        parts: list[Any] = [plan.name(node), node.op.value,
+                            sorted(plan.name(c) for c in node.consumers)]
+        for field_ in dataclasses.fields(spec):
+            value = getattr(spec, field_.name)
+            if isinstance(value, Source):
+                parts.append([value.kind, value.identity()])
+            elif isinstance(value, AggregateOperation):
+                parts.append(operation_identity(value))
+            elif callable(value):
+                parts.append(code_identity(value))
+            elif value is None or isinstance(value, bool | int | float | str):
+                parts.append(value)
+            elif hasattr(value, "to_json"):
+                parts.append(value.to_json())
+            else:
+                parts.append(getattr(value, "kind", type(value).__qualname__))
+        shape.append(parts)
+    encoded = json.dumps(sorted(shape, key=lambda part: part[0]), default=str)
+    return hashlib.sha256(encoded.encode()).hexdigest()[:16]

@@ -72,6 +72,8 @@ class ManifestFields:
     files: Sequence[str] = ()
     #: Milliseconds since the epoch; None: now, when the export starts.
     creation_time: int | None = None
+    #: Source stage name -> what it reads (``{"plugin", "reads", "partitions"}``).
+    source_identities: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,9 @@ class Manifest:
     files: tuple[FileEntry, ...] = ()
     #: Whether the manifest as read or written carries a signature.
     signed: bool = False
+    #: Source stage name -> what it reads (``{"plugin", "reads", "partitions"}``);
+    #: empty in snapshots written before sparkjet recorded it.
+    source_identities: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def payload_size(self) -> int:
@@ -170,6 +175,7 @@ class Manifest:
             "pipeline_fingerprint": self.pipeline_fingerprint,
             "batch_id": self.batch_id,
             "sources": dict(self.sources),
+            "source_identities": dict(self.source_identities),
             "stages": [s.to_json() for s in self.stages],
             "files": [f.to_json() for f in self.files],
             "payload_size": self.payload_size,
@@ -192,6 +198,7 @@ class Manifest:
             ],
             files=[f.path for f in self.files],
             creation_time=self.creation_time,
+            source_identities=self.source_identities,
         )
 
 
@@ -371,6 +378,7 @@ def _from_body(body: Mapping[str, Any], signed: bool) -> Manifest:
             for j, f in enumerate(_typed(body["files"], list, "files"))
         ),
         signed=signed,
+        source_identities=_typed(body.get("source_identities", {}), dict, "source_identities"),
     )
     paths = [f.path for f in manifest.all_files()]
     if len(paths) != len(set(paths)):

@@ -249,6 +249,10 @@ class SnapshotStore:
                 ),
                 files=tuple(written[p] for p in fields.files),
                 signed=self._key is not None,
+                source_identities={
+                    source: json_value(identity, f"the identity of source {source!r}", name)
+                    for source, identity in fields.source_identities.items()
+                },
             )
             payload = encode_manifest(manifest, self._key)
             with self.backend_errors("create", f"{base}/{MANIFEST}"):
