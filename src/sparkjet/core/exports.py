@@ -234,9 +234,10 @@ def check_upgrade(
     else, and ``new`` when the snapshot has no offsets for it: both refused
     unless ``source_starts`` says where it starts. A snapshot's stage or
     source with no counterpart is ``dropped``, refused unless
-    ``allow_dropped_state``. State or offsets never go into a stage whose name
-    was generated, unless every stateful stage and source is as in the
-    snapshot (an inserted stage shifts generated names).
+    ``allow_dropped_state``. State never goes into a stage whose name was
+    generated, unless every stateful stage and source is as in the snapshot
+    (an inserted stage shifts generated names); nor do offsets into a source
+    whose generated name is shared by two sources reading the same data.
     """
     options = options or UpgradeOptions()
     _check_renames(plan, manifest, options)
@@ -279,6 +280,9 @@ def check_upgrade(
         if changes:
             row = replace(row, status="changed")
             notes.insert(0, "; ".join(changes))
+        if name in generated and not unchanged:
+            row = replace(row, refusal=_generated(name, "state"))
+        elif changes:
             if not options.allow_changed_state:
                 row = replace(row, refusal=(
                     f"stage {name!r}: its state was built with another "
@@ -286,8 +290,6 @@ def check_upgrade(
                     + f" ({'; '.join(changes)}); restoring it would mix the two "
                     "(accept with allow_changed_state / --allow-changed-state, or rename the "
                     "stage to start it empty)"))
-        if not row.refusal and name in generated and not unchanged:
-            row = replace(row, refusal=_generated(name, "state"))
         rows.append(replace(row, note="; ".join(n for n in notes if n)))
     for name in sources:
         old_name = snapshot_name(name)
@@ -312,7 +314,7 @@ def check_upgrade(
             row = replace(row, note="the snapshot does not record what the source read "
                                     "(an older sparkjet wrote it): its offsets are applied as "
                                     "they are")
-        if name in generated and not unchanged:
+        if name in generated and not unchanged and _ambiguous(identity, identities, manifest):
             row = replace(row, refusal=_generated(name, "offsets"))
         rows.append(row)
     for stage in manifest.stages:
@@ -348,6 +350,17 @@ def _dropped(row: UpgradeRow, options: UpgradeOptions) -> UpgradeRow:
         f"{row.stage!r}, which this pipeline does not have (accept losing them with "
         f"allow_dropped_state / --allow-dropped-state, or carry them to a new name with "
         f"stage_renames / --rename {row.stage}=NEW)"))
+
+
+def _ambiguous(identity: Any, identities: Mapping[str, Any], manifest: Manifest) -> bool:
+    """Whether more than one source reads the data ``identity`` names, here or in the snapshot.
+
+    A source's generated name comes from what it reads (``from-stream(events)``),
+    so it only shifts between sources reading the same data.
+    """
+    here = sum(i == identity for i in identities.values())
+    there = sum(_read_identity(i) == identity for i in manifest.source_identities.values())
+    return here > 1 or there > 1 or not manifest.source_identities
 
 
 def _generated(name: str, what: str) -> str:
