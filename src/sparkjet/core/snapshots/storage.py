@@ -249,6 +249,8 @@ class SnapshotStore:
                 ),
                 files=tuple(written[p] for p in fields.files),
                 signed=self._key is not None,
+                derived_from=None if fields.derived_from is None else json_value(
+                    dict(fields.derived_from), "derived_from", name),
             )
             payload = encode_manifest(manifest, self._key)
             with self.backend_errors("create", f"{base}/{MANIFEST}"):
