@@ -28,8 +28,9 @@ batch, and what was renamed, dropped and transformed.
 
 from __future__ import annotations
 
+import gc
 import json
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -194,64 +195,85 @@ class _Stage:
         return (f"migrate-snapshot {self.snapshot.name!r} -> {self.dst!r}: stage "
                 f"{self.stage.name!r}, key {key!r:.200}")
 
-    def _read(self) -> Iterator[tuple[Any, Any, int | None]]:
-        """Every ``(key, user-visible value, touched)`` of the old state."""
-        for entry in self.stage.files:
-            data = unpickle(
-                self.snapshot.read_file(entry.path),
-                f"snapshot {self.snapshot.name!r}: stage {self.stage.name!r}: file "
-                f"{entry.path!r}", keys=("values", "touched"), loads=cloudpickle.loads)
-            touched = data["touched"]
-            for key, value in data["values"].items():
-                shown = value if self.distinct else value[1]
-                yield key, shown, touched.get(key)
+    def _load(self, path: str) -> Any:
+        """One state file, checked against the manifest and unpickled."""
+        return unpickle(
+            self.snapshot.read_file(path),
+            f"snapshot {self.snapshot.name!r}: stage {self.stage.name!r}: file {path!r}",
+            keys=("values", "touched"), loads=cloudpickle.loads)
 
     def rewrite(self) -> list[tuple[dict[Any, Any], dict[Any, int]]]:
         """The new state, per range of key groups: ``(values, touched)``."""
+        enabled = gc.isenabled()
+        gc.disable()  # a million new tuples would run the collector over all of them, often
+        try:
+            return self._rewrite()
+        finally:
+            if enabled:
+                gc.enable()
+
+    def _rewrite(self) -> list[tuple[dict[Any, Any], dict[Any, int]]]:
         out: list[tuple[dict[Any, Any], dict[Any, int]]] = [({}, {}) for _ in self.ranges]
+        index = {r: i for i, r in enumerate(self.ranges)}
         came_from: dict[Any, Any] = {}
-        groups = self.stage.key_groups
-        for key, value, touched in self._read():
-            self.types_in.add(type(value))
-            try:
-                result = self.fn(key, value)
-            except Exception as exc:
-                raise SnapshotError(
-                    f"{self._where(key)}: the transform raised {type(exc).__name__}: {exc}; "
-                    f"snapshot {self.dst!r} was not written", self.snapshot.name) from exc
-            if result is None:
-                continue
-            if not isinstance(result, tuple) or len(result) != 2:
-                raise SnapshotError(
-                    f"{self._where(key)}: the transform returned {type(result).__name__} "
-                    f"{result!r:.100}, expected a (key, value) pair or None", self.snapshot.name)
-            new_key, new_value = result
-            try:
-                hash(new_key)
-            except TypeError:
-                raise SnapshotError(
-                    f"{self._where(key)}: the transform's new key {new_key!r:.100} is "
-                    f"unhashable ({type(new_key).__name__})", self.snapshot.name) from None
-            if self.distinct and new_value is not True:
-                raise SnapshotError(
-                    f"{self._where(key)}: a distinct stage keeps True per key; the transform "
-                    f"returned {new_value!r:.100}", self.snapshot.name)
-            if new_key in came_from:
-                raise SnapshotError(
-                    f"{self._where(key)}: the transform maps it to key {new_key!r:.200}, which "
-                    f"key {came_from[new_key]!r:.200} was mapped to as well; snapshot "
-                    f"{self.dst!r} was not written", self.snapshot.name)
-            came_from[new_key] = key
-            self.types_out.setdefault(type(new_value), new_key)
-            group = key_group(new_key, groups)
-            if group not in self.owner:
-                raise SnapshotError(
-                    f"snapshot {self.snapshot.name!r}: stage {self.stage.name!r}: no file "
-                    f"holds key group {group} of {groups}", self.snapshot.name)
-            values, touches = out[self.owner[group]]
-            values[new_key] = True if self.distinct else (new_key, new_value)
-            if touched is not None:
-                touches[new_key] = touched
+        fn, distinct, owner, groups = self.fn, self.distinct, self.owner, self.stage.key_groups
+        types_in, types_out = self.types_in, self.types_out
+        for entry in self.stage.files:
+            parsed = parse_state_file(entry.path)
+            assert parsed is not None  # checked in __init__
+            home = index[parsed[:2]]  # the range the file's keys belong to
+            data = self._load(entry.path)
+            touched_in = data["touched"]
+            for key, stored in data["values"].items():
+                value = stored if distinct else stored[1]
+                types_in.add(type(value))
+                try:
+                    result = fn(key, value)
+                except Exception as exc:
+                    raise SnapshotError(
+                        f"{self._where(key)}: the transform raised {type(exc).__name__}: "
+                        f"{exc}; snapshot {self.dst!r} was not written",
+                        self.snapshot.name) from exc
+                if result is None:
+                    continue
+                if not isinstance(result, tuple) or len(result) != 2:
+                    raise SnapshotError(
+                        f"{self._where(key)}: the transform returned {type(result).__name__} "
+                        f"{result!r:.100}, expected a (key, value) pair or None",
+                        self.snapshot.name)
+                new_key, new_value = result
+                try:
+                    taken = new_key in came_from
+                except TypeError:
+                    raise SnapshotError(
+                        f"{self._where(key)}: the transform's new key {new_key!r:.100} is "
+                        f"unhashable ({type(new_key).__name__})", self.snapshot.name) from None
+                if taken:
+                    raise SnapshotError(
+                        f"{self._where(key)}: the transform maps it to key {new_key!r:.200}, "
+                        f"which key {came_from[new_key]!r:.200} was mapped to as well; "
+                        f"snapshot {self.dst!r} was not written", self.snapshot.name)
+                if distinct and new_value is not True:
+                    raise SnapshotError(
+                        f"{self._where(key)}: a distinct stage keeps True per key; the "
+                        f"transform returned {new_value!r:.100}", self.snapshot.name)
+                came_from[new_key] = key
+                if type(new_value) not in types_out:
+                    types_out[type(new_value)] = new_key
+                if new_key == key:
+                    target = home  # equal keys hash equally: the same key group
+                else:
+                    group = key_group(new_key, groups)
+                    if group not in owner:
+                        raise SnapshotError(
+                            f"snapshot {self.snapshot.name!r}: stage {self.stage.name!r}: no "
+                            f"file holds key group {group} of {groups}", self.snapshot.name)
+                    target = owner[group]
+                values, touches = out[target]
+                values[new_key] = True if distinct else (new_key, new_value)
+                touched = touched_in.get(key)
+                if touched is not None:
+                    touches[new_key] = touched
         return out
 
     def signature(self) -> Any:
