@@ -178,12 +178,13 @@ def write_snapshot(
     stages: dict[str, tuple[Any, dict[Any, Any], dict[Any, int]]],
     sources: dict[str, Any] | None = None,
     event_time: dict[str, Any] | None = None,
+    ranges: list[tuple[int, int]] = RANGES,
 ) -> Any:
     """Export ``{stage: (signature, {key: value}, {key: touched})}`` as the runtime lays it out."""
     fields, files = [], []
     for stage, (signature, state, touched) in stages.items():
         paths = []
-        for lo, hi in RANGES:
+        for lo, hi in ranges:
             values = {k: True if signature["op"] == "distinct" else (k, v)
                       for k, v in state.items() if lo <= key_group(k, GROUPS) < hi}
             data = {"values": values, "touched": {k: touched[k] for k in values if k in touched}}
@@ -278,6 +279,19 @@ def test_two_keys_mapped_to_one_is_an_error_naming_stage_and_keys(store: Snapsho
         migrate(store, "v1", "v2", transforms={"counts": lambda k, v: ("same", v)})
     assert not store.exists("v2")
     assert store.backend.list("") == store.backend.list(store.get("v1").folder)
+
+
+def test_a_snapshot_missing_a_key_group_is_refused_by_name(store: SnapshotStore) -> None:
+    # Files for key groups [0, 3) only: a key moved into group 3..7 has no file to go to.
+    inside = [k for k in range(50) if key_group(k, GROUPS) < 3]
+    write_snapshot(store, "v1", {"counts": (COUNTS, dict.fromkeys(inside, 1), {})},
+                   ranges=[(0, 3)])
+    target = next(k for k in range(100, 200) if key_group(k, GROUPS) >= 3)
+    with pytest.raises(SnapshotError, match=rf"snapshot 'v1': stage 'counts': no file holds "
+                       rf"key group {key_group(target, GROUPS)} of 8"):
+        migrate(store, "v1", "v2", transforms={
+            "counts": lambda k, v: (target, v) if k == inside[0] else (k, v)})
+    assert not store.exists("v2")
 
 
 def test_a_raising_transform_names_stage_and_key_and_writes_nothing(
