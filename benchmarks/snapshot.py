@@ -24,6 +24,13 @@ Then, on a real Spark session (``--master``; ``--parts`` picks what runs):
   a rolling count with EXACTLY_ONCE and ``snapshot_interval_millis=1000``
   (every committed micro-batch is a snapshot) against NONE, in the same
   process.
+
+And (``--parts migrate``, no Spark) ``migrate-snapshot`` of a snapshot of
+``--migrate-keys`` keys (the same rolling count, 4 ranges of 16 key groups):
+an identity transform (every key read, called, rebucketed and written
+again) and a rename alone (files copied byte for byte), each against the
+export of the same state and a plain fsspec copy of the snapshot's bytes,
+in the same process (local folder, and S3 with ``--s3``).
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ from sparkjet.core.keygroups import task_range
 from sparkjet.core.planner import Plan, plan
 from sparkjet.core.plugin_manager import PluginHost
 from sparkjet.core.snapshots import SnapshotStore
+from sparkjet.core.snapshots.migrate import migrate_snapshot
 from sparkjet.core.state_files import RangeState, StateRange
 from sparkjet.errors import JobCancelledError
 from sparkjet.job import JobConfig, ProcessingGuarantee
@@ -62,9 +70,12 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes-mb", default="10,100", help="comma-separated MB of state")
     parser.add_argument("--s3", action="store_true", help="also on moto's S3 server")
-    parser.add_argument("--parts", default="copy,live,throughput",
+    parser.add_argument("--parts", default="copy,live,throughput,migrate",
                         help="which parts to run: copy (export and restore against a copy), "
-                             "live (a running job's export), throughput (snapshots vs NONE)")
+                             "live (a running job's export), throughput (snapshots vs NONE), "
+                             "migrate (migrate-snapshot against export and copy)")
+    parser.add_argument("--migrate-keys", type=int, default=1_000_000,
+                        help="keys of the snapshot migrated")
     parser.add_argument("--live-mb", type=int, default=100,
                         help="MB of state of the running job exported")
     parser.add_argument("-n", type=int, default=1_000_000,
@@ -81,12 +92,14 @@ def the_plan() -> Any:
     return plan(p, PluginHost(), ProcessingGuarantee.EXACTLY_ONCE)
 
 
-def build(checkpoint: Checkpoint, megabytes: int, planned: Any) -> tuple[int, list[str]]:
-    """A checkpoint whose batch 0 holds ``megabytes`` of state; its keys and state files."""
+def build(
+    checkpoint: Checkpoint, megabytes: int, planned: Any, keys: int | None = None
+) -> tuple[int, list[str]]:
+    """A checkpoint whose batch 0 holds ``megabytes`` (or ``keys`` keys) of state; its files."""
     checkpoint.key_groups(GROUPS, list(planned.names.values()))
     paths = checkpoint.state(GROUPS)
     per_key = 38  # bytes a key's entry takes pickled, about (checked below)
-    keys = megabytes * 1_000_000 // per_key
+    keys = megabytes * 1_000_000 // per_key if keys is None else keys
     names: dict[StateRange, str] = {}
     files = []
     total = 0
@@ -171,6 +184,44 @@ def measure(label: str, location: StoreLocation, megabytes: int) -> None:
                           ("restore: seed the checkpoint", seed),
                           ("restore: both", verify + seed)):
         print(f"{name:34}{seconds:>9.2f}{mb / seconds:>9.1f}{seconds / copy:>8.2f}x")
+
+
+def measure_migrate(label: str, location: StoreLocation, keys: int) -> None:
+    """``migrate-snapshot`` of ``keys`` keys against their export and a copy of its bytes."""
+    planned = the_plan()
+    store = location.store()
+    checkpoint = Checkpoint(store, store.path("jobs", "bench", "checkpoint"))
+    build(checkpoint, 0, planned, keys)
+    snapshots = SnapshotStore(location.fresh().snapshot_backend())
+    export = timed(lambda: export_cut(checkpoint, planned, snapshots))
+    snapshot = snapshots.get("bench")
+    backend = snapshots.backend
+
+    def plain_copy() -> None:
+        for entry in snapshot.manifest.all_files():
+            path = snapshot.path(entry.path)
+            backend.write_bytes(f"copy/{entry.path}", backend.read_bytes(path))
+
+    copy = timed(plain_copy)
+    identity = timed(lambda: migrate_snapshot(
+        snapshots, "bench", "identity", transforms={STAGE: lambda key, value: (key, value)}))
+    renamed = timed(lambda: migrate_snapshot(snapshots, "bench", "renamed",
+                                             renames={STAGE: "renamed"}))
+    for name, stage in (("identity", STAGE), ("renamed", "renamed")):
+        migrated = snapshots.get(name).manifest.stage(stage)
+        if migrated is None or migrated.key_count != keys:
+            raise SystemExit(f"migrate-snapshot ({name}) does not hold the {keys:,} keys")
+    if snapshots.get("identity").read_state(STAGE) != snapshot.read_state(STAGE):
+        raise SystemExit("the identity migration changed the state")
+    mb = snapshot.payload_size / 1e6
+    print(f"\n{label}: migrate-snapshot of {keys:,} keys ({mb:,.1f} MB)")
+    print(f"{'':36}{'seconds':>9}{'MB/s':>9}{'vs export':>10}{'vs copy':>9}")
+    for name, seconds in (("fsspec copy of the bytes (limit)", copy),
+                          ("export of the same state", export),
+                          ("migrate-snapshot: identity fn", identity),
+                          ("migrate-snapshot: rename only", renamed)):
+        print(f"{name:36}{seconds:>9.2f}{mb / seconds:>9.1f}{seconds / export:>9.2f}x"
+              f"{seconds / copy:>8.2f}x")
 
 
 def commits_of(job: Any, stop: threading.Event, seen: list[tuple[float, int]]) -> None:
@@ -316,12 +367,19 @@ def main() -> None:
         for megabytes in sizes:
             measure("local folder", StoreLocation(str(Path(workdir) / f"local-{megabytes}")),
                     megabytes)
-        if args.s3:
+        migrating = "migrate" in args.parts
+        if migrating:
+            measure_migrate("local folder", StoreLocation(str(Path(workdir) / "migrate")),
+                            args.migrate_keys)
+        if args.s3 and (sizes or migrating):
             from sparkjet.testing import moto_s3_server
 
             with moto_s3_server(Path(workdir)) as location:
                 for megabytes in sizes:
                     measure("S3 (moto on 127.0.0.1)", location.fresh(), megabytes)
+                if migrating:
+                    measure_migrate("S3 (moto on 127.0.0.1)", location.fresh(),
+                                    args.migrate_keys)
     client = connect(args.master) if {"live", "throughput"} & set(args.parts.split(",")) else None
     if "live" in args.parts:
         running_export(client, args.live_mb)

@@ -33,9 +33,11 @@ RUNS = {
         ["fsspec", "thread-safe", "create-only"],
     ),
     "snapshot": (
-        ["--sizes-mb", "1", "--s3", "--live-mb", "1", "-n", "20000", "--repeat", "1"],
+        ["--sizes-mb", "1", "--s3", "--live-mb", "1", "-n", "20000", "--repeat", "1",
+         "--migrate-keys", "20000"],
         ["fsspec copy", "export:", "restore: both", "longest gap during the export",
-         "a snapshot every 1,000 ms"],
+         "a snapshot every 1,000 ms", "migrate-snapshot: identity fn",
+         "migrate-snapshot: rename only"],
     ),
     "windows": (
         ["-n", "3000", "--auctions", "20", "--rate", "1000", "--latency-seconds", "3",

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from sparkjet import Client
-from sparkjet.cli import apply, commands, results, snapshots
+from sparkjet.cli import apply, commands, migrate, results, snapshots
 from sparkjet.job import ProcessingGuarantee
 
 #: How long ``cancel``, ``suspend``, ``resume`` and ``restart`` wait for the job's new
@@ -299,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
         "and snapshot backends it registers and the processing guarantees each supports.",
     )
     plugins.set_defaults(handler=commands.plugins)
+    migrate.add_command(subcommands)
     return parser
 
 

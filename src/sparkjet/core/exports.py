@@ -282,14 +282,13 @@ def check_upgrade(
             notes.insert(0, "; ".join(changes))
         if name in generated and not unchanged:
             row = replace(row, refusal=_generated(name, "state"))
-        elif changes:
-            if not options.allow_changed_state:
-                row = replace(row, refusal=(
-                    f"stage {name!r}: its state was built with another "
-                    + " and another ".join(c.split(" ", 1)[0] for c in changes)
-                    + f" ({'; '.join(changes)}); restoring it would mix the two "
-                    "(accept with allow_changed_state / --allow-changed-state, or rename the "
-                    "stage to start it empty)"))
+        elif changes and not options.allow_changed_state:
+            row = replace(row, refusal=(
+                f"stage {name!r}: its state was built with another "
+                + " and another ".join(c.split(" ", 1)[0] for c in changes)
+                + f" ({'; '.join(changes)}); restoring it would mix the two "
+                "(accept with allow_changed_state / --allow-changed-state, or rename the "
+                "stage to start it empty)"))
         rows.append(replace(row, note="; ".join(n for n in notes if n)))
     for name in sources:
         old_name = snapshot_name(name)

@@ -6,7 +6,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -39,6 +39,7 @@ from sparkjet.core.model import JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.core.planner import plan
 from sparkjet.core.snapshots import Manifest, Snapshot
 from sparkjet.core.snapshots.format import pipeline_fingerprint, stateful_stages
+from sparkjet.core.snapshots.migrate import StateTransform, migrate_snapshot
 
 log = logging.getLogger("sparkjet.jobs")
 
@@ -391,6 +392,40 @@ class JetService:
         jobs.sort(key=lambda j: j.submission_time, reverse=True)
         return jobs
 
+    def migrate_snapshot(
+        self,
+        src: str,
+        dst: str,
+        *,
+        renames: Mapping[str, str] | None = None,
+        drop: Iterable[str] = (),
+        transforms: Mapping[str, StateTransform] | None = None,
+        overwrite: bool = False,
+    ) -> Snapshot:
+        """Write a new snapshot ``dst`` from the exported snapshot ``src`` (left as it is).
+
+        Names are those ``src`` uses. ``renames`` maps ``{old: new}`` stateful
+        stages (their state) and sources (their offsets); ``drop`` leaves
+        stages and sources out; ``transforms`` maps a stateful stage to
+        ``fn(key, value)``, called for every key with the value
+        :meth:`Snapshot.read_state` shows, returning the key's new ``(key,
+        value)`` or None to delete it (keys moved to other key groups are
+        placed where the runtime looks for them). Windowed stages can be
+        renamed or dropped, not transformed. The new manifest records the
+        migration in ``derived_from``; it is checksummed, read back before it
+        is published and signed like any export, and nothing is published
+        when anything fails.
+
+        :raises SnapshotError: ``src`` missing or untrusted, ``dst`` existing
+            without ``overwrite``, ``src`` equal to ``dst``, an unknown or
+            clashing name, a transform that raised, collided two keys or
+            returned values of two types (each names the stage and key).
+        """
+        manifest, _ = migrate_snapshot(
+            self.services.snapshots(), src, dst, renames=renames, drop=drop,
+            transforms=transforms, overwrite=overwrite,
+        )
+        return self.snapshot_of(manifest)
 
 def _warn_unnamed_state(validated: Any, config: JobConfig) -> None:
     """A streaming job whose stateful stages have generated names: say that upgrades need names."""

@@ -26,6 +26,14 @@ FORMAT_VERSION = 1
 READABLE_VERSIONS = frozenset({1})
 #: The only signature algorithm.
 SIGNATURE_ALGORITHM = "HMAC-SHA256"
+#: The fields of a migrated snapshot's ``derived_from`` and their JSON types: the
+#: snapshot and attempt it was made from, the batch of that cut, ``{old: new}``
+#: stage and source names, and the stages (as the source snapshot names them)
+#: dropped and transformed.
+DERIVED_FROM_KEYS: dict[str, type] = {
+    "snapshot": str, "attempt": str, "batch_id": int, "renamed": dict, "dropped": list,
+    "transformed": list,
+}
 
 
 
@@ -74,6 +82,9 @@ class ManifestFields:
     creation_time: int | None = None
     #: Source stage name -> what it reads (``{"plugin", "reads", "partitions"}``).
     source_identities: Mapping[str, Any] = field(default_factory=dict)
+    #: Where a migrated snapshot came from and what was done (see :data:`DERIVED_FROM_KEYS`);
+    #: None for an ordinary export.
+    derived_from: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -142,6 +153,11 @@ class Manifest:
     #: Source stage name -> what it reads (``{"plugin", "reads", "partitions"}``);
     #: empty in snapshots written before sparkjet recorded it.
     source_identities: Mapping[str, Any] = field(default_factory=dict)
+    #: A migrated snapshot's provenance (``sparkjet migrate-snapshot``): the snapshot
+    #: and attempt it was made from, its batch, and the stages renamed, dropped and
+    #: transformed (see :data:`DERIVED_FROM_KEYS`). None (and absent from the JSON)
+    #: for an ordinary export.
+    derived_from: Mapping[str, Any] | None = None
 
     @property
     def payload_size(self) -> int:
@@ -162,7 +178,7 @@ class Manifest:
 
     def body(self) -> dict[str, Any]:
         """The manifest as JSON, without its checksum and signature (what both cover)."""
-        return {
+        body: dict[str, Any] = {
             "format": FORMAT,
             "format_version": self.format_version,
             "name": self.name,
@@ -180,6 +196,9 @@ class Manifest:
             "files": [f.to_json() for f in self.files],
             "payload_size": self.payload_size,
         }
+        if self.derived_from is not None:  # absent from ordinary exports' manifests
+            body["derived_from"] = dict(self.derived_from)
+        return body
 
     def fields(self) -> ManifestFields:
         """What an export would hand over to write this snapshot again (copies)."""
@@ -199,6 +218,7 @@ class Manifest:
             files=[f.path for f in self.files],
             creation_time=self.creation_time,
             source_identities=self.source_identities,
+            derived_from=self.derived_from,
         )
 
 
@@ -336,6 +356,21 @@ def _file_from(data: Any, where: str) -> FileEntry:
     return FileEntry(path, sha, size)
 
 
+def _derived_from(data: Any) -> dict[str, Any] | None:
+    """A manifest's ``derived_from``, checked field by field (None: an ordinary export)."""
+    if data is None:
+        return None
+    _typed(data, dict, "derived_from")
+    for key, kind in DERIVED_FROM_KEYS.items():
+        _typed(data[key], kind, f"derived_from.{key}")
+    for old, new in data["renamed"].items():
+        _typed(new, str, f"derived_from.renamed[{old!r}]")
+    for key in ("dropped", "transformed"):
+        for i, stage in enumerate(data[key]):
+            _typed(stage, str, f"derived_from.{key}[{i}]")
+    return dict(data)
+
+
 def _from_body(body: Mapping[str, Any], signed: bool) -> Manifest:
     stages = []
     for i, data in enumerate(_typed(body["stages"], list, "stages")):
@@ -379,6 +414,7 @@ def _from_body(body: Mapping[str, Any], signed: bool) -> Manifest:
         ),
         signed=signed,
         source_identities=_typed(body.get("source_identities", {}), dict, "source_identities"),
+        derived_from=_derived_from(body.get("derived_from")),
     )
     paths = [f.path for f in manifest.all_files()]
     if len(paths) != len(set(paths)):
@@ -412,6 +448,8 @@ def plan_files(name: str, fields: ManifestFields) -> dict[str, str | None]:
             not isinstance(value, int) or isinstance(value, bool)
         ):
             raise SnapshotError(f"{where}: {attr} must be an int", name)
+    if fields.derived_from is not None and not isinstance(fields.derived_from, Mapping):
+        raise SnapshotError(f"{where}: derived_from must be a mapping or None", name)
     if not isinstance(fields.sources, Mapping) or not all(
         isinstance(k, str) for k in fields.sources
     ):

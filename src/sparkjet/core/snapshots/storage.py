@@ -253,6 +253,8 @@ class SnapshotStore:
                     source: json_value(identity, f"the identity of source {source!r}", name)
                     for source, identity in fields.source_identities.items()
                 },
+                derived_from=None if fields.derived_from is None else json_value(
+                    dict(fields.derived_from), "derived_from", name),
             )
             payload = encode_manifest(manifest, self._key)
             with self.backend_errors("create", f"{base}/{MANIFEST}"):
