@@ -101,8 +101,7 @@ def status(args: argparse.Namespace, client: Client) -> int:
 
 def find_job(client: Client, ref: str) -> Job:
     """The job with id ``ref``, else the one named ``ref``; CliError (exit 1) if none."""
-    jet = client.get_jet()
-    job = jet.get_job(ref) or jet.get_job_by_name(ref)
+    job = client.get_jet().get_job(ref)
     if job is None:
         raise CliError(f"no job with id or name '{ref}'", EXIT_FAILED)
     return job
