@@ -9,6 +9,7 @@ and the upgrade options (``--allow-dropped-state``, ``--allow-changed-state``,
 
 from __future__ import annotations
 
+import fcntl
 import json
 import shlex
 import subprocess
@@ -23,7 +24,7 @@ from sparkjet.cli import main
 from sparkjet.job import Job, JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.pipeline import Pipeline, StreamSource
 from tests.conftest import wait_until
-from tests.test_cli import no_spark, wait_for_job, write_config, write_file
+from tests.test_cli import job_rows, no_spark, wait_for_job, write_config, write_file
 from tests.test_cli_edges import cli, one_error_line
 from tests.test_cli_results import run
 from tests.test_cli_snapshots import exported, stop, write_snapshot
@@ -171,6 +172,43 @@ def test_arguments_after_double_dash_and_plain_arguments_reach_the_pipeline(
     assert written_args() == expected
     job = client.get_jet().get_job("b")
     assert job is not None and job.config.arguments == expected
+
+
+# --- 2. a reader that stops reading ------------------------------------------------------
+
+
+@pytest.mark.usefixtures("config_file")
+def test_list_jobs_into_a_pipe_closed_early_ends_quietly(
+    client: sparkjet.Client, store_url: str,
+) -> None:
+    """``sparkjet list-jobs -a | head -1``, with more jobs than the pipe holds."""
+    pipeline = Pipeline.create()
+    pipeline.read_from(Pipeline.from_list("in", [1])).write_to(Pipeline.to_list("out"))
+    seed = client.get_jet().submit(pipeline, JobConfig(name="seed"))
+    seed.join(timeout=120)
+    # Copies of the real job's record under new ids: 400 rows, more than the 4 KiB pipe below.
+    record = json.loads((Path(store_url) / "jobs" / seed.id / "job.json").read_text())
+    for n in range(400):
+        job_id = f"{n:04x}-0000-0000-0000"
+        folder = Path(store_url) / "jobs" / job_id
+        folder.mkdir(parents=True)
+        copy = {**record, "id": job_id, "name": f"copy-{n}",
+                "submission_time": record["submission_time"] - n - 1}
+        (folder / "job.json").write_text(json.dumps(copy), encoding="utf-8")
+
+    proc = cli("list-jobs", "-a", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    fcntl.fcntl(proc.stdout.fileno(), 1031, 4096)  # F_SETPIPE_SZ: one page
+    assert proc.stdout.readline().split() == [b"ID", b"STATUS", b"SUBMISSION", b"TIME", b"NAME"]
+    proc.stdout.close()  # | head -1, while the command still has rows to write
+    err = proc.stderr.read().decode()
+    assert (proc.wait(timeout=60), err) == (141, "")
+
+    # Read to the end, the same command lists every job.
+    done = cli("list-jobs", "-a", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err_bytes = done.communicate(timeout=60)
+    assert (done.returncode, err_bytes) == (0, b"")
+    assert len(job_rows(out.decode())) == 401
 
 
 # --- 3. jet.get_job(name_or_id) ----------------------------------------------------------
