@@ -177,6 +177,7 @@ def test_arguments_after_double_dash_and_plain_arguments_reach_the_pipeline(
 # --- 2. a reader that stops reading ------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("config_file")
 def test_list_jobs_into_a_pipe_closed_early_ends_quietly(
     client: sparkjet.Client, store_url: str,
