@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
@@ -46,7 +47,7 @@ class _Parser(argparse.ArgumentParser):
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: Any = None
     ) -> tuple[argparse.Namespace, list[str]]:
-        self.given = list(args) if args is not None else []
+        self.given = list(args) if args is not None else sys.argv[1:]
         return super().parse_known_args(args, namespace)
 
 
@@ -128,6 +129,7 @@ def _source_start(text: str) -> tuple[str, str]:
 
 #: Where a source the snapshot has no offsets for starts (``--source-start STAGE=WHERE``).
 SOURCE_STARTS = ("initial", "latest")
+
 
 def _upgrade(namespace: argparse.Namespace) -> JobConfig:
     """The JobConfig that collects the upgrade options given (``namespace.upgrade``)."""
