@@ -22,13 +22,20 @@ from sparkjet.job import Job, JobConfig, JobStatus
 
 def submit(args: argparse.Namespace, client: Client) -> int:
     """``submit``: load the pipeline file, submit it and keep the job in the foreground."""
+    upgrade: JobConfig | None = args.upgrade
+    if upgrade is not None and args.snapshot is None:
+        given = ", ".join(upgrade_options(upgrade))
+        raise CliError(
+            f"submit: {given} only apply when the job starts from a snapshot: add -s SNAPSHOT "
+            "(or leave them out)"
+        )
     job_args = list(args.args)
     if job_args[:1] == ["--"]:
         job_args = job_args[1:]
     pipeline = load_pipeline(args.file, job_args)
     config = job_config(args.name, job_args, args.guarantee, args.snapshot_interval,
                         args.suspend_on_failure, args.snapshot, error_policy=args.on_error,
-                        dead_letter_stream=args.dead_letter_stream)
+                        dead_letter_stream=args.dead_letter_stream, upgrade=upgrade)
     job = client.get_jet().submit(pipeline, config)
     out(f"Submitted job {job.id}, name: {job.name or 'N/A'}")
     restore = job.get_metrics().get("snapshotRestore") if args.snapshot is not None else None
@@ -51,10 +58,13 @@ def job_config(
     *,
     error_policy: str | None = None,
     dead_letter_stream: str | None = None,
+    upgrade: JobConfig | None = None,
 ) -> JobConfig:
     """The JobConfig of a job started from the command line (``submit``, ``apply``).
 
-    Options left unset (None) keep JobConfig's defaults.
+    Options left unset (None) keep JobConfig's defaults. ``upgrade``: a
+    JobConfig whose upgrade fields (``allow_dropped_state``,
+    ``allow_changed_state``, ``stage_renames``, ``source_starts``) are copied.
     """
     config = JobConfig(name=name, arguments=arguments)
     if guarantee is not None:
@@ -69,7 +79,28 @@ def job_config(
         config.error_policy = error_policy
     if dead_letter_stream is not None:
         config.dead_letter_stream = dead_letter_stream
+    if upgrade is not None:
+        for field in UPGRADE_FIELDS:
+            setattr(config, field, getattr(upgrade, field))
     return config
+
+
+#: The upgrade fields of JobConfig and the option that sets each (``submit``, ``check-upgrade``).
+UPGRADE_FIELDS = {
+    "allow_dropped_state": "--allow-dropped-state",
+    "allow_changed_state": "--allow-changed-state",
+    "stage_renames": "--rename",
+    "source_starts": "--source-start",
+}
+
+
+def upgrade_options(upgrade: JobConfig) -> list[str]:
+    """The options that set ``upgrade``'s upgrade fields away from their defaults."""
+    default = JobConfig()
+    return [
+        option for field, option in UPGRADE_FIELDS.items()
+        if getattr(upgrade, field) != getattr(default, field)
+    ]
 
 
 def list_jobs(args: argparse.Namespace, client: Client) -> int:
@@ -101,8 +132,7 @@ def status(args: argparse.Namespace, client: Client) -> int:
 
 def find_job(client: Client, ref: str) -> Job:
     """The job with id ``ref``, else the one named ``ref``; CliError (exit 1) if none."""
-    jet = client.get_jet()
-    job = jet.get_job(ref) or jet.get_job_by_name(ref)
+    job = client.get_jet().get_job(ref)
     if job is None:
         raise CliError(f"no job with id or name '{ref}'", EXIT_FAILED)
     return job

@@ -224,7 +224,7 @@ def check_upgrade(args: argparse.Namespace, client: Client) -> int:
     pipeline = load_pipeline(args.file, job_args)
     jet = client.get_jet()
     snapshot = jet.get_snapshot(args.snapshot)
-    rows: list[UpgradeRow] = jet.check_upgrade(pipeline, args.snapshot)  # verifies every file
+    rows: list[UpgradeRow] = jet.check_upgrade(pipeline, args.snapshot, config=args.upgrade)
     out(
         f"Snapshot '{snapshot.name}' of job {_job_label(snapshot)}, batch "
         f"{snapshot.manifest.batch_id}, with {args.file}:"

@@ -317,13 +317,20 @@ class JetService:
             self.records.release_name(name, holder_id)
         raise JobAlreadyExistsError(f"could not take the job name '{name}': another submit races")
 
-    def get_job(self, job_id: str) -> Job | None:
-        """The job with this id, or None."""
-        runner = self.runners.get(job_id)
+    def get_job(self, name_or_id: str) -> Job | None:
+        """The job with this id, else the job with this name (Jet's ``getJob``), else None.
+
+        An id wins over a name. By name: the active job of that name, else the
+        one of that name submitted last (Jet: "the active or last submitted
+        job with the given name"), as :meth:`get_job_by_name`.
+        """
+        runner = self.runners.get(name_or_id)
         if runner is not None:
             return runner.job
-        record = read_record(self.records, job_id)
-        return Job(self, record) if record is not None else None
+        record = read_record(self.records, name_or_id)
+        if record is not None:
+            return Job(self, record)
+        return self.get_job_by_name(name_or_id)
 
     def get_job_by_name(self, name: str) -> Job | None:
         """The active job with this name, else the newest job with it, else None."""
