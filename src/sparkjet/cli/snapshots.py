@@ -251,10 +251,12 @@ def check_upgrade(args: argparse.Namespace, client: Client) -> int:
         if r.status == "incompatible":
             text += ": refused (a sliding or tumbling window cannot become a session window, " \
                     "nor the other way; nor can the accumulator change)"
+        elif r.note:
+            text += f": {r.note}"
         elif r.status == "new":
             text += ": starts empty, at the sources' watermark"
         out(text)
-    noted = [r for r in rows if r.note and not r.refusal]
+    noted = [r for r in rows if r.note and not r.refusal and r not in windowed]
     if noted:
         out()
         out("Notes:")

@@ -379,13 +379,15 @@ class JetService:
         ``allow_changed_state``, ``stage_renames``, ``source_starts``); a
         submit with that config succeeds when no row has a ``refusal``. The
         pipeline is validated as submit would (the guarantee does not matter
-        here) and the snapshot verified whole. A source's partitions are
-        checked at submit, where its current offsets are read.
+        here, unless ``config`` sets it) and the snapshot verified whole. A
+        source's partitions are checked at submit, where its current offsets
+        are read.
 
         :raises SnapshotError: the snapshot is missing, corrupt or untrusted.
         :raises StateIncompatibleError: a rename names a stage neither side has.
         """
-        validated = plan(pipeline, self.services.plugins, ProcessingGuarantee.NONE)
+        guarantee = config.processing_guarantee if config else ProcessingGuarantee.NONE
+        validated = plan(pipeline, self.services.plugins, guarantee)
         found = self.services.snapshots().get(snapshot)
         found.verify()
         return check_upgrade(validated, found.manifest, UpgradeOptions.of(config))

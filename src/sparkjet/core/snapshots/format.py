@@ -112,6 +112,8 @@ def _feed_code(digest: Any, code: types.CodeType) -> None:
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             _feed_code(digest, const)
+        elif isinstance(const, frozenset):  # ``x in {"a", "b"}``: its repr's order varies
+            digest.update(repr(sorted(map(repr, const))).encode())  # with the hash seed
         else:
             digest.update(repr(const).encode())
 
