@@ -15,7 +15,7 @@ import pytest
 
 import sparkjet
 from sparkjet.cli import main
-from sparkjet.job import JobConfig, JobStatus
+from sparkjet.job import JobConfig, JobStatus, ProcessingGuarantee
 from tests.test_cli import wait_for, wait_for_job, write_config, write_file
 
 #: v1: per-key counts of a stream, in a map.
@@ -82,11 +82,14 @@ def _stop(client: sparkjet.Client, *procs: subprocess.Popen[bytes]) -> None:
 
 
 def _apply_in_background(jobs: Path, log: Path) -> subprocess.Popen[bytes]:
-    """``sparkjet apply`` in its own process: it drives the jobs it starts."""
+    """``sparkjet apply`` in its own process: it drives the jobs it starts.
+
+    Its stdout goes to ``log``, its stderr (Spark's and sparkjet's logging) beside it.
+    """
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    with log.open("wb") as fh:
+    with log.open("wb") as out, log.with_suffix(".err").open("wb") as err:
         return subprocess.Popen([sys.executable, "-m", "sparkjet.cli", "apply", str(jobs)],
-                                stdout=fh, stderr=subprocess.STDOUT, env=env)
+                                stdout=out, stderr=err, env=env)
 
 
 @pytest.mark.slow  # two apply processes, each with its Spark session: about two minutes
@@ -279,3 +282,66 @@ def test_apply_passes_the_upgrade_options_to_the_jobs_config(
     assert (config.allow_dropped_state, config.allow_changed_state, config.stage_renames,
             config.source_starts, config.initial_snapshot_name) == (
         True, True, {"old": "per-key"}, {"*": "latest"}, "snap")
+
+
+#: v2 with a logger sink too: check-upgrade accepts it, EXACTLY_ONCE refuses it at submit.
+V2_LOGGED = """
+    from sparkjet.aggregate import counting
+    from sparkjet.pipeline import Pipeline, StreamSource
+
+    pipeline = Pipeline.create()
+    counts = pipeline.read_from(StreamSource("clicks")).set_name("clicks") \\
+        .filter(lambda x: x >= 0).set_name("non-negative") \\
+        .group_by(lambda x: x % 3).aggregate(counting()).set_name("per-key")
+    counts.write_to(Pipeline.to_map("counts"))
+    counts.write_to(Pipeline.to_logger())
+"""
+
+
+@pytest.mark.slow  # a streaming job, an upgrade and another apply process: over a minute
+def test_an_upgrade_whose_submit_fails_starts_from_its_snapshot_on_the_next_apply(
+    capsys: pytest.CaptureFixture[str], client: sparkjet.Client, tmp_path: Path
+) -> None:
+    write_config(client)
+    write_file("counts.py", V1)
+    jobs = Path("jobs.toml")
+    jobs.write_text(JOB, encoding="utf-8")
+    stream = client.get_stream("clicks", partitions=1)
+    stream.publish_all(list(range(9)))
+    config = JobConfig(name="counter", processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
+                       snapshot_interval_millis=100)
+    old = client.get_jet().submit(_load("counts.py"), config)
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        wait_for(lambda: _counts(client) == {0: 3, 1: 3, 2: 3}, 120, "the first counts")
+        assert main(["apply", str(jobs)]) == 0  # recorded as the applied pipeline
+        capsys.readouterr()
+
+        write_file("counts.py", V2_LOGGED)
+        logged = client.get_jet().pipeline_fingerprint(_load("counts.py"))
+        snapshot = f"counter-upgrade-{logged[:8]}"
+        assert main(["apply", str(jobs)]) == 1
+        captured = capsys.readouterr()
+        assert f"  3. Exported snapshot '{snapshot}' again" in captured.out
+        err = [line for line in captured.err.splitlines() if line.startswith("ERROR:")]
+        assert len(err) == 1 and err[0].startswith(
+            f"ERROR: jobs.toml: [[job]] 'counter': pipeline: job 'counter' ({old.id}) is "
+            f"cancelled and its state is in snapshot '{snapshot}', but the new pipeline did "
+            "not start: "), err
+        assert old.is_terminal()
+
+        stream.publish_all([9, 10, 11])  # while no job runs: counted by the next one
+        write_file("counts.py", V2)
+        proc = _apply_in_background(jobs, tmp_path / "apply.out")
+        new = wait_for_job(client, "counter", JobStatus.RUNNING)
+        assert new.id != old.id
+        assert new.config.initial_snapshot_name == snapshot
+        wait_for(lambda: _counts(client) == {0: 4, 1: 4, 2: 4}, 120, "the counts going on")
+        lines = (tmp_path / "apply.out").read_text().splitlines()
+        assert lines[:2] == [
+            f"Job 'counter' ({old.id}) was cancelled by an upgrade that did not finish: its "
+            f"state is in snapshot '{snapshot}'",
+            f"Submitted job {new.id}, name: counter, from snapshot '{snapshot}'",
+        ]
+    finally:
+        _stop(client, *([proc] if proc is not None else []))
