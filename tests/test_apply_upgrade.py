@@ -345,3 +345,44 @@ def test_an_upgrade_whose_submit_fails_starts_from_its_snapshot_on_the_next_appl
         ]
     finally:
         _stop(client, *([proc] if proc is not None else []))
+
+
+@pytest.mark.slow  # a streaming job suspended, upgraded and resumed: about a minute
+def test_a_suspended_job_is_upgraded_and_stays_suspended(
+    capsys: pytest.CaptureFixture[str], client: sparkjet.Client
+) -> None:
+    write_config(client)
+    write_file("counts.py", V1)
+    jobs = Path("jobs.toml")
+    jobs.write_text(JOB + 'state = "suspended"\n', encoding="utf-8")
+    stream = client.get_stream("clicks", partitions=1)
+    stream.publish_all(list(range(9)))
+    config = JobConfig(name="counter", processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
+                       snapshot_interval_millis=100)
+    old = client.get_jet().submit(_load("counts.py"), config)
+    new = None
+    try:
+        wait_for(lambda: _counts(client) == {0: 3, 1: 3, 2: 3}, 120, "the first counts")
+        assert main(["apply", str(jobs)]) == 0  # recorded, and suspended as declared
+        assert old.status is JobStatus.SUSPENDED
+        capsys.readouterr()
+
+        # Resuming would run the old code: the declared pipeline replaces it, suspended.
+        write_file("counts.py", V2)
+        assert main(["apply", str(jobs)]) == 0
+        out = capsys.readouterr().out
+        new = client.get_jet().get_job_by_name("counter")
+        assert new is not None and new.id != old.id
+        assert old.is_terminal()
+        fingerprint = client.get_jet().pipeline_fingerprint(_load("counts.py"))
+        snapshot = f"counter-upgrade-{fingerprint[:8]}"
+        assert f"  4. Submitted job {new.id}, name: counter, from snapshot '{snapshot}'" in out
+        assert new.status is JobStatus.SUSPENDED
+        stream.publish_all([9, 10, 11])
+        new.resume()
+        wait_for(lambda: _counts(client) == {0: 4, 1: 4, 2: 4}, 120, "the counts going on")
+    finally:
+        for job in (old, new):
+            if job is not None and not job.is_terminal():
+                job.cancel()
+                wait_for(job.is_terminal, 60, "the job to stop")

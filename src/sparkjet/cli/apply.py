@@ -274,8 +274,10 @@ def _config(spec: JobSpec, snapshot: str | None = None) -> JobConfig:
 
 
 def _suspend(job: Job, client: Client) -> None:
-    if job.status is JobStatus.STARTING:
-        wait_until(job, lambda s: s is not JobStatus.STARTING, TIMEOUT)
+    # A job just submitted reads NOT_RUNNING, then STARTING: suspend refuses both.
+    waiting = (JobStatus.NOT_RUNNING, JobStatus.STARTING)
+    if job.status in waiting:
+        wait_until(job, lambda s: s not in waiting, TIMEOUT)
     job.suspend()
     out(f"Suspending job {job.label}")
     await_status(job, JobStatus.SUSPENDED, TIMEOUT, client)
