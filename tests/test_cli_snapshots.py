@@ -215,17 +215,29 @@ def test_save_list_inspect_check_and_submit_from_a_snapshot(
         stop(job)
 
     write_file("v2.py", V2)
-    assert main(["check-upgrade", "-s", "v1", "v2.py"]) == 0
+    # v2 has no 'uniq': its state would be lost, so the dry run refuses.
+    assert main(["check-upgrade", "-s", "v1", "v2.py"]) == 2
+    captured = capsys.readouterr()
+    assert "  'uniq' dropped: the snapshot holds 400 keys of state of stage 'uniq'" in (
+        captured.out)
+    assert captured.err == ("ERROR: v2.py cannot start from snapshot 'v1': 1 row refused "
+                            "('uniq'); see above (2 restored, 1 new, 1 dropped)\n")
+    # After FILE.py it is not taken for a pipeline argument: refused, naming it.
+    assert main(["check-upgrade", "-s", "v1", "v2.py", "--allow-dropped-state"]) == 2
+    assert "--allow-dropped-state" in capsys.readouterr().err
+    assert main(["check-upgrade", "--allow-dropped-state", "-s", "v1", "v2.py"]) == 0
     out = capsys.readouterr().out.splitlines()
     batch = replaced.manifest.batch_id
     assert out[0] == f"Snapshot 'v1' of job {label}, batch {batch}, with v2.py:"
     assert re.split(r"\s{2,}", out[1]) == [
-        "STAGE", "STATUS", "KEYS", "SNAPSHOT SIGNATURE", "NEW SIGNATURE"]
-    rows = {line.split()[0]: line.split()[1:3] for line in out[2:-1]}
-    assert rows == {"clicks-per-user": ["restored", "10"], "per-parity": ["new", "0"],
-                    "uniq": ["dropped", "400"]}
-    assert out[-1] == ("Compatible: 1 restored, 1 new (starts empty), 1 dropped (state "
-                       "ignored); every file of the snapshot checked.")
+        "STAGE", "KIND", "STATUS", "KEYS", "IN THE SNAPSHOT", "IN THE PIPELINE"]
+    rows = {line.split()[0]: line.split()[1:4] for line in out[2:6]}
+    assert rows == {"clicks-per-user": ["state", "restored", "10"],
+                    "per-parity": ["state", "new", "0"], "clicks": ["source", "restored", "-"],
+                    "uniq": ["state", "dropped", "400"]}
+    assert "  'uniq' dropped: its 400 keys of state are left behind (allow_dropped_state)" in out
+    assert out[-1] == ("Compatible: 2 restored, 1 new, 1 dropped; every file of the snapshot "
+                       "checked.")
     assert client.get_jet().get_job_by_name("clicks-v2") is None  # nothing submitted
 
     # Published while no job ran: the upgraded job reads it from the snapshot's offsets.
@@ -234,7 +246,7 @@ def test_save_list_inspect_check_and_submit_from_a_snapshot(
     submit = threading.Thread(
         target=lambda: result.append(main([
             "submit", "-s", "v1", "-n", "clicks-v2", "-g", "exactly_once",
-            "--snapshot-interval", "100", "v2.py",
+            "--snapshot-interval", "100", "--allow-dropped-state", "v2.py",
         ])),
         daemon=True,
     )
@@ -253,7 +265,8 @@ def test_save_list_inspect_check_and_submit_from_a_snapshot(
         assert result == [0]
         out = capsys.readouterr().out
         assert (f"Starting from snapshot 'v1' (batch {replaced.manifest.batch_id}): "
-                "clicks-per-user restored, per-parity new, uniq dropped\n") in out
+                "clicks-per-user restored, per-parity new, uniq dropped; sources: clicks "
+                "restored\n") in out
     finally:
         if job2 is not None and not job2.is_terminal():
             assert main(["cancel", "clicks-v2"]) == 0
@@ -390,11 +403,13 @@ def test_incompatible_upgrade_is_refused_with_the_stage_named(
     captured = capsys.readouterr()
     lines = captured.out.splitlines()
     row = next(line for line in lines if line.startswith("clicks-per-user"))
-    assert row.split()[1:3] == ["incompatible", "3"]
-    assert '"accumulator": "int"' in row and '"accumulator": "list"' in row
+    assert row.split()[1:5] == ["state", "incompatible", "(refused)", "3"]
+    assert "accumulator=int" in row and "accumulator=list" in row
+    assert any(line.startswith("  'clicks-per-user' incompatible: stage 'clicks-per-user' "
+                               "keeps state {") for line in lines), lines
     assert captured.err.startswith(
-        "ERROR: lists.py cannot start from snapshot 'counted': 1 stage incompatible: "
-        "'clicks-per-user' keeps state {")
+        "ERROR: lists.py cannot start from snapshot 'counted': ")
+    assert "'clicks-per-user'" in captured.err
     assert captured.err.count("\n") == 1
 
     # submit -s refuses it the same way, before any job exists.
@@ -421,7 +436,7 @@ def test_corrupt_state_file_is_named(
     for argv in (
         ["inspect-snapshot", "--verify", "v1"],
         ["check-upgrade", "-s", "v1", "v2.py"],
-        ["submit", "-s", "v1", "v2.py"],
+        ["submit", "-s", "v1", "--allow-dropped-state", "v2.py"],  # v2 has no 'uniq'
         ["copy-snapshot", "v1", "--to", str(target)],
     ):
         assert main(argv) == 1, argv

@@ -427,5 +427,6 @@ def test_check_upgrade_and_inspect_snapshot_show_windows_and_the_watermark(
     assert main(["check-upgrade", "-s", "wv1", "v3.py"]) == 2
     captured = capsys.readouterr()
     assert "  'w': tumbling(size=10) -> session(timeout=10): refused" in captured.out
-    assert captured.err.startswith("ERROR: v3.py cannot start from snapshot 'wv1': 1 stage "
-                                   "incompatible: 'w' keeps state {")
+    assert captured.err == ("ERROR: v3.py cannot start from snapshot 'wv1': 1 row refused "
+                            "('w'); see above (1 restored, 1 incompatible)\n")
+    assert "  'w' incompatible: stage 'w' keeps state {" in captured.out

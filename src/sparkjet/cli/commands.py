@@ -41,9 +41,11 @@ def submit(args: argparse.Namespace, client: Client) -> int:
     restore = job.get_metrics().get("snapshotRestore") if args.snapshot is not None else None
     if restore:
         stages = ", ".join(f"{stage} {status}" for stage, status in restore["stages"].items())
+        sources = ", ".join(f"{stage} {status}"
+                            for stage, status in restore.get("sources", {}).items())
         out(
             f"Starting from snapshot '{restore['snapshot']}' (batch {restore['batch']}): "
-            f"{stages or 'no stateful stages'}"
+            f"{stages or 'no stateful stages'}; sources: {sources or 'none'}"
         )
     return follow(job, client, progress_every=args.progress_every)
 
