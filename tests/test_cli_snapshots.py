@@ -404,7 +404,7 @@ def test_incompatible_upgrade_is_refused_with_the_stage_named(
     lines = captured.out.splitlines()
     row = next(line for line in lines if line.startswith("clicks-per-user"))
     assert row.split()[1:5] == ["state", "incompatible", "(refused)", "3"]
-    assert "accumulator=int" in row and "accumulator=list" in row
+    assert "aggregate(int)" in row and "aggregate(list)" in row
     assert any(line.startswith("  'clicks-per-user' incompatible: stage 'clicks-per-user' "
                                "keeps state {") for line in lines), lines
     assert captured.err.startswith(

@@ -4,7 +4,8 @@ Commands::
 
     sparkjet --version
     sparkjet [--config FILE] [-v] submit [-n NAME] [-g GUARANTEE] [--snapshot-interval MILLIS]
-                                        [--suspend-on-failure] FILE.py [ARGS...]
+                                        [--suspend-on-failure] [-s SNAPSHOT [UPGRADE...]]
+                                        FILE.py [--] [ARGS...]
     sparkjet [--config FILE] list-jobs [-a]
     sparkjet [--config FILE] cancel [--timeout SECONDS] JOB
     sparkjet [--config FILE] suspend [--timeout SECONDS] JOB
@@ -17,7 +18,9 @@ Commands::
     sparkjet [--config FILE] list-snapshots [-F]
     sparkjet [--config FILE] delete-snapshot NAME
     sparkjet [--config FILE] inspect-snapshot [--verify] NAME
-    sparkjet [--config FILE] check-upgrade -s SNAPSHOT FILE.py [ARGS...]
+    sparkjet [--config FILE] check-upgrade -s SNAPSHOT [UPGRADE...] FILE.py [--] [ARGS...]
+    sparkjet [--config FILE] migrate-snapshot SRC DST [--rename OLD=NEW]... [--drop STAGE]...
+                                              [--transform STAGE=MODULE:FUNCTION]... [--force]
     sparkjet [--config FILE] copy-snapshot NAME --to URL [--as NEW] [-o KEY=VALUE]...
                                            [--to-backend KIND]
     sparkjet [--config FILE] apply FILE.toml
@@ -25,6 +28,11 @@ Commands::
     sparkjet [--config FILE] get map NAME [KEY] | get list NAME [--tail N]
     sparkjet [--config FILE] metrics JOB [--json|--prometheus]
     sparkjet [--config FILE] metrics [JOB] --serve [HOST:]PORT
+
+``UPGRADE`` is ``--allow-dropped-state``, ``--allow-changed-state``, ``--rename
+OLD=NEW`` or ``--source-start STAGE=initial|latest`` (see docs/snapshots.md).
+Options go before ``FILE.py``; the pipeline's own arguments after it (after
+``--`` when they look like options).
 
 The configuration is found as ``sparkjet.connect()`` finds it (``--config``,
 ``SPARKJET_CONFIG``, ``./sparkjet.toml``, ``[tool.sparkjet]`` in

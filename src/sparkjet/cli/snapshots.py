@@ -210,9 +210,14 @@ def _what(row: UpgradeRow, value: Any) -> str:
             text += f" ({_plural(int(value['partitions']), 'partition')})"
         return text
     if isinstance(value, dict) and "op" in value:
-        shown = {k: v for k, v in value.items() if k not in ("op", "definition")}
-        parts = [str(value["op"])] + [f"{k}={v}" for k, v in sorted(shown.items())]
-        return " ".join(parts)
+        # The state's shape; what changed in its key or operation is the row's note.
+        op = str(value["op"])
+        kind = value.get("accumulator", value.get("state"))
+        if op == "window":
+            op = f"window {value.get('window')}"
+        elif op == "apply":
+            op = f"apply {value.get('transform')}"
+        return op if kind is None else f"{op}({kind})"
     return _signature(value)
 
 
