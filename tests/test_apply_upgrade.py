@@ -15,6 +15,8 @@ import pytest
 
 import sparkjet
 from sparkjet.cli import main
+from sparkjet.core.jobs.service import JetService
+from sparkjet.errors import StoreError
 from sparkjet.job import JobConfig, JobStatus, ProcessingGuarantee
 from tests.test_cli import wait_for, wait_for_job, write_config, write_file
 
@@ -317,10 +319,24 @@ def test_an_upgrade_whose_submit_fails_starts_from_its_snapshot_on_the_next_appl
         assert main(["apply", str(jobs)]) == 0  # recorded as the applied pipeline
         capsys.readouterr()
 
+        # A sink the job's guarantee refuses: refused at the check, nothing changes.
         write_file("counts.py", V2_LOGGED)
-        logged = client.get_jet().pipeline_fingerprint(_load("counts.py"))
-        snapshot = f"counter-upgrade-{logged[:8]}"
-        assert main(["apply", str(jobs)]) == 1
+        assert main(["apply", str(jobs)]) == 2
+        assert "to-logger" in capsys.readouterr().err
+        assert old.status is JobStatus.RUNNING
+
+        # The new job's submit fails once the old one is cancelled (the store went away
+        # for a moment, say): the state is in the snapshot, and the error says so.
+        write_file("counts.py", V2)
+        fingerprint = client.get_jet().pipeline_fingerprint(_load("counts.py"))
+        snapshot = f"counter-upgrade-{fingerprint[:8]}"
+
+        def unreachable(*args: object, **kwargs: object) -> None:
+            raise StoreError("store 'x': cannot write (the network is down)")
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(JetService, "submit", unreachable)
+            assert main(["apply", str(jobs)]) == 1
         captured = capsys.readouterr()
         assert f"  3. Exported snapshot '{snapshot}' again" in captured.out
         err = [line for line in captured.err.splitlines() if line.startswith("ERROR:")]
@@ -331,7 +347,6 @@ def test_an_upgrade_whose_submit_fails_starts_from_its_snapshot_on_the_next_appl
         assert old.is_terminal()
 
         stream.publish_all([9, 10, 11])  # while no job runs: counted by the next one
-        write_file("counts.py", V2)
         proc = _apply_in_background(jobs, tmp_path / "apply.out")
         new = wait_for_job(client, "counter", JobStatus.RUNNING)
         assert new.id != old.id

@@ -32,7 +32,7 @@ from sparkjet.cli.errors import EXIT_FAILED, EXIT_OK, CliError
 from sparkjet.cli.follow import await_status, follow_all, wait_until
 from sparkjet.cli.loading import load_pipeline
 from sparkjet.cli.output import error, format_count, out, state_line
-from sparkjet.errors import ConfigError, SparkjetError
+from sparkjet.errors import ConfigError, PipelineDefinitionError, SparkjetError
 from sparkjet.job import Job, JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.pipeline import Pipeline
 
@@ -367,7 +367,14 @@ def _upgrade(
     out(f"  1. Exported snapshot '{name}' (batch {exported.manifest.batch_id}); "
         f"the job goes on running")
     config = _config(spec, name)
-    rows = jet.check_upgrade(pipeline, name, config=config)
+    try:
+        rows = jet.check_upgrade(pipeline, name, config=config)
+    except PipelineDefinitionError as exc:  # the job's guarantee refuses a stage, a rename
+        raise CliError(                     # names nothing: refused before anything changes
+            f"{spec.where}: pipeline: cannot upgrade job {job.label}: {exc}. Nothing "
+            f"changed: the job goes on running the previous pipeline (snapshot '{name}' "
+            f"stays; 'sparkjet delete-snapshot {name}' removes it)"
+        ) from None
     refused = [row for row in rows if _refusal(row)]
     verdict = "refused" if refused else "accepted"
     out(f"  2. Checked {spec.pipeline} against snapshot '{name}': {verdict}")
