@@ -24,7 +24,8 @@ def tests(session: nox.Session, spark: str) -> None:
     """Run pytest against one pyspark minor version."""
     session.install(f"pyspark=={spark}.*", "-e", ".[test,docs]")
     session.run("python", "-c", "import pyspark; print('pyspark', pyspark.__version__)")
-    session.run("pytest", *session.posargs)
+    # The slowest tests are listed at the end, so a run that grew slow says where.
+    session.run("pytest", "--durations=20", *session.posargs)
 
 
 @nox.session(python=PYTHON)
