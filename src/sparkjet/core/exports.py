@@ -742,6 +742,10 @@ def _seed_offsets(
         had = offsets.partitions(source, restored)
         has = offsets.partitions(source, initial)
         gone = [p for p in had if p not in has]
+        start = options.start_of(source)
+        if gone and start is not None:
+            ends[source] = offsets.latest(source) if start == "latest" else initial
+            continue
         if gone:
             raise StateIncompatibleError(
                 f"cannot start from snapshot {manifest.name!r}: source {source!r} had "

@@ -74,11 +74,15 @@ def offsets_behind(start: Any, latest: Any) -> str | None:
     if isinstance(start, list) and isinstance(latest, list):
         pairs: list[tuple[str, Any, Any]] = [
             (str(i), s, a) for i, (s, a) in enumerate(zip(start, latest, strict=False))]
+        values = [*start, *latest]
     elif isinstance(start, dict) and isinstance(latest, dict):
         pairs = [(str(k), start[k], latest[k]) for k in start if k in latest]
+        values = [*start.values(), *latest.values()]
     else:
         return None
-    return next((p for p, s, a in pairs if number(s) and number(a) and a < s), None)
+    if not all(number(v) for v in values):
+        return None  # not one number per partition: the source's own shape
+    return next((p for p, s, a in pairs if a < s), None)
 
 
 def source_lag(read: Any, available: Any) -> int | None:
