@@ -115,3 +115,13 @@ def cancel_at_end() -> Iterator[list[Any]]:
                 job.cancel()
         with contextlib.suppress(Exception):
             job.join(timeout=60)
+
+
+def cancel_job(job: Any) -> None:
+    """Cancel ``job`` unless it ended, and wait until it has (a test's cleanup)."""
+    from sparkjet.errors import JobCancelledError
+
+    if not job.is_terminal():
+        job.cancel()
+        with pytest.raises(JobCancelledError):
+            job.join(timeout=60)

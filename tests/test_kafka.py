@@ -20,13 +20,14 @@ from pyspark import cloudpickle as pyspark_cloudpickle
 import sparkjet
 from sparkjet.contrib import kafka as kafka_plugin
 from sparkjet.contrib.kafka import KafkaError, KafkaFencedError, KafkaSink, KafkaSource
-from sparkjet.errors import JobCancelledError, JobFailedError
+from sparkjet.errors import JobFailedError
 from sparkjet.job import JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.pipeline import Pipeline
 from sparkjet.plugin import JobContext, TaskContext
 from sparkjet.testing import StoreLocation
 from tests import kafka_broker
 from tests.conftest import TEST_SPARK, wait_until
+from tests.conftest import cancel_job as stop
 from tests.kafka_broker import create_topic, free_port, produce, read_all
 
 EXACTLY_ONCE = ProcessingGuarantee.EXACTLY_ONCE
@@ -71,13 +72,6 @@ def start(client: sparkjet.Client, pipeline: Pipeline, name: str,
         name=name, processing_guarantee=guarantee, snapshot_interval_millis=100))
     wait_until(lambda: job.status is JobStatus.RUNNING or job.is_terminal(), what=f"{name} to run")
     return job
-
-
-def stop(job: Any) -> None:
-    if not job.is_terminal():
-        job.cancel()
-        with pytest.raises(JobCancelledError):
-            job.join(timeout=60)
 
 
 def settled_list(client: sparkjet.Client, name: str, size: int, job: Any) -> list[Any]:

@@ -32,6 +32,7 @@ from sparkjet.errors import (
 from sparkjet.job import JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.pipeline import Pipeline, StreamSource
 from sparkjet.testing import StoreLocation
+from tests.conftest import cancel_job as stop
 from tests.conftest import wait_until
 from tests.test_cli import write_config
 
@@ -95,13 +96,6 @@ def start(client: sparkjet.Client, pipeline: Pipeline, name: str,
     job = client.get_jet().submit(pipeline, config)
     wait_until(lambda: job.status is JobStatus.RUNNING, 120, f"{name} to run")
     return job
-
-
-def stop(job: Any) -> None:
-    if not job.is_terminal():
-        job.cancel()
-        with pytest.raises(JobCancelledError):
-            job.join(timeout=60)
 
 
 def test_a_migrated_snapshot_restores_an_upgraded_pipeline_exactly(

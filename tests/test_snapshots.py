@@ -25,6 +25,7 @@ from sparkjet.pipeline import Pipeline, StreamSource
 from sparkjet.plugin import ALL_GUARANTEES, StatefulTransform, hookimpl
 from sparkjet.plugins.snapshots import LocalSnapshotBackend
 from tests.conftest import TEST_SPARK
+from tests.conftest import cancel_job as stop
 from tests.conftest import wait_until as wait_for
 
 EXACTLY_ONCE = ProcessingGuarantee.EXACTLY_ONCE
@@ -39,13 +40,6 @@ def start(
     job = client.get_jet().submit(pipeline, config)
     wait_for(lambda: job.status is JobStatus.RUNNING, what=f"{name} to run")
     return job
-
-
-def stop(job: Any) -> None:
-    if not job.is_terminal():
-        job.cancel()
-        with pytest.raises(JobCancelledError):
-            job.join(timeout=60)
 
 
 def v1() -> Pipeline:

@@ -17,6 +17,7 @@ from sparkjet.aggregate import counting, summing
 from sparkjet.errors import JobCancelledError, JobFailedError, StateIncompatibleError
 from sparkjet.job import JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.pipeline import Pipeline, StreamSource
+from tests.conftest import cancel_job as stop
 from tests.conftest import wait_until
 
 EXACTLY_ONCE = ProcessingGuarantee.EXACTLY_ONCE
@@ -58,13 +59,6 @@ def run(client: Any, p: Pipeline, name: str, snapshot: str | None = None, **opti
     job = client.get_jet().submit(p, config)
     wait_until(lambda: job.status is JobStatus.RUNNING, what=f"{name} to run")
     return job
-
-
-def stop(job: Any) -> None:
-    if not job.is_terminal():
-        job.cancel()
-        with pytest.raises(JobCancelledError):
-            job.join(timeout=60)
 
 
 def counts(client: Any) -> dict[str, int]:
