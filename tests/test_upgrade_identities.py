@@ -133,3 +133,49 @@ def test_a_streaming_job_with_unnamed_stateful_stages_is_warned_at_submit(
         _warn_unnamed_state(planned, JobConfig(name="counts"))
     assert "job counts: stateful stage(s) 'group-aggregate' have generated names" in caplog.text
     assert "'named'" not in caplog.text
+
+
+def _manifest_of(pipeline: Pipeline, tmp_path: Any) -> Any:
+    """A snapshot's manifest as an export of ``pipeline`` writes it (its stages hold no keys)."""
+    from sparkjet.core.planner import plan
+    from sparkjet.core.plugin_manager import PluginHost
+    from sparkjet.core.snapshots import ManifestFields, SnapshotStore, StageFields
+    from sparkjet.core.snapshots.format import source_identity, state_signature, stateful_stages
+    from sparkjet.testing import StoreLocation
+
+    planned = plan(pipeline, PluginHost(), ProcessingGuarantee.NONE)
+    snapshots = SnapshotStore(StoreLocation(str(tmp_path / "snapshots")).snapshot_backend())
+    stages = [StageFields(name, node.op.value, state_signature(node), 0, 8)
+              for name, node in stateful_stages(planned).items()]
+    sources = {planned.name(n): [0] for n in planned.sources()}
+    identities = {planned.name(n): source_identity(spec.source, [0])
+                  for n, spec in planned.sources().items()}
+    return snapshots.write("v1", ManifestFields(
+        job_id="j", job_name="v1", sparkjet_version="x", spark_version="y",
+        pipeline_fingerprint="f", batch_id=0, sources=sources, stages=stages,
+        source_identities=identities), [])
+
+
+def _two_counts(filtered_first: bool) -> Pipeline:
+    """Two unnamed per-user counts: one of every item, one behind a filter."""
+    p = Pipeline.create()
+    src = p.read_from(StreamSource("s")).set_name("src")
+    branches = [src, src.filter(lambda e: e["page"] == 1).set_name("page-1")]
+    for i, branch in enumerate(branches[::-1] if filtered_first else branches):
+        branch.group_by(lambda e: e["u"]).aggregate(counting()).write_to(
+            Pipeline.to_map(f"m{i}"))
+    return p
+
+
+def test_generated_names_carry_no_state_into_a_stage_over_other_inputs(tmp_path: Any) -> None:
+    """Same key, same operation, other inputs: swapping them swaps their generated names."""
+    from sparkjet.core.exports import check_upgrade
+    from sparkjet.core.planner import plan
+    from sparkjet.core.plugin_manager import PluginHost
+
+    manifest = _manifest_of(_two_counts(filtered_first=False), tmp_path)
+    unchanged = plan(_two_counts(filtered_first=False), PluginHost(), ProcessingGuarantee.NONE)
+    assert [r.refusal for r in check_upgrade(unchanged, manifest)] == ["", "", ""]
+    swapped = plan(_two_counts(filtered_first=True), PluginHost(), ProcessingGuarantee.NONE)
+    refused = {r.stage for r in check_upgrade(swapped, manifest) if r.refusal}
+    assert refused == {"group-aggregate", "group-aggregate-2"}

@@ -53,6 +53,7 @@ from sparkjet.core.planner import Plan
 from sparkjet.core.snapshots.format import (
     EVENT_TIME_FILE,
     IDENTITY_FIELDS,
+    UPSTREAM_FIELD,
     parse_state_file,
     pipeline_fingerprint,
     source_identity,
@@ -170,8 +171,8 @@ def _shape(signature: Any) -> Any:
     """
     if isinstance(signature, dict):
         return {k: v for k, v in signature.items()
-                if k not in IDENTITY_FIELDS and not (k == "definition"
-                                                     and signature.get("op") == "window")}
+                if k not in IDENTITY_FIELDS and k != UPSTREAM_FIELD
+                and not (k == "definition" and signature.get("op") == "window")}
     return signature
 
 
@@ -378,9 +379,11 @@ def _as_snapshot(
             manifest.sources):
         return False
     for stage in manifest.stages:
-        new = signatures[stage.name]
-        if _shape(stage.state_signature) != _shape(new) or _changes(stage.state_signature, new):
+        old, new = stage.state_signature, signatures[stage.name]
+        if _shape(old) != _shape(new) or _changes(old, new):
             return False
+        if isinstance(old, dict) and old.get(UPSTREAM_FIELD) != new.get(UPSTREAM_FIELD):
+            return False  # the same stage over other inputs (put behind a filter, say)
     return all(_read_identity(manifest.source_identities.get(name, identity)) == identity
                for name, identity in identities.items())
 

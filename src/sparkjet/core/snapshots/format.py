@@ -157,11 +157,13 @@ def state_signature(node: Transform) -> dict[str, Any]:
     :func:`code_identity`, and ``operation`` (an aggregation's
     :func:`operation_identity`, a ``map_stateful``'s functions): a change
     there keeps the shape but not the meaning, and is refused unless
-    accepted. A window's ``definition`` may change (Jet's rules).
+    accepted. ``upstream`` (:func:`upstream_identity`) says where its items
+    come from. A window's ``definition`` may change (Jet's rules).
     """
     spec = keyed_spec(node)
     key = getattr(spec, "key_fn", None)
     keyed = {"key": code_identity(key)} if key is not None else {}
+    keyed["upstream"] = upstream_identity(node)
     match spec:
         case WindowSpec(operation=operation, window=definition):
             # The definition is shown and compared by the upgrade rules, not matched exactly:
@@ -191,6 +193,28 @@ def state_signature(node: Transform) -> dict[str, Any]:
 
 #: The fields of a state signature that say what the state means, not its shape.
 IDENTITY_FIELDS = ("key", "operation")
+#: The field of a state signature that says where the stage's items come from.
+UPSTREAM_FIELD = "upstream"
+
+
+def upstream_identity(node: Transform) -> str:
+    """A hash of the stages before ``node``: each one's name and kind, up to the sources.
+
+    Two stateful stages with the same key and operation over different
+    inputs (one behind a filter) differ here. The upgrade rules compare it
+    only to decide whether generated names may carry state (a stage may be
+    put behind a new filter, keeping its state, under a name of its own).
+    """
+    names = node.pipeline.stage_names()
+    seen: set[Transform] = set()
+    todo = list(node.inputs)
+    while todo:
+        upstream = todo.pop()
+        if upstream not in seen:
+            seen.add(upstream)
+            todo.extend(upstream.inputs)
+    lineage = sorted(f"{names[n]}:{n.op.value}" for n in seen)
+    return hashlib.sha256(json.dumps(lineage).encode()).hexdigest()[:12]
 
 
 def source_identity(source: Source, offsets: Any) -> dict[str, Any]:
