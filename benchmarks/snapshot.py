@@ -51,7 +51,13 @@ from _harness import connect
 
 from sparkjet.aggregate import counting
 from sparkjet.core.checkpoint import BatchPlan, Checkpoint, CommitRecord
-from sparkjet.core.exports import cut_export, export_state, release_cut, seed_checkpoint
+from sparkjet.core.exports import (
+    SourceOffsets,
+    cut_export,
+    export_state,
+    release_cut,
+    seed_checkpoint,
+)
 from sparkjet.core.keygroups import task_range
 from sparkjet.core.planner import Plan, plan
 from sparkjet.core.plugin_manager import PluginHost
@@ -167,7 +173,9 @@ def measure(label: str, location: StoreLocation, megabytes: int) -> None:
     snapshot = snapshots.get("bench")
     verify = timed(snapshot.verify)
     target = Checkpoint(store, store.path("jobs", "restored", "checkpoint"))
-    seed = timed(lambda: seed_checkpoint(target, planned, snapshot, lambda source: [0], GROUPS))
+    offsets = SourceOffsets(lambda source: [0], lambda source: [0],
+                            lambda source, at: [str(p) for p in range(len(at))])
+    seed = timed(lambda: seed_checkpoint(target, planned, snapshot, offsets, GROUPS))
     restored = target.state(GROUPS).read(STAGE, 0, GROUPS, 0)[0].values
     if len(restored) != sum(s.key_count for s in snapshot.manifest.stages):
         raise SystemExit("the restored state does not hold the exported keys")
