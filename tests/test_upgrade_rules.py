@@ -146,6 +146,8 @@ def test_a_source_started_at_latest_skips_what_is_there(client: Any, v1_snapshot
         other.publish_all(events(200, 203))
         want = per_user(events(0, 30) + events(200, 203))
         wait_until(lambda: counts(client) == want, what="only what came after the submit")
+        assert job.get_metrics()["snapshotRestore"]["sources"] == {"src-a": "changed"}
+        assert counts(client) == want  # items 100..111, there before the submit, never read
     finally:
         stop(job)
 
