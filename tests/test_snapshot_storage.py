@@ -162,8 +162,10 @@ def test_manifest_holds_every_field(backend: SnapshotBackend) -> None:
     assert set(document) == {
         "format", "format_version", "name", "attempt", "creation_time", "job_id", "job_name",
         "sparkjet_version", "spark_version", "pipeline_fingerprint", "batch_id", "sources",
-        "stages", "files", "payload_size", "manifest_sha256",
+        "source_identities", "stages", "files", "payload_size", "manifest_sha256",
     }
+    assert document["source_identities"] == {
+        "from-stream(clicks)": {"plugin": "stream", "reads": "clicks", "partitions": 2}}
     assert document["format"] == "sparkjet-snapshot"
     assert document["format_version"] == 1
     assert document["creation_time"] == 1234

@@ -509,6 +509,8 @@ def snapshot_fields(job: str = "job-1", files: int = 3, stage: str = "counts") -
         pipeline_fingerprint=f"fingerprint-{job}",
         batch_id=7,
         sources={"from-stream(clicks)": [[0, 12], [1, 30]]},
+        source_identities={
+            "from-stream(clicks)": {"plugin": "stream", "reads": "clicks", "partitions": 2}},
         stages=[
             StageFields(
                 name=stage, kind="aggregate", state_signature={"accumulator": "int"},
