@@ -12,6 +12,15 @@ the query has processed it.
 Target (the durable-state issue): at 5M keys the increment's median latency at
 most 1.5x its latency at 10k keys, and no slower than the native query at the
 same state size.
+
+Second part, what cached state costs everything else in the application: a
+windowed job (a 1-hour tumbling window counting per key, EXACTLY_ONCE) holds
+N keys in the Python workers; meanwhile a trivial two-stage RDD job
+(``parallelize(range(100), 2).map(...).reduceByKey(add).collect()``) is timed
+in the same session, as a ratio to its time with nothing cached, and the
+workers' memory (PSS, from ``/proc``) is read before the job, while it holds
+the keys, and after it is cancelled. Target (the worker-state issue): at most
+1.2x at 1M keys, and memory back near where it was after the cancel.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from operator import add
 from typing import Any
 
 from _harness import connect
@@ -31,7 +41,7 @@ from _harness import connect
 from sparkjet.aggregate import counting
 from sparkjet.errors import JobCancelledError
 from sparkjet.job import JobConfig, JobStatus, ProcessingGuarantee
-from sparkjet.pipeline import Pipeline, StreamSource
+from sparkjet.pipeline import Pipeline, StreamSource, WindowDefinition
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 TIMEOUT = 900.0
@@ -48,6 +58,13 @@ def parse_args() -> argparse.Namespace:
                         help="snapshot interval, and the native query's trigger")
     parser.add_argument("--master", default="local[2]", help="Spark master")
     parser.add_argument("--skip-native", action="store_true", help="sparkjet only")
+    parser.add_argument("--cached-sizes", default="10000,1000000,5000000",
+                        help="comma-separated keys of windowed state held beside the trivial "
+                             "job (empty: skip that part)")
+    parser.add_argument("--cache-bytes", type=int, default=16 << 30,
+                        help="JobConfig.state_cache_bytes of the windowed job (per worker)")
+    parser.add_argument("--skip-increments", action="store_true",
+                        help="only the cached-state part")
     return parser.parse_args()
 
 
@@ -158,10 +175,116 @@ def native_run(client: Any, size: int, args: argparse.Namespace) -> list[float]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def workers_memory() -> int:
+    """Bytes of memory PySpark's Python workers under this process take (PSS, else RSS)."""
+    children: dict[int, list[int]] = {}
+    commands: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                parent = int(fh.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                commands[int(entry)] = fh.read().decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    total, todo = 0, list(children.get(os.getpid(), []))
+    while todo:
+        pid = todo.pop()
+        todo.extend(children.get(pid, []))
+        if "pyspark.daemon" not in commands.get(pid, ""):
+            continue
+        for name, field in (("smaps_rollup", "Pss:"), ("status", "VmRSS:")):
+            try:
+                with open(f"/proc/{pid}/{name}") as fh:
+                    found = [line for line in fh if line.startswith(field)]
+            except OSError:
+                continue
+            if found:
+                total += int(found[0].split()[1]) * 1024
+                break
+    return total
+
+
+def trivial_job(client: Any, runs: int = 5) -> float:
+    """Median seconds of a trivial two-stage RDD job in the session."""
+    sc = client.spark.sparkContext
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        sc.parallelize(range(100), 2).map(lambda x: (x % 10, 1)).reduceByKey(add).collect()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def cached_run(client: Any, size: int, args: argparse.Namespace) -> dict[str, float]:
+    """The trivial job's time and the workers' memory before, while and after N keys are held."""
+    tag = f"held-{size}"
+    stream = client.get_stream(tag, partitions=2)
+    p = Pipeline.create()
+    (p.read_from(StreamSource(tag)).with_timestamps(lambda e: 1, 0)
+     .window(WindowDefinition.tumbling(3_600_000)).group_by(lambda e: e)
+     .aggregate(counting()).set_name("per-key").write_to(Pipeline.to_list(f"{tag}-out")))
+    row = {"before": trivial_job(client), "mem before": workers_memory()}
+    job = client.get_jet().submit(p, JobConfig(
+        name=tag, processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
+        snapshot_interval_millis=args.interval_ms, state_cache_bytes=args.cache_bytes,
+    ))
+    try:
+        started = time.monotonic()
+        for lo in range(0, size, BUILD_CHUNK):
+            stream.publish_all([f"user-{i}" for i in range(lo, min(size, lo + BUILD_CHUNK))])
+        wait(lambda: job.get_metrics()["stages"].get("per-key", {}).get("snapshotKeys") == size,
+             "the windowed state to be built", poll=0.1)
+        print(f"  held:     {size:,} keys of windows built in {time.monotonic() - started:.1f} s")
+        row["during"] = trivial_job(client)
+        row["mem during"] = workers_memory()
+    finally:
+        if not job.is_terminal():
+            job.cancel()
+            with contextlib.suppress(JobCancelledError):
+                job.join(120)
+    from sparkjet.core.state_cache import SWEEP_SECONDS
+
+    time.sleep(2 * SWEEP_SECONDS + 1)  # the workers' sweepers see the job cancelled
+    row["after"] = trivial_job(client)
+    row["mem after"] = workers_memory()
+    return row
+
+
+def cached_part(client: Any, args: argparse.Namespace) -> None:
+    sizes = [int(s) for s in args.cached_sizes.split(",") if s]
+    if not sizes:
+        return
+    print(f"\ncached state beside a trivial job: 1-hour tumbling window per key, "
+          f"state_cache_bytes {args.cache_bytes:,}")
+    trivial_job(client)  # the workers started
+    rows = {size: cached_run(client, size, args) for size in sizes}
+    mib = 1 << 20
+    print(f"\n{'keys held':>10}{'trivial job':>13}{'while held':>12}{'ratio':>8}"
+          f"{'after cancel':>14}{'ratio':>8}{'workers MiB before/held/after':>32}")
+    for size, row in rows.items():
+        print(f"{size:>10,}{row['before'] * 1000:>10.0f} ms{row['during'] * 1000:>9.0f} ms"
+              f"{row['during'] / row['before']:>7.2f}x{row['after'] * 1000:>11.0f} ms"
+              f"{row['after'] / row['before']:>7.2f}x"
+              f"{row['mem before'] / mib:>14.0f} / {row['mem during'] / mib:.0f} / "
+              f"{row['mem after'] / mib:.0f}")
+    largest = max(size for size in rows if size <= 1_000_000) if min(rows) <= 1_000_000 else None
+    if largest is not None:
+        row = rows[largest]
+        print(f"\ntarget: trivial job while {largest:,} keys are held <= 1.20x: "
+              f"{row['during'] / row['before']:.2f}x")
+
+
 def main() -> None:
     args = parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     client = connect(args.master)
+    if args.skip_increments:
+        cached_part(client, args)
+        return
     print(f"increments of {args.increment:,} events on random existing keys, "
           f"{args.probes} per size, interval {args.interval_ms} ms, {args.master}")
     results: dict[int, dict[str, float]] = {}
@@ -189,6 +312,7 @@ def main() -> None:
     print(f"\ntargets: largest/smallest <= 1.50x: {largest['sparkjet'] / base:.2f}x; "
           + (f"sparkjet/native at {sizes[-1]:,} keys <= 1.00x: "
              f"{largest['sparkjet'] / largest['native']:.2f}x" if "native" in largest else ""))
+    cached_part(client, args)
 
 
 if __name__ == "__main__":

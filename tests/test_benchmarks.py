@@ -61,8 +61,9 @@ RUNS = {
          "spark.read.parquet", "plain python"],
     ),
     "state_scaling": (
-        ["--sizes", "100,2000", "--probes", "2", "--increment", "20"],
-        ["sparkjet", "native", "vs smallest", "targets:"],
+        ["--sizes", "100,2000", "--probes", "2", "--increment", "20",
+         "--cached-sizes", "100,2000"],
+        ["sparkjet", "native", "vs smallest", "targets:", "while held", "target: trivial"],
     ),
 }
 

@@ -27,7 +27,7 @@ import fsspec
 
 from sparkjet import Client
 from sparkjet.cli import output
-from sparkjet.cli.commands import job_config, resume_job
+from sparkjet.cli.commands import job_config, parse_size, resume_job
 from sparkjet.cli.errors import EXIT_FAILED, EXIT_OK, CliError
 from sparkjet.cli.follow import await_status, follow_all, wait_until
 from sparkjet.cli.loading import load_pipeline
@@ -52,7 +52,7 @@ _JOB_KEYS = (
     "name", "pipeline", "state", "initial_snapshot", "credentials", "arguments",
     "processing_guarantee", "snapshot_interval_millis", "suspend_on_failure",
     "error_policy", "dead_letter_stream", "allow_dropped_state", "allow_changed_state",
-    "renames", "source_starts",
+    "renames", "source_starts", "state_cache_bytes",
 )
 _SNAPSHOT_KEYS = ("name", "job", "cancel_job")
 
@@ -78,6 +78,8 @@ class JobSpec:
     allow_changed_state: bool = False
     renames: dict[str, str] = field(default_factory=dict)
     source_starts: dict[str, str] = field(default_factory=dict)
+    #: ``JobConfig.state_cache_bytes`` (None: its default).
+    state_cache_bytes: int | None = None
 
 
 @dataclass
@@ -105,6 +107,22 @@ def _get(table: dict[str, Any], where: str, key: str, kind: type, required: bool
     if isinstance(value, str) and not value.strip():
         raise CliError(f"{where}: {key}: must not be empty")
     return value
+
+
+def _size_of(table: dict[str, Any], where: str, key: str) -> int | None:
+    """A size: an int of bytes or a string with a unit (``"512MiB"``); None if absent."""
+    value = table.get(key)
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str):
+        try:
+            return parse_size(value)
+        except ValueError as exc:
+            raise CliError(f"{where}: {key}: {exc}") from None
+    raise CliError(f"{where}: {key}: expected bytes (an int, 0 or more) or a size string such "
+                   f"as \"512MiB\", got {value!r}")
 
 
 def _check_keys(table: Any, where: str, known: tuple[str, ...]) -> dict[str, Any]:
@@ -166,6 +184,7 @@ def parse(path: Path) -> tuple[list[JobSpec], list[SnapshotSpec]]:
                            f"got {policy!r}")
         spec.error_policy = policy
         spec.dead_letter_stream = _get(table, where, "dead_letter_stream", str)
+        spec.state_cache_bytes = _size_of(table, where, "state_cache_bytes")
         _parse_upgrade_options(spec, table, where)
         if not _is_url(spec.pipeline):
             file = path.parent / spec.pipeline
@@ -265,7 +284,8 @@ def _config(spec: JobSpec, snapshot: str | None = None) -> JobConfig:
     config = job_config(spec.name, list(spec.arguments), spec.processing_guarantee,
                         spec.snapshot_interval_millis, spec.suspend_on_failure,
                         snapshot or spec.initial_snapshot, error_policy=spec.error_policy,
-                        dead_letter_stream=spec.dead_letter_stream)
+                        dead_letter_stream=spec.dead_letter_stream,
+                        state_cache_bytes=spec.state_cache_bytes)
     config.allow_dropped_state = spec.allow_dropped_state
     config.allow_changed_state = spec.allow_changed_state
     config.stage_renames = dict(spec.renames)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import sys
 from typing import Any
 
@@ -35,7 +36,8 @@ def submit(args: argparse.Namespace, client: Client) -> int:
     pipeline = load_pipeline(args.file, job_args)
     config = job_config(args.name, job_args, args.guarantee, args.snapshot_interval,
                         args.suspend_on_failure, args.snapshot, error_policy=args.on_error,
-                        dead_letter_stream=args.dead_letter_stream, upgrade=upgrade)
+                        dead_letter_stream=args.dead_letter_stream, upgrade=upgrade,
+                        state_cache_bytes=args.state_cache)
     job = client.get_jet().submit(pipeline, config)
     out(f"Submitted job {job.id}, name: {job.name or 'N/A'}")
     restore = job.get_metrics().get("snapshotRestore") if args.snapshot is not None else None
@@ -61,6 +63,7 @@ def job_config(
     error_policy: str | None = None,
     dead_letter_stream: str | None = None,
     upgrade: JobConfig | None = None,
+    state_cache_bytes: int | None = None,
 ) -> JobConfig:
     """The JobConfig of a job started from the command line (``submit``, ``apply``).
 
@@ -84,7 +87,25 @@ def job_config(
     if upgrade is not None:
         for field in UPGRADE_FIELDS:
             setattr(config, field, getattr(upgrade, field))
+    if state_cache_bytes is not None:
+        config.state_cache_bytes = state_cache_bytes
     return config
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*")
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``text``: a number with an optional unit (``512MiB``, ``2GB``, ``0``)."""
+    match = _SIZE.fullmatch(text)
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _SIZE_UNITS:
+        raise ValueError(
+            f"expected a size such as 512MiB, 2GiB or a number of bytes (units: B, KB, MB, "
+            f"GB, TB, KiB, MiB, GiB, TiB), got {text!r}")
+    return int(float(match.group(1)) * _SIZE_UNITS[unit])
 
 
 #: The upgrade fields of JobConfig and the option that sets each (``submit``, ``check-upgrade``).

@@ -81,6 +81,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _size(text: str) -> int:
+    try:
+        return commands.parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _offset(text: str) -> int:
     try:
         value = int(text)
@@ -372,6 +379,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--dead-letter-stream", metavar="STREAM",
         help="JobConfig.dead_letter_stream: where dead letters go (default "
         "<job name or id>.dead-letters)",
+    )
+    submit.add_argument(
+        "--state-cache", type=_size, metavar="SIZE",
+        help="JobConfig.state_cache_bytes: the most of the job's keyed state each Python "
+        "worker keeps loaded between micro-batches, e.g. 512MiB or 4GiB (default 1GiB; 0 "
+        "keeps none: every batch reads its state from the checkpoint)",
     )
     submit.add_argument(
         "-s", "--snapshot", metavar="NAME",

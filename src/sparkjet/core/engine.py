@@ -24,6 +24,7 @@ from sparkjet.core.contracts import JobContext
 from sparkjet.core.event_time import WindowClock
 from sparkjet.core.graph import Transform
 from sparkjet.core.planner import Plan
+from sparkjet.core.state_cache import CacheOwner
 from sparkjet.core.state_files import StatePaths, StateRange
 
 #: Builds the context a plugin sees on the driver for one node of the plan.
@@ -72,6 +73,8 @@ class MicroBatchSpec:
     on_commit: Callable[[], None] | None = None
     #: Per windowed stage, its event time in this batch (the plan's watermarks).
     windows: Mapping[str, WindowClock] = field(default_factory=dict)
+    #: The job whose state the workers keep loaded between batches (None: not kept).
+    cache_owner: CacheOwner | None = None
 
 
 class StateSize(NamedTuple):

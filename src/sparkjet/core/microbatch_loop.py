@@ -31,6 +31,7 @@ from sparkjet.core.event_time import NO_WATERMARK, EventTime, WindowClock, stage
 from sparkjet.core.graph import Transform, WindowSpec
 from sparkjet.core.model import DEFAULT_KEY_GROUPS
 from sparkjet.core.planner import Plan
+from sparkjet.core.state_cache import CacheOwner
 
 log = logging.getLogger("sparkjet.streaming")
 
@@ -197,6 +198,9 @@ class LoopSettings:
     trigger_seconds: float
     #: Key groups of a new checkpoint (an existing one keeps its own).
     key_groups: int = DEFAULT_KEY_GROUPS
+    #: The job whose state the workers keep loaded between batches, and their budget
+    #: (None: reloaded from the checkpoint every batch).
+    cache_owner: CacheOwner | None = None
 
 
 class StreamLoop:
@@ -351,7 +355,7 @@ class StreamLoop:
                 state=state.with_counted(counted).with_pin(host.pinned_batch()),
                 tasks=planned.state_tasks(groups), now_ms=planned.time_ms,
                 checkpoint_id=self.checkpoint.id, on_commit=host.check_fence,
-                windows=clocks,
+                windows=clocks, cache_owner=self.settings.cache_owner,
             )).run()
             duration_ms = int((time.monotonic() - started) * 1000)
             files = dict(result.state_files)

@@ -75,6 +75,9 @@ ERROR_POLICIES = ("fail", "dead-letter")
 #: Key groups of a new streaming job's state (``JobConfig.key_groups``), and the most allowed.
 DEFAULT_KEY_GROUPS = 128
 MAX_KEY_GROUPS = 32768
+#: The most bytes of one job's keyed state a worker process keeps loaded
+#: between micro-batches (``JobConfig.state_cache_bytes``).
+DEFAULT_STATE_CACHE_BYTES = 1 << 30
 _BOOL_FIELDS = (
     "auto_scaling_enabled",
     "split_brain_protection_enabled",
@@ -136,6 +139,10 @@ class JobConfig:
     #: starts: where it would without a snapshot, or at the data's end now. ``"*"`` names
     #: every such source. Without an entry such a submit is refused.
     source_starts: dict[str, str] = field(default_factory=dict)
+    #: The most bytes of this job's keyed state each worker process keeps loaded between
+    #: micro-batches (estimated; 0: keep none). Past it, the least recently used key-group
+    #: ranges are dropped and reload from the checkpoint when next needed.
+    state_cache_bytes: int = DEFAULT_STATE_CACHE_BYTES
 
     def __setattr__(self, key: str, value: Any) -> None:
         object.__setattr__(self, key, _validate(key, value))
@@ -176,6 +183,9 @@ def _validate(key: str, value: Any) -> Any:
             1 <= value <= MAX_KEY_GROUPS
         ):
             raise bad(f"an int from 1 to {MAX_KEY_GROUPS}")
+    elif key == "state_cache_bytes":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise bad("an int of bytes, 0 or more")
     elif key in _INT_FIELDS:
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise bad("a positive int")

@@ -79,6 +79,7 @@ from sparkjet.core.model import JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.core.planner import Plan
 from sparkjet.core.plugin_manager import PluginHost
 from sparkjet.core.snapshots import Manifest, Snapshot, SnapshotStore
+from sparkjet.core.state_cache import CacheOwner
 from sparkjet.core.store.fs import Store
 from sparkjet.core.store.job_records import JobRecords
 
@@ -698,7 +699,9 @@ class JobRunner:
                 self.services.engine,
                 self.context_factory(),
                 self._checkpoint(),
-                LoopSettings(config.metrics_enabled, trigger, config.key_groups),
+                LoopSettings(config.metrics_enabled, trigger, config.key_groups,
+                             CacheOwner(self.services.store, self.job.id,
+                                        config.state_cache_bytes)),
                 self,  # the loop's host
                 self.progress,
             )

@@ -33,20 +33,11 @@ from sparkjet.core.keyed import KeyedFold, fold_into, group_parts
 from sparkjet.core.keygroups import KeyGroupPartition, task_range
 from sparkjet.core.runtime.batch import BatchRun, EventTimesParam, Flow, Task
 from sparkjet.core.runtime.output import partition_by
+from sparkjet.core.state_cache import CACHE, CacheOwner
 from sparkjet.core.state_files import RangeState, StatePaths, StateRange, StateVersion
 from sparkjet.core.windowing import stage_fold
 
 __all__ = ["MicroBatch", "StateTask"]
-
-
-#: Key groups' state kept loaded in this Python worker between micro-batches:
-#: ``(state root, stage, lo, hi) -> (the batch it is as of, its state)``.
-#: Used only when its files lie on the chain a fresh listing gives for the
-#: batch the task starts from, brought up to it by the changelogs written
-#: since (PySpark gives a task whichever worker is free, so another worker
-#: may have run the range in between); a task takes its entry out while it
-#: works, so a failed task leaves none behind.
-_LOADED: dict[tuple[str, str, int, int], tuple[int, RangeState]] = {}
 
 
 class RangeReport(NamedTuple):
@@ -95,12 +86,15 @@ class StateTask(Task):
         counts: Any,
         tasks: int,
         reports: Any = None,
+        owner: CacheOwner | None = None,
     ) -> None:
         self.fold, self.stage, self.ttl_ms, self.paths = fold, stage, ttl_ms, paths
         self.batch, self.committed, self.now_ms, self.counts = batch, committed, now_ms, counts
         self.tasks = tasks
         #: The batch's :class:`RangeReportsParam` accumulator (None: not reported).
         self.reports = reports
+        #: The job the state is kept loaded for between batches (None: not kept).
+        self.owner = owner
 
     def __call__(self, task: int, records: Iterator[tuple[Any, Any]]) -> Iterator[Any]:
         lo, hi = task_range(task, self.tasks, self.paths.key_groups)
@@ -108,7 +102,7 @@ class StateTask(Task):
             try:
                 outputs, keys, size, written = self._run(lo, hi, records)
             except MemoryError:
-                _LOADED.clear()  # give back what this worker kept loaded
+                CACHE.clear()  # give back what this worker kept loaded
                 raise MemoryError(
                     f"the state of key groups [{lo}, {hi}) of {self.paths.key_groups} does not "
                     f"fit in this Python worker's memory; run the job with more state tasks "
@@ -128,17 +122,26 @@ class StateTask(Task):
     def _state(self, lo: int, hi: int, chain: list[StateVersion]) -> RangeState:
         """Key groups ``[lo, hi)`` as of the last committed batch (made of ``chain``).
 
-        Kept loaded here and caught up, or read.
+        Kept loaded here (:mod:`sparkjet.core.state_cache`) and caught up, or read.
+        Used only when its files lie on the chain a fresh listing gives for the
+        batch the task starts from, brought up to it by the changelogs written
+        since (PySpark gives a task whichever worker is free, so another worker
+        may have run the range in between).
         """
-        cached = _LOADED.pop((self.paths.root, self.stage, lo, hi), None)
-        if cached is not None and cached[0] <= self.committed:
+        cached = CACHE.take((self.paths.root, self.stage, lo, hi))
+        if cached is not None and cached.batch <= self.committed:
             # Kept from a batch this worker ran (committed since, or its files
             # would not be on the listed chain): caught up by the changelogs
             # of the batches other workers ran since, if any.
-            state = self.paths.catch_up(self.stage, lo, hi, cached[1], chain)
+            state = self.paths.catch_up(self.stage, lo, hi, cached.state, chain)
             if state is not None:
                 return state
         return self.paths.read_chain(self.stage, lo, hi, chain)
+
+    def _keep(self, lo: int, hi: int, state: RangeState) -> None:
+        """Keep the range's state as of this batch loaded for its next task here."""
+        if self.owner is not None:
+            CACHE.put((self.paths.root, self.stage, lo, hi), self.batch, state, self.owner)
 
     def _run(
         self, lo: int, hi: int, records: Iterator[tuple[Any, Any]]
@@ -165,13 +168,13 @@ class StateTask(Task):
         )
         if not changed and not removed and own and (state.chain or not state.values):
             # Nothing changed (a TTL with nothing to expire): no file for this batch.
-            _LOADED[(paths.root, stage, lo, hi)] = (self.batch, state)
+            self._keep(lo, hi, state)
             return (outputs, len(state.values), sum(paths.size(stage, v) for v in state.chain),
                     "")
         background = compaction.shared(paths)
         after = paths.write(stage, lo, hi, self.batch, state, changed, removed, versions,
                             background=background)
-        _LOADED[(paths.root, stage, lo, hi)] = (self.batch, after)
+        self._keep(lo, hi, after)
         if background and compaction.due(after.chain):
             compaction.start(paths, stage, lo, hi, self.committed)
         return outputs, len(after.values), sum(v.size for v in after.chain), after.chain[-1].name
@@ -198,6 +201,7 @@ class MicroBatch(BatchRun):
         # The batch's planned time, so a replay expires exactly what the first run did.
         self.now_ms = spec.now_ms
         self.reports = sc.accumulator({}, RangeReportsParam())
+        self.cache_owner = spec.cache_owner
         self.windows = dict(spec.windows)
         self.event_times = sc.accumulator({}, EventTimesParam())
         #: Per source stage, the partition each Spark partition read (for the watermark).
@@ -239,7 +243,7 @@ class MicroBatch(BatchRun):
         mapped = self._map_side(fold, spec, name, flow)
         task = StateTask(
             fold, name, state_ttl_ms(spec), self.state, self.batch, self.committed,
-            self.now_ms, self.counts, self.tasks, self.reports,
+            self.now_ms, self.counts, self.tasks, self.reports, self.cache_owner,
         )
         groups = self.state.key_groups
         shuffled = partition_by(mapped, self.tasks, KeyGroupPartition(groups, self.tasks), name)
