@@ -16,7 +16,8 @@ same state size.
 Second part, what cached state costs everything else in the application: a
 windowed job (a 1-hour tumbling window counting per key, EXACTLY_ONCE) holds
 N keys in the Python workers; meanwhile a trivial two-stage RDD job
-(``parallelize(range(100), 2).map(...).reduceByKey(add).collect()``) is timed
+(``parallelize(range(100), 2).map(...).reduceByKey(add).collect()``, median
+of 9) is timed, once no compaction child shares the cores,
 in the same session, as a ratio to its time with nothing cached, and the
 workers' memory (PSS, from ``/proc``) is read before the job, while it holds
 the keys, and after it is cancelled. Target (the worker-state issue): at most
@@ -175,8 +176,8 @@ def native_run(client: Any, size: int, args: argparse.Namespace) -> list[float]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def workers_memory() -> int:
-    """Bytes of memory PySpark's Python workers under this process take (PSS, else RSS)."""
+def descendants(marker: str) -> list[int]:
+    """The processes under this one whose command line holds ``marker``."""
     children: dict[int, list[int]] = {}
     commands: dict[int, str] = {}
     for entry in os.listdir("/proc"):
@@ -190,12 +191,19 @@ def workers_memory() -> int:
         except (OSError, ValueError, IndexError):
             continue
         children.setdefault(parent, []).append(int(entry))
-    total, todo = 0, list(children.get(os.getpid(), []))
+    found, todo = [], list(children.get(os.getpid(), []))
     while todo:
         pid = todo.pop()
         todo.extend(children.get(pid, []))
-        if "pyspark.daemon" not in commands.get(pid, ""):
-            continue
+        if marker in commands.get(pid, ""):
+            found.append(pid)
+    return found
+
+
+def workers_memory() -> int:
+    """Bytes of memory PySpark's Python workers under this process take (PSS, else RSS)."""
+    total = 0
+    for pid in descendants("pyspark.daemon"):
         for name, field in (("smaps_rollup", "Pss:"), ("status", "VmRSS:")):
             try:
                 with open(f"/proc/{pid}/{name}") as fh:
@@ -208,7 +216,15 @@ def workers_memory() -> int:
     return total
 
 
-def trivial_job(client: Any, runs: int = 5) -> float:
+def settle() -> None:
+    """Wait until no compaction child shares the cores (they follow a build's batches)."""
+    deadline = time.monotonic() + TIMEOUT
+    while descendants("sparkjet.core.compaction") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)
+
+
+def trivial_job(client: Any, runs: int = 9) -> float:
     """Median seconds of a trivial two-stage RDD job in the session."""
     sc = client.spark.sparkContext
     times = []
@@ -227,6 +243,7 @@ def cached_run(client: Any, size: int, args: argparse.Namespace) -> dict[str, fl
     (p.read_from(StreamSource(tag)).with_timestamps(lambda e: 1, 0)
      .window(WindowDefinition.tumbling(3_600_000)).group_by(lambda e: e)
      .aggregate(counting()).set_name("per-key").write_to(Pipeline.to_list(f"{tag}-out")))
+    settle()
     row = {"before": trivial_job(client), "mem before": workers_memory()}
     job = client.get_jet().submit(p, JobConfig(
         name=tag, processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
@@ -239,6 +256,7 @@ def cached_run(client: Any, size: int, args: argparse.Namespace) -> dict[str, fl
         wait(lambda: job.get_metrics()["stages"].get("per-key", {}).get("snapshotKeys") == size,
              "the windowed state to be built", poll=0.1)
         print(f"  held:     {size:,} keys of windows built in {time.monotonic() - started:.1f} s")
+        settle()
         row["during"] = trivial_job(client)
         row["mem during"] = workers_memory()
     finally:

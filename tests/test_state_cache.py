@@ -25,7 +25,7 @@ from sparkjet.core.store.fs import Store
 from sparkjet.core.store.job_records import JobRecords
 from sparkjet.core.windowing import Frames
 from sparkjet.errors import ConfigError
-from sparkjet.job import Job, JobConfig, ProcessingGuarantee
+from sparkjet.job import Job, JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.pipeline import Pipeline, StreamSource, WindowDefinition
 from tests.conftest import cancel_job, wait_until
 
@@ -77,6 +77,37 @@ def test_a_put_state_is_frozen_out_of_the_collectors_walk(store: Store) -> None:
     taken = cache.take(("root", "per-key", 0, 64))
     assert taken is not None and taken.batch == 3 and taken.state is state
     assert cache.take(("root", "per-key", 0, 64)) is None  # taken out while a task works
+
+
+def test_state_files_unpickle_with_the_collector_paused_and_restore_it() -> None:
+    import cloudpickle
+
+    from sparkjet.core import state_files
+
+    seen = _COLLECTOR_SEEN
+    seen.clear()
+
+    class Probe:
+        def __reduce__(self) -> Any:
+            return (_collector_state, ())
+
+    raw = cloudpickle.dumps({"values": {"k": Probe()}})
+    assert state_files._loads_paused(raw)["values"]["k"] is None
+    assert seen == [False] and gc.isenabled()
+    gc.disable()
+    try:
+        state_files._loads_paused(raw)
+        assert not gc.isenabled()  # a caller's pause is left as it was
+    finally:
+        gc.enable()
+
+
+#: Whether the collector ran, as seen while unpickling.
+_COLLECTOR_SEEN: list[bool] = []
+
+
+def _collector_state() -> None:
+    _COLLECTOR_SEEN.append(gc.isenabled())
 
 
 def test_the_estimate_follows_what_the_state_takes() -> None:
@@ -225,25 +256,53 @@ def test_a_job_holding_many_keys_does_not_slow_another_jobs_tasks(
         assert worker["walked"] <= nothing_held + 5_000, (nothing_held, worker)
 
 
-def test_a_cancelled_jobs_state_leaves_the_workers(
-    client: sparkjet.Client, cancel_at_end: list[Job]
-) -> None:
-    job = windowed_job(client, "leaving", 5_000)
-    cancel_at_end.append(job)
-    held = wait_until(
-        lambda: {w["pid"] for w in probe_workers(client) if job.id in w["jobs"]}, 60,
-        "a worker to report the job's state")
-    cancel_job(job)
+def wait_dropped(client: sparkjet.Client, job: Job, held: set[int], ended_ok: bool) -> None:
+    """Wait until every worker in ``held`` is seen holding nothing of ``job``.
+
+    ``ended_ok``: a worker Spark ended meanwhile (a task the cancel
+    interrupted) counts too: its state went with it.
+    """
     seen: set[int] = set()
+    last: list[dict[str, Any]] = []
 
     def gone_everywhere() -> bool:
-        for worker in probe_workers(client):
+        last[:] = probe_workers(client)
+        for worker in last:
             if job.id in worker["jobs"]:
                 return False
             seen.add(worker["pid"])
-        return held <= seen
+        return all(pid in seen or (ended_ok and not Path(f"/proc/{pid}").exists())
+                   for pid in held)
 
-    wait_until(gone_everywhere, 60, f"workers {sorted(held)} to drop the cancelled job's state")
+    try:
+        wait_until(gone_everywhere, 60, "the workers to drop the job's state")
+    except pytest.fail.Exception:
+        pytest.fail(f"workers {sorted(held)} held job {job.id}; now: {last}")
+
+
+def test_a_suspended_or_cancelled_jobs_state_leaves_the_workers(
+    client: sparkjet.Client, cancel_at_end: list[Job]
+) -> None:
+    """No task of the job runs in the workers after it stops: their sweepers drop its state."""
+    job = windowed_job(client, "leaving", 5_000)
+    cancel_at_end.append(job)
+
+    def holders() -> set[int]:
+        return wait_until(
+            lambda: {w["pid"] for w in probe_workers(client) if job.id in w["jobs"]}, 60,
+            "a worker to report the job's state")
+
+    held = holders()
+    job.suspend()
+    wait_until(lambda: job.status is JobStatus.SUSPENDED, 60, "the job suspended")
+    wait_dropped(client, job, held, ended_ok=False)  # a suspend interrupts no task
+    job.resume()
+    client.get_stream("leaving").publish_all(["user-1", "user-5000"])
+    wait_until(lambda: job.get_metrics()["stages"].get("per-key", {}).get("snapshotKeys")
+               == 5_001, 60, "the resumed job to count on from its checkpoint")
+    held = holders()
+    cancel_job(job)
+    wait_dropped(client, job, held, ended_ok=True)
 
 
 def test_a_budget_smaller_than_the_state_still_gives_exact_results(

@@ -177,6 +177,16 @@ class StateCache:
         with self._lock:
             return self._entries.pop(key, None)
 
+    @staticmethod
+    def loaded() -> None:
+        """A task has just read a range's state from files to keep it: freeze it now.
+
+        What is alive then is the loaded state and the task's input, so the
+        collection :meth:`put` runs walks only what the batch made, not the
+        millions of objects just read (750 ms at 500k keys of window frames).
+        """
+        gc.freeze()
+
     def put(self, key: RangeKey, batch: int, state: RangeState, owner: CacheOwner) -> None:
         """Keep ``state`` (as of ``batch``) for the range's next task, within the owner's budget.
 

@@ -136,7 +136,10 @@ class StateTask(Task):
             state = self.paths.catch_up(self.stage, lo, hi, cached.state, chain)
             if state is not None:
                 return state
-        return self.paths.read_chain(self.stage, lo, hi, chain)
+        state = self.paths.read_chain(self.stage, lo, hi, chain)
+        if self.owner is not None and self.owner.budget > 0:
+            CACHE.loaded()
+        return state
 
     def _keep(self, lo: int, hi: int, state: RangeState) -> None:
         """Keep the range's state as of this batch loaded for its next task here."""
