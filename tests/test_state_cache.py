@@ -149,6 +149,7 @@ def test_a_range_bigger_than_the_budget_or_a_zero_budget_keeps_nothing(store: St
     cache.put(("r", "s", 0, 1), 1, state, CacheOwner(store, "j", estimate_bytes(state) // 2))
     cache.put(("r", "s", 1, 2), 1, state, CacheOwner(store, "j", 0))
     assert cache.jobs() == {}
+    assert gc.get_freeze_count() == 0  # nothing kept: no collection, nothing frozen
 
 
 def test_a_sweep_drops_the_state_of_jobs_that_no_longer_run(store: Store) -> None:

@@ -190,18 +190,21 @@ class StateCache:
     def put(self, key: RangeKey, batch: int, state: RangeState, owner: CacheOwner) -> None:
         """Keep ``state`` (as of ``batch``) for the range's next task, within the owner's budget.
 
-        Then collects once and freezes what is alive, so later collections in
-        this process skip it.
+        Then, if it is kept, collects once and freezes what is alive, so later
+        collections in this process skip it; a range that is not kept (over the
+        budget, or a budget of 0) costs the task no collection.
         """
         nbytes = estimate_bytes(state) if owner.budget > 0 else 0
+        kept = 0 < nbytes <= owner.budget
         with self._lock:
             self._entries.pop(key, None)
-            if 0 < nbytes <= owner.budget:
+            if kept:
                 self._entries[key] = Entry(batch, state, owner, nbytes)
                 self._evict_over_budget(owner)
-            self._start_sweeper()
-        gc.collect()
-        gc.freeze()
+                self._start_sweeper()
+        if kept:
+            gc.collect()
+            gc.freeze()
 
     def _evict_over_budget(self, owner: CacheOwner) -> None:
         """Drop the job's least recently used ranges until they fit its budget (under the lock)."""
