@@ -25,6 +25,7 @@ import pytest
 
 from sparkjet.core.client import Client
 from sparkjet.core.jobs import runner as runner_module
+from sparkjet.core.jobs import streaming as streaming_module
 from sparkjet.core.jobs.lifecycle import (
     ACTION_FROM,
     TRANSITIONS,
@@ -152,7 +153,7 @@ def test_split_brain_protection_needs_half_plus_one() -> None:
 
 @pytest.fixture(autouse=True)
 def _fast_checks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runner_module, "CLUSTER_CHECK_SECONDS", 0.0)
+    monkeypatch.setattr(streaming_module, "CLUSTER_CHECK_SECONDS", 0.0)
     monkeypatch.setattr(runner_module, "CONTROL_POLL_SECONDS", 0.02)
 
 

@@ -2,9 +2,14 @@
 
 - :mod:`.service`: submits and finds jobs, takes over a job whose driver died;
 - :mod:`.handle`: :class:`Job`, what users hold;
-- :mod:`.runner`: drives one job in this process, on the engine, and hosts its
-  micro-batch loop;
-- :mod:`.exporting`: snapshot exports beside the loop (requests, threads, pins);
+- :mod:`.runner`: drives one job in this process, on the engine: its threads,
+  lifecycle and failures;
+- :mod:`.streaming`: a streaming job's micro-batch loop in its runner, and the
+  loop's host;
+- :mod:`.exporting`: snapshot exports (the cut and its export; requests,
+  threads, pins);
+- :mod:`.seeding`: a new job's checkpoint started from a snapshot at submit;
+- :mod:`.metrics`: a job's metrics and its stages' counts (pure);
 - :mod:`.control`: requests from other processes, answered in the record;
 - :mod:`.ports`: what the handle asks of the service and the runner;
 - :mod:`.record`: the stored record (``JobRecord``), the driver's lease on it,

@@ -1,12 +1,16 @@
-"""Snapshot exports beside the micro-batch loop: the requests waiting, their threads and pins.
+"""Snapshot exports of a running job: the cut, the export, and the requests waiting for the loop.
 
-An export asked while a job runs waits in its runner's :class:`ExportQueue`
-until the loop takes its cut between two micro-batches (:meth:`serve`, on
-the loop's thread). The cut's state is then read by a thread of its own
-while micro-batches go on; the cut's *pin* (:meth:`hold`) tells every batch
-meanwhile to keep the files it reads. An export with ``cancel_job`` is read
-on the loop's thread instead, and the job then ends, so no batch after the
-cut runs.
+:class:`Exporter` exports one job's state: it takes the cut (the last
+committed batch, pinned) and writes it as a snapshot, telling every batch
+of the pin meanwhile. An export asked while a job runs waits in the
+exporter's :class:`ExportQueue` until the loop takes its cut between two
+micro-batches (:meth:`ExportQueue.serve`, on the loop's thread). The cut's
+state is then read by a thread of its own while micro-batches go on; the
+cut's *pin* (:meth:`ExportQueue.hold`) tells every batch meanwhile to keep
+the files it reads. An export with ``cancel_job`` is read on the loop's
+thread instead, and the job then ends, so no batch after the cut runs. A
+suspended job's export runs on the asking thread (the runner's, which sets
+the job's status meanwhile).
 
 Locks: one lock guards the waiting requests and the pins, which the loop's
 thread, the export threads and the asking threads all touch; the list of
@@ -19,11 +23,17 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
 
 from sparkjet.core.checkpoint import Checkpoint
 from sparkjet.core.errors import JobStateError
-from sparkjet.core.exports import ExportCut
-from sparkjet.core.snapshots import Manifest
+from sparkjet.core.exports import ExportCut, cut_export, export_state, release_cut
+from sparkjet.core.planner import Plan
+from sparkjet.core.snapshots import Manifest, SnapshotStore
+
+if TYPE_CHECKING:
+    from sparkjet.core.jobs.handle import Job
 
 log = logging.getLogger("sparkjet.jobs")
 
@@ -145,3 +155,54 @@ class ExportQueue:
             request.error = JobStateError(
                 f"snapshot {request.name!r} was not exported: {why}; export it again")
             request.done.set()
+
+
+def _sparkjet_version() -> str:
+    try:
+        return version("sparkjet")
+    except PackageNotFoundError:  # pragma: no cover - a source checkout without metadata
+        return "0.0.0"
+
+
+class Exporter:
+    """Exports one job's state as snapshots: takes a cut, exports it, releases its pin.
+
+    Used on the loop's thread (the cuts :class:`ExportQueue` serves), on
+    the export threads beside it, and on the thread asking while the job is
+    suspended; it keeps no state of its own but the :attr:`queue`.
+    """
+
+    def __init__(self, job: Job, plan: Plan, snapshots: Callable[[], SnapshotStore],
+                 engine_version: Callable[[], str]) -> None:
+        self.job, self.plan = job, plan
+        self._snapshots = snapshots
+        self._engine_version = engine_version
+        #: Snapshot exports waiting for a cut or reading beside the loop.
+        self.queue = ExportQueue(job.id, job.label)
+
+    def cut(self, checkpoint: Checkpoint, name: str,
+            before_first: Callable[[], dict[str, Any]]) -> ExportCut:
+        """The cut of snapshot ``name`` at the checkpoint's last committed batch, pinned.
+
+        ``before_first`` gives the sources' offsets where the first batch
+        starts, for a job that committed none.
+        """
+        return cut_export(checkpoint, self.plan, name, self.job.label,
+                          before_first=before_first, key_groups=self.job.config.key_groups)
+
+    def export_cut(self, checkpoint: Checkpoint, cut: ExportCut, name: str) -> Manifest:
+        """Export ``cut`` as snapshot ``name`` (its pin told to every batch meanwhile)."""
+        self.queue.hold(cut)
+        try:
+            return export_state(
+                checkpoint, cut, self.plan, self._snapshots(), name,
+                job_id=self.job.id, job_name=self.job.name,
+                versions=(_sparkjet_version(), self._engine_version()),
+            )
+        finally:
+            try:
+                release_cut(checkpoint, cut)
+            except Exception:  # the driver that next starts the job removes it
+                log.exception("job %s: removing the pin of snapshot %r's export failed",
+                              self.job.label, name)
+            self.queue.release(cut)

@@ -7,6 +7,12 @@ suspended and a new one starts on resume, in this process or, after a driver
 died, in the process that resumes it. Every status change goes through the
 transition table (:mod:`.lifecycle`).
 
+The runner owns the job's lifecycle: its threads, statuses, failures, the
+checkpoint's folder and the exports asked of it. The rest has owners of its
+own: a streaming job's micro-batch loop and its host (:mod:`.streaming`),
+snapshot exports (:mod:`.exporting`), seeding from a snapshot at submit
+(:mod:`.seeding`) and the metrics shown (:mod:`.metrics`).
+
 Threads and the locks between them: the job thread, the watcher, the export
 threads beside the loop (:mod:`.exporting`) and those of exports other
 processes ask for (:mod:`.control`). The lease's lock orders every change
@@ -25,12 +31,10 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 from sparkjet.core.checkpoint import Checkpoint
 from sparkjet.core.contracts import JobContext
-from sparkjet.core.dead_letters import dead_counter
 from sparkjet.core.engine import BatchSpec, Engine, Execution
 from sparkjet.core.errors import (
     JobCancelledError,
@@ -38,25 +42,16 @@ from sparkjet.core.errors import (
     JobFencedError,
     JobStateError,
 )
-from sparkjet.core.event_time import NO_WATERMARK, late_counter
-from sparkjet.core.exports import (
-    ExportCut,
-    SourceOffsets,
-    UpgradeOptions,
-    cut_export,
-    export_state,
-    release_cut,
-    seed_checkpoint,
-)
-from sparkjet.core.graph import SinkSpec, Transform, WindowSpec
+from sparkjet.core.graph import Transform
 from sparkjet.core.jobs.control import ControlDesk
-from sparkjet.core.jobs.exporting import ExportQueue, ExportRequest
+from sparkjet.core.jobs.exporting import Exporter, ExportRequest
 from sparkjet.core.jobs.lifecycle import (
     Action,
     JobStatusEvent,
     check_action,
     check_transition,
 )
+from sparkjet.core.jobs.metrics import job_metrics, stage_metrics
 from sparkjet.core.jobs.policy import ClusterWatch
 from sparkjet.core.jobs.record import (
     HEARTBEAT_SECONDS,
@@ -67,19 +62,13 @@ from sparkjet.core.jobs.record import (
     checkpoint_path,
     now_ms,
 )
-from sparkjet.core.microbatch_loop import (
-    LoopSettings,
-    StopReason,
-    StreamLoop,
-    StreamProgress,
-    initial_offsets,
-    latest_offsets,
-)
+from sparkjet.core.jobs.seeding import seed_job
+from sparkjet.core.jobs.streaming import StreamRun
+from sparkjet.core.microbatch_loop import StopReason
 from sparkjet.core.model import JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.core.planner import Plan
 from sparkjet.core.plugin_manager import PluginHost
 from sparkjet.core.snapshots import Manifest, Snapshot, SnapshotStore
-from sparkjet.core.state_cache import CacheOwner
 from sparkjet.core.store.fs import Store
 from sparkjet.core.store.job_records import JobRecords
 
@@ -90,8 +79,6 @@ log = logging.getLogger("sparkjet.jobs")
 
 #: How often the watcher looks for control requests.
 CONTROL_POLL_SECONDS = 0.25
-#: How often the cluster policy is asked, at most.
-CLUSTER_CHECK_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -108,13 +95,6 @@ class Services:
     plugin_options: Mapping[str, Mapping[str, Any]]
     #: The configured snapshot store (made on first use).
     snapshots: Callable[[], SnapshotStore]
-
-
-def _sparkjet_version() -> str:
-    try:
-        return version("sparkjet")
-    except PackageNotFoundError:  # pragma: no cover - a source checkout without metadata
-        return "0.0.0"
 
 
 class JobRunner:
@@ -136,13 +116,7 @@ class JobRunner:
         self.execution_start = -1
         self.execution_completion = -1
         self.listeners: list[Callable[[JobStatusEvent], None]] = []
-        #: A stop asked between micro-batches (suspend or restart).
-        self.stop_request: StopReason | None = None
-        self.progress = StreamProgress()
-        self.cluster = ClusterWatch()
         self._future_work_cancelled = False
-        self._stop_cause: str | None = None
-        self._last_cluster_check = 0.0
         #: Orders status writes with listener registration: a listener added
         #: after a status became visible never hears of that change.
         self.status_lock = threading.Lock()
@@ -152,13 +126,15 @@ class JobRunner:
         self._parked = True
         self._park_lock = threading.Lock()
         self.thread: threading.Thread | None = None
-        #: Snapshot exports waiting for a cut or reading beside the loop.
-        self.exports = ExportQueue(job.id, job.label)
+        #: Exports the job's state as snapshots (its queue: those waiting for the loop).
+        self.exporter = Exporter(job, self.plan, services.snapshots, services.engine.version)
+        #: A streaming job's micro-batch loop and its host (unused by a batch job).
+        self.stream = StreamRun(job, self.plan, services.engine, services.store, self.lease,
+                                self.cancel_requested, self.exporter, self.context_factory,
+                                self._checkpoint)
         #: Requests from other processes, taken by the watcher thread.
         self.control = ControlDesk(services.records, self.lease, job.label, services.redact,
                                    self.act, self.export_snapshot)
-        #: The micro-batch loop running (or last run) here.
-        self._loop: StreamLoop | None = None
         self.watcher = threading.Thread(
             target=self._watch, name=f"sparkjet-watch-{job.id}", daemon=True
         )
@@ -243,8 +219,13 @@ class JobRunner:
         with self.status_lock:
             self.listeners.append(listener)
 
+    @property
+    def cluster(self) -> ClusterWatch:
+        """The executors a streaming job has seen (its stream run's)."""
+        return self.stream.cluster
+
     def start(self, resuming: bool = False) -> None:
-        self.stop_request = None
+        self.stream.stop_request = None
         with self._park_lock:
             self._parked = False
         self.thread = threading.Thread(
@@ -298,8 +279,8 @@ class JobRunner:
                 try:
                     # A streaming job's heartbeat carries its progress too (a source's
                     # lag changes between batches, while the job idles or works).
-                    running = self.plan.streaming and self.progress.last_committed >= 0
-                    self.lease.write(self._progress_change() if running else None)
+                    running = self.plan.streaming and self.stream.progress.last_committed >= 0
+                    self.lease.write(self.stream.progress_change() if running else None)
                     last_beat = time.monotonic()
                 except JobFencedError as exc:
                     self._stop_fenced(exc)
@@ -370,11 +351,11 @@ class JobRunner:
 
     def suspend(self) -> None:
         self._check(Action.SUSPEND)
-        self.stop_request = StopReason.SUSPEND
+        self.stream.stop_request = StopReason.SUSPEND
 
     def restart(self) -> None:
         self._check(Action.RESTART)
-        self.stop_request = StopReason.RESTART
+        self.stream.stop_request = StopReason.RESTART
 
     def resume(self) -> None:
         self._check(Action.RESUME)
@@ -417,10 +398,9 @@ class JobRunner:
             self.set_status(JobStatus.RUNNING)
             if self.plan.streaming:
                 if self._run_stream() is StopReason.SUSPEND:
-                    cause = self._stop_cause or "Requested by user"
-                    by_user = self._stop_cause is None
-                    self._stop_cause = None
-                    self.cluster.reset()  # resuming re-counts what it has
+                    stop_cause = self.stream.take_stop_cause()
+                    cause = stop_cause or "Requested by user"
+                    by_user = stop_cause is None
                     self.lease.write(lambda r: replace(r, suspension_cause=cause))
                     self.set_status(JobStatus.SUSPENDED, cause, user_requested=by_user)
                     self._park()
@@ -501,19 +481,6 @@ class JobRunner:
             Checkpoint(self.services.store, path).delete()
             self.lease.write(lambda r: replace(r, checkpoint=None))
 
-    def _cluster_check(self) -> StopReason | None:
-        now = time.monotonic()
-        if now - self._last_cluster_check < CLUSTER_CHECK_SECONDS:
-            return None
-        self._last_cluster_check = now
-        cause = self.cluster.check(
-            self.services.engine.live_executors(), self.job.config, self.job.label
-        )
-        if cause is None:
-            return None
-        self._stop_cause = cause
-        return StopReason.SUSPEND
-
     # --- snapshots ------------------------------------------------------------
 
     def export_snapshot(self, name: str, cancel_job: bool = False) -> Manifest:
@@ -538,12 +505,13 @@ class JobRunner:
         if manifest is not None:
             return manifest
         request = ExportRequest(name, cancel_job)
-        self.exports.ask(request)
+        exports = self.exporter.queue
+        exports.ask(request)
         while not request.done.wait(0.05):
             # The loop stopped meanwhile (suspended, or the job ended): not served there.
             stopped = self.done.is_set() or (
                 self.thread is not None and not self.thread.is_alive())
-            if stopped and self.exports.withdraw(request):
+            if stopped and exports.withdraw(request):
                 manifest = self._export_parked(name, cancel_job)
                 if manifest is not None:
                     return manifest
@@ -564,163 +532,35 @@ class JobRunner:
         try:
             self.lease.check_fence()
             checkpoint = self._checkpoint()
-            cut = self._cut(checkpoint, name)
-            manifest = self._export_cut(checkpoint, cut, name)
+            cut = self.exporter.cut(checkpoint, name, self.stream.first_offsets)
+            manifest = self.exporter.export_cut(checkpoint, cut, name)
         finally:
             self.set_status(JobStatus.SUSPENDED)
         if cancel_job:
             self.cancel()
         return manifest
 
-    def _export_cut(self, checkpoint: Checkpoint, cut: ExportCut, name: str) -> Manifest:
-        """Export ``cut`` as snapshot ``name`` (its pin told to every batch meanwhile)."""
-        self.exports.hold(cut)
-        try:
-            return export_state(
-                checkpoint, cut, self.plan, self.services.snapshots(), name,
-                job_id=self.job.id, job_name=self.job.name,
-                versions=(_sparkjet_version(), self.services.engine.version()),
-            )
-        finally:
-            try:
-                release_cut(checkpoint, cut)
-            except Exception:  # the driver that next starts the job removes it
-                log.exception("job %s: removing the pin of snapshot %r's export failed",
-                              self.job.label, name)
-            self.exports.release(cut)
-
-    def _cut(self, checkpoint: Checkpoint, name: str) -> ExportCut:
-        return cut_export(checkpoint, self.plan, name, self.job.label,
-                          before_first=self._first_offsets, key_groups=self.job.config.key_groups)
-
-    def _first_offsets(self) -> dict[str, Any]:
-        """Where the job's first micro-batch starts (it has committed none)."""
-        loop = self._loop
-        if loop is not None and loop.ends:
-            return dict(loop.ends)
-        return initial_offsets(self.plan, self.context_factory())
-
-    def pinned_batch(self) -> int:
-        """The newest batch an export of this runner is reading, or -1 (for the loop)."""
-        return self.exports.pinned_batch()
-
-    def _take_cut(self, name: str) -> tuple[Checkpoint, ExportCut]:
-        self.lease.check_fence()
-        checkpoint = self._checkpoint()
-        return checkpoint, self._cut(checkpoint, name)
-
-    def _serve_exports(self) -> None:
-        """Take the cuts of the exports asked meanwhile (see :meth:`ExportQueue.serve`)."""
-        self.exports.serve(self._take_cut, self._export_cut, self.cancel_requested.set)
-
-    # --- the micro-batch loop's host (core.microbatch_loop.LoopHost) -------------
-
-    def between_batches(self) -> None:
-        """Before each micro-batch is planned: take the cuts of exports asked meanwhile."""
-        if self.exports.waiting():
-            self._serve_exports()
-
-    def cancelled(self) -> bool:
-        """Whether the job was cancelled: a running micro-batch is abandoned."""
-        return self.cancel_requested.is_set()
-
-    def check_fence(self) -> None:
-        """Raise JobFencedError once another driver took the job over."""
-        self.lease.check_fence()
-
-    def batch_committed(self) -> None:
-        """After each committed micro-batch: its progress and stage counts into the job record.
-
-        So other processes (``sparkjet metrics``, ``status``, a Prometheus
-        scrape) read what this one does.
-        """
-        self.lease.write(self._progress_change())
-
-    def _progress_change(self) -> Change:
-        """The record's ``progress`` set to the loop's metrics now, stage counts included."""
-        progress = {**self.progress.as_metrics(), "stages": self._stage_metrics()}
-        return lambda r: replace(r, progress=progress)
-
-    def stop_reason(self) -> StopReason | None:
-        """Why the loop should stop before its next batch (cancel, suspend, restart, cluster)."""
-        if self.cancel_requested.is_set():
-            return StopReason.CANCEL
-        if self.stop_request is not None:
-            return self.stop_request
-        return self._cluster_check()
-
     def seed(self, snapshot: Snapshot) -> None:
         """Start the new job's checkpoint from ``snapshot``, at submit, before its record exists.
 
-        Each restored file is read once, checked against the manifest as it is
-        copied; a bad one refuses the submit (the half-made checkpoint is
-        removed), naming the file.
+        See :func:`~sparkjet.core.jobs.seeding.seed_job`: a bad file refuses the submit.
         """
-        name = snapshot.name
         checkpoint = self._checkpoint(record_now=False)
-        make = self.context_factory()
-        sources = {self.plan.name(n): (n, spec) for n, spec in self.plan.sources().items()}
-        offsets = SourceOffsets(
-            initial=lambda stage: sources[stage][1].source.initial_offsets(
-                make(sources[stage][0])),
-            latest=lambda stage: latest_offsets(sources[stage][1].source,
-                                                make(sources[stage][0]), None),
-            partitions=lambda stage, at: list(
-                sources[stage][1].source.watermark_partitions(at)),
-        )
-        try:
-            rows = seed_checkpoint(checkpoint, self.plan, snapshot, offsets,
-                                   self.job.config.key_groups,
-                                   UpgradeOptions.of(self.job.config))
-        except BaseException:
-            checkpoint.delete()
-            raise
-        for row in rows:
-            if row.status in ("dropped", "changed") or row.note:
-                what = "source" if row.kind == "source" else "stage"
-                log.warning("job %s: snapshot %r: %s %r %s%s", self.job.label, name, what,
-                            row.stage, row.status, f": {row.note}" if row.note else "")
-        log.info("job %s: started from snapshot %r (batch %d): %s", self.job.label, name,
-                 snapshot.manifest.batch_id,
-                 ", ".join(f"{r.stage} {r.status}" for r in rows) or "no stateful stages")
+        seed_job(checkpoint, self.plan, snapshot, self.job.config, self.job.label,
+                 self.context_factory())
 
     def _run_stream(self) -> StopReason:
-        config = self.job.config
+        """Run the micro-batch loop (:class:`.StreamRun`) until it stops, restarting it here."""
         checkpoint = self._checkpoint()
-        mine = self.exports.pins()  # a suspended job's export may still be reading
+        mine = self.exporter.queue.pins()  # a suspended job's export may still be reading
         checkpoint.clear_pins(keep=mine)  # those of exports that died with their driver
         while True:
-            guarantee = config.processing_guarantee
-            trigger = 0.0 if guarantee is ProcessingGuarantee.NONE else (
-                config.snapshot_interval_millis / 1000
-            )
-            loop = StreamLoop(
-                self.plan,
-                self.services.engine,
-                self.context_factory(),
-                self._checkpoint(),
-                LoopSettings(config.metrics_enabled, trigger, config.key_groups,
-                             CacheOwner(self.services.store, self.job.id,
-                                        config.state_cache_bytes)),
-                self,  # the loop's host
-                self.progress,
-            )
-            self._loop = loop
-            try:
-                reason = loop.run()
-            finally:
-                self.exports.join()
-            if reason is StopReason.CANCEL:
-                self.exports.fail(f"job {self.job.label} was cancelled")
-            else:
-                self._serve_exports()  # asked as the loop stopped: its state is as it was
-                self.exports.join()
-            if reason is StopReason.CANCEL:
-                raise JobCancelledError(f"job {self.job.label} was cancelled")
+            guarantee = self.job.config.processing_guarantee
+            reason = self.stream.run(self._checkpoint())  # raises JobCancelledError
             if reason is not StopReason.RESTART:
                 return reason
             log.info("job %s: restarting", self.job.label)
-            self.stop_request = None
+            self.stream.stop_request = None
             self.set_status(JobStatus.STARTING, "restart requested", user_requested=True)
             self.set_status(JobStatus.RUNNING)
             if guarantee is ProcessingGuarantee.NONE:
@@ -798,47 +638,23 @@ class JobRunner:
 
     def metrics(self) -> dict[str, Any]:
         """The job's metrics as ``Job.get_metrics()`` returns them (see there)."""
-        metrics: dict[str, Any] = {
-            "executionStartTime": self.execution_start,
-            "executionCompletionTime": self.execution_completion,
-            "stages": self._stage_metrics(),
-        }
-        if self.plan.streaming:
-            metrics.update(self.progress.as_metrics())
-            restore = self.lease.record.restore
-            if restore:
-                # Which stages the job's initial snapshot restored, started empty or dropped.
-                metrics["snapshotRestore"] = dict(restore)
-        return metrics
+        streaming = self.plan.streaming
+        return job_metrics(
+            self.execution_start, self.execution_completion, self._stage_metrics(),
+            self.stream.progress if streaming else None,
+            self.lease.record.restore if streaming else None,
+        )
 
     def _stage_metrics(self) -> dict[str, dict[str, int]]:
         """Each stage's counts (empty when the job's metrics are off)."""
-        streaming = self.plan.streaming
-        if streaming:
-            counts = self.progress.stage_totals
+        if self.plan.streaming:
+            counts = self.stream.progress.stage_totals
+            progress = self.stream.progress
         else:
             counts = self.final_counts or (
                 self.execution.stage_counts() if self.execution is not None else {}
             )
-        stages: dict[str, dict[str, int]] = {}
-        if self.job.config.metrics_enabled:
-            names = self.plan.names
-            for node in self.plan.nodes:
-                received = sum(counts.get(names[i], 0) for i in node.inputs)
-                emitted = 0 if isinstance(node.spec, SinkSpec) else counts.get(names[node], 0)
-                stage = {"receivedCount": received, "emittedCount": emitted}
-                if streaming and names[node] in self.progress.state:
-                    keys, size = self.progress.state[names[node]]
-                    stage.update(snapshotKeys=keys, snapshotBytes=size)
-                if streaming and names[node] in self.progress.lag:
-                    stage["sourceLag"] = self.progress.lag[names[node]]
-                dead = self.plan.dead_letters
-                if dead is not None and names[node] in dead.stages:
-                    stage["deadLetters"] = counts.get(dead_counter(names[node]), 0)
-                if isinstance(node.spec, WindowSpec):
-                    stage["lateEventsDropped"] = counts.get(late_counter(names[node]), 0)
-                    if streaming:
-                        stage["watermark"] = self.progress.watermarks.get(names[node],
-                                                                          NO_WATERMARK)
-                stages[names[node]] = stage
-        return stages
+            progress = None
+        if not self.job.config.metrics_enabled:
+            return {}
+        return stage_metrics(self.plan, counts, progress)

@@ -1,0 +1,85 @@
+"""A job's metrics as ``Job.get_metrics()`` and the record's ``progress`` show them.
+
+Pure functions of the plan and of what was counted: a batch job's counts come
+from its engine execution, a streaming job's from the loop's totals and its
+:class:`~sparkjet.core.microbatch_loop.StreamProgress` (state sizes, source
+lags, watermarks). This module is the one reader of the named counters the
+tasks add beside the stages' own (dead letters, late items): the runner only
+says which counts and which progress to show.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sparkjet.core.dead_letters import dead_counter
+from sparkjet.core.event_time import NO_WATERMARK, late_counter
+from sparkjet.core.graph import SinkSpec, WindowSpec
+from sparkjet.core.microbatch_loop import StreamProgress
+from sparkjet.core.planner import Plan
+
+__all__ = ["job_metrics", "progress_metrics", "stage_metrics"]
+
+
+def stage_metrics(
+    plan: Plan, counts: Mapping[str, int], progress: StreamProgress | None,
+) -> dict[str, dict[str, int]]:
+    """Each stage's counts by stage name, from ``counts`` (the job's counts by counter).
+
+    ``progress`` is a streaming job's (None for a batch job): its stages also
+    show their state's keys and bytes, their source lag and their watermark.
+    """
+    stages: dict[str, dict[str, int]] = {}
+    names = plan.names
+    dead = plan.dead_letters
+    for node in plan.nodes:
+        name = names[node]
+        received = sum(counts.get(names[i], 0) for i in node.inputs)
+        emitted = 0 if isinstance(node.spec, SinkSpec) else counts.get(name, 0)
+        stage = {"receivedCount": received, "emittedCount": emitted}
+        if progress is not None and name in progress.state:
+            keys, size = progress.state[name]
+            stage.update(snapshotKeys=keys, snapshotBytes=size)
+        if progress is not None and name in progress.lag:
+            stage["sourceLag"] = progress.lag[name]
+        if dead is not None and name in dead.stages:
+            stage["deadLetters"] = counts.get(dead_counter(name), 0)
+        if isinstance(node.spec, WindowSpec):
+            stage["lateEventsDropped"] = counts.get(late_counter(name), 0)
+            if progress is not None:
+                stage["watermark"] = progress.watermarks.get(name, NO_WATERMARK)
+        stages[name] = stage
+    return stages
+
+
+def progress_metrics(plan: Plan, progress: StreamProgress, enabled: bool) -> dict[str, Any]:
+    """A streaming job's record ``progress``: the loop's metrics now, and its stages'.
+
+    The stages are empty when the job's metrics are off (``enabled`` False).
+    """
+    stages = stage_metrics(plan, progress.stage_totals, progress) if enabled else {}
+    return {**progress.as_metrics(), "stages": stages}
+
+
+def job_metrics(
+    start_ms: int, completion_ms: int, stages: dict[str, dict[str, int]],
+    progress: StreamProgress | None, restore: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """The whole of ``Job.get_metrics()`` for a job running here (see there).
+
+    A streaming job (``progress`` given) adds the loop's metrics and, if it
+    started from a snapshot, which stages that restored (``restore``, from
+    its record).
+    """
+    metrics: dict[str, Any] = {
+        "executionStartTime": start_ms,
+        "executionCompletionTime": completion_ms,
+        "stages": stages,
+    }
+    if progress is not None:
+        metrics.update(progress.as_metrics())
+        if restore:
+            # Which stages the job's initial snapshot restored, started empty or dropped.
+            metrics["snapshotRestore"] = dict(restore)
+    return metrics
