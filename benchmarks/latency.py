@@ -550,12 +550,14 @@ def main() -> None:
           "figure over the target, at or below 1.00x meets it)")
     print(f"\ntargets (local store, {TARGET_RATE} events/s): p50 <= {TARGET_P50_MS:.0f} ms, "
           f"p99 <= {TARGET_P99_MS:.0f} ms")
-    for store, query, label, rate, r in table:
-        if store == "local" and rate == TARGET_RATE:
-            ok = r["p50"] <= TARGET_P50_MS and r["p99"] <= TARGET_P99_MS
-            print(f"  {query:<9} {label:<30} {'met' if ok else 'MISSED'}: p50 "
-                  f"{r['p50'] - TARGET_P50_MS:+.0f} ms, p99 {r['p99'] - TARGET_P99_MS:+.0f} ms "
-                  f"from the target")
+    judged = [row for row in table if row[0] == "local" and row[3] == TARGET_RATE]
+    if not judged:
+        print(f"  (nothing measured at {TARGET_RATE} events/s on the local store)")
+    for _, query, label, _, r in judged:
+        ok = r["p50"] <= TARGET_P50_MS and r["p99"] <= TARGET_P99_MS
+        print(f"  {query:<9} {label:<30} {'met' if ok else 'MISSED'}: p50 "
+              f"{r['p50'] - TARGET_P50_MS:+.0f} ms, p99 {r['p99'] - TARGET_P99_MS:+.0f} ms "
+              f"from the target")
 
 
 if __name__ == "__main__":
