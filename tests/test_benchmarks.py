@@ -54,6 +54,13 @@ RUNS = {
         ["sparkjet Kafka EXACTLY_ONCE", "plain confluent-kafka loop", "sparkjet stream", "vs it",
          "sparkjet KafkaSink AT_LEAST_ONCE", "plain long-lived producer"],
     ),
+    # The local store only: the S3 path is stream_rolling's (--s3), and each store
+    # adds a job per contender and query.
+    "latency": (
+        ["--rates", "100", "--seconds", "0.5", "--warmup-seconds", "0.3", "--stores", "local"],
+        ["sparkjet (Spark engine)", "native structured streaming", "p99/target",
+         "targets (local store"],
+    ),
     "liveness": (["--checks", "20", "--s3"], ["heartbeat vs", "store's clock", "vs heartbeat"]),
     "files": (
         ["-n", "2000", "--files", "6", "--files-per-batch", "2", "--repeat", "1"],
