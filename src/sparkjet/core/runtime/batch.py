@@ -26,7 +26,7 @@ from operator import itemgetter
 from typing import Any, assert_never
 
 from sparkjet.core.contracts import JobContext, TaskContext
-from sparkjet.core.dead_letters import DeadLettersParam, commit_dead_letters, dead_counter
+from sparkjet.core.dead_letters import commit_dead_letters, dead_counter
 from sparkjet.core.engine import BatchResult, BatchSpec
 from sparkjet.core.errors import JobFailedError
 from sparkjet.core.event_time import late_counter
@@ -56,38 +56,13 @@ from sparkjet.core.graph import (
 from sparkjet.core.keyed import KeyedFold, folded_records, reduce_batch
 from sparkjet.core.planner import Plan
 from sparkjet.core.runtime.output import name_output, parallelize, partition_by
+from sparkjet.core.runtime.reports import SparkReports
+from sparkjet.core.tasks.reports import Reports
 from sparkjet.core.windowing import stage_fold
 
 log = logging.getLogger("sparkjet.batch")
 
 _first = itemgetter(0)
-
-
-class EventTimesParam:
-    """Accumulator of ``{(source stage, partition index): highest timestamp}`` (the max wins)."""
-
-    def zero(self, value: dict[tuple[str, int], Any]) -> dict[tuple[str, int], Any]:
-        return {}
-
-    def addInPlace(
-        self, left: dict[tuple[str, int], Any], right: dict[tuple[str, int], Any]
-    ) -> dict[tuple[str, int], Any]:
-        for key, value in right.items():
-            had = left.get(key)
-            left[key] = value if had is None or value > had else had
-        return left
-
-
-class CountsParam:
-    """Accumulator of ``{stage: emitted}`` counts (PySpark AccumulatorParam protocol)."""
-
-    def zero(self, value: dict[str, int]) -> dict[str, int]:
-        return {}
-
-    def addInPlace(self, left: dict[str, int], right: dict[str, int]) -> dict[str, int]:
-        for key, value in right.items():
-            left[key] = left.get(key, 0) + value
-        return left
 
 
 @dataclass
@@ -129,8 +104,8 @@ class Task:
     """
 
     stage: str
-    #: The job's counts accumulator, or None when metrics are off.
-    counts: Any
+    #: Where the task reports counts, event times and dead letters (None: nowhere).
+    reports: Reports | None
     #: The fused pass the task runs, whose stages failures may be attributed to.
     fused: FusedPass | None = None
 
@@ -144,17 +119,16 @@ class Task:
 
     def count(self, emitted: dict[str, int]) -> None:
         """Add ``{stage: emitted}`` (and other named counts) to the job's counts."""
-        if self.counts is not None and emitted:
-            self.counts.add(emitted)
+        reports = self.reports
+        if reports is not None and emitted:
+            reports.count(emitted)
 
     def count_pass(self, raw: dict[str, int]) -> None:
         """Add what each stage of the fused pass emitted, from its raw counters."""
-        if self.counts is not None and self.fused is not None:
+        reports = self.reports
+        if reports is not None and reports.counting and self.fused is not None:
             stages = self.fused.stage_counts(raw)
             self.count({stage: out for stage, (_, out) in stages.items()})
-
-    #: The batch's :class:`EventTimesParam` accumulator (None: not reported).
-    event_times: Any = None
 
     def report_time(self, pidx: int, state: dict[str, Any]) -> None:
         """Report the partition's highest timestamp and late items the pass left in ``state``."""
@@ -163,9 +137,10 @@ class Task:
             return
         stamp = fused.stamp
         highest = state.get("hi")
-        if (self.event_times is not None and highest is not None and stamp is not None
+        reports = self.reports
+        if (reports is not None and highest is not None and stamp is not None
                 and stamp.stage is not None):
-            self.event_times.add({(stamp.stage, pidx): highest})
+            reports.event_time({(stamp.stage, pidx): highest})
         late = state.get("late")
         if late:
             self.count({late_counter(self.stage): late})
@@ -181,8 +156,8 @@ class Task:
         shuffle that is unknown, and both are None.
         """
         letters = state.get("dead")
-        fused = self.fused
-        if not letters or fused is None or fused.dead is None:
+        reports = self.reports
+        if not letters or self.fused is None or reports is None:
             return
         reader = self.reader
         descriptor = _MISSING_DESCRIPTOR
@@ -204,7 +179,7 @@ class Task:
             # Keyed by the letter's own stage: a merge's branches run passes under one
             # task stage and the same partition numbers, but a stage is in one pass only.
             reported[(letter["stage"], pidx, seq)] = {**letter, **where}
-        fused.dead.add(reported)
+        reports.dead(reported)
         self.count(counted)
 
 
@@ -237,8 +212,10 @@ class _Attributing:
 class ReadTask(Task):
     """Reads one source partition descriptor per Spark partition."""
 
-    def __init__(self, source: Any, stage: str, context: TaskContext, counts: Any) -> None:
-        self.source, self.stage, self.context, self.counts = source, stage, context, counts
+    def __init__(
+        self, source: Any, stage: str, context: TaskContext, reports: Reports | None
+    ) -> None:
+        self.source, self.stage, self.context, self.reports = source, stage, context, reports
 
     def __call__(self, pidx: int, descriptors: Iterator[Any]) -> Iterator[Any]:
         yield from self.items(pidx, descriptors)
@@ -281,16 +258,14 @@ class PassTask(Task):
         self,
         fused: FusedPass,
         stage: str,
-        counts: Any,
+        reports: Reports | None,
         reader: ReadTask | None = None,
         *,
         watermark: Any = None,
-        event_times: Any = None,
     ) -> None:
-        self.fused, self.stage, self.counts, self.reader = fused, stage, counts, reader
+        self.fused, self.stage, self.reports, self.reader = fused, stage, reports, reader
         #: A windowed terminal's watermark: items before it are late.
         self.watermark = watermark
-        self.event_times = event_times
 
     def __call__(self, pidx: int, items: Iterator[Any]) -> Iterator[Any]:
         fused = self.fused
@@ -313,8 +288,8 @@ class PassTask(Task):
 class ReduceTask(Task):
     """Reduce side of a keyed stage or the global aggregate; yields ``(position, output)``."""
 
-    def __init__(self, fold: KeyedFold, stage: str, counts: Any) -> None:
-        self.fold, self.stage, self.counts = fold, stage, counts
+    def __init__(self, fold: KeyedFold, stage: str, reports: Reports | None) -> None:
+        self.fold, self.stage, self.reports = fold, stage, reports
 
     def __call__(self, records: Iterator[tuple[Any, Any]]) -> Iterator[Any]:
         n = 0
@@ -380,11 +355,11 @@ def _restore_order(records: Iterator[tuple[int, Any]]) -> Iterator[Any]:
 class SortTask(Task):
     """Sorts one range partition of ``(key, item)`` pairs, yielding the items.
 
-    ``counts`` None: the items are counted elsewhere (a windowed stage's reduce).
+    ``reports`` None: the items are counted elsewhere (a windowed stage's reduce).
     """
 
-    def __init__(self, stage: str, counts: Any) -> None:
-        self.stage, self.counts = stage, counts
+    def __init__(self, stage: str, reports: Reports | None) -> None:
+        self.stage, self.reports = stage, reports
 
     def __call__(self, pairs: Iterator[tuple[Any, Any]]) -> Iterator[Any]:
         with self.attributing():
@@ -416,13 +391,11 @@ class SinkTask(Task):
         state: Any,
         stage: str,
         context: TaskContext,
-        counts: Any,
+        reports: Reports | None,
         reader: ReadTask | None = None,
-        event_times: Any = None,
     ) -> None:
         self.fused, self.sink, self.state, self.stage = fused, sink, state, stage
-        self.context, self.counts, self.reader = context, counts, reader
-        self.event_times = event_times
+        self.context, self.reports, self.reader = context, reports, reader
 
     def __call__(self, pidx: int, items: Iterator[Any]) -> Iterator[Any]:
         counts: dict[str, int] = {}
@@ -449,6 +422,9 @@ class SinkTask(Task):
 class BatchRun:
     """Plans and runs one batch job on a SparkContext; raises JobFailedError on failure."""
 
+    #: Whether tasks report event times (the watermark) and state ranges: a micro-batch's do.
+    _streaming = False
+
     def __init__(self, sc: Any, spec: BatchSpec) -> None:
         self.plan: Plan = spec.plan
         self.sc = sc
@@ -456,13 +432,13 @@ class BatchRun:
         self.metrics = spec.metrics
         self.cancelled = spec.cancelled
         self.on_commit = spec.on_commit
-        self.counts = sc.accumulator({}, CountsParam()) if spec.metrics else None
         #: Where the job's dead letters go (None: no stage sets items aside).
         self.dead_letters = spec.plan.dead_letters
-        self.dead = (sc.accumulator({}, DeadLettersParam())
-                     if self.dead_letters is not None else None)
-        #: Highest timestamps by source partition (streaming jobs set it: the watermark).
-        self.event_times: Any = None
+        #: What the tasks report: counts (with metrics), dead letters (when a stage
+        #: sets items aside); a micro-batch adds event times and state ranges.
+        self.reports = SparkReports.make(
+            sc, counts=spec.metrics, event_times=self._streaming,
+            dead_letters=self.dead_letters is not None, state_ranges=self._streaming)
         self.parallelism = max(1, int(sc.defaultParallelism))
         self._persisted: list[Any] = []
         self._started_ms = int(time.time() * 1000)
@@ -470,7 +446,8 @@ class BatchRun:
 
     def stage_counts(self) -> dict[str, int]:
         """Emitted items per stage so far (empty when metrics are off)."""
-        return dict(self.counts.value) if self.counts is not None else {}
+        counts = self.reports.counts
+        return dict(counts.value) if counts is not None else {}
 
     def run(self) -> BatchResult:
         """Run the plan, commit its sinks and say what it did; raises JobFailedError."""
@@ -541,7 +518,7 @@ class BatchRun:
         task_ctx = TaskContext(ctx.job_id, 0, ctx.store, ctx.options, stage=name)
         # A descriptor that cannot be pickled is the source stage's failure, named.
         rdd = parallelize(self.sc, descriptors, max(1, len(descriptors)), name)
-        return Flow(rdd, reader=ReadTask(source, name, task_ctx, self.counts),
+        return Flow(rdd, reader=ReadTask(source, name, task_ctx, self.reports),
                     stamp=self._stamp(spec, name))
 
     def _stamp(self, spec: SourceSpec, name: str) -> Stamp | None:
@@ -565,10 +542,8 @@ class BatchRun:
         self, flow: Flow, stage: str, terminal: Terminal | None = None, pairs_out: bool = False
     ) -> FusedPass:
         terminal = terminal or Terminal(TerminalKind.YIELD)
-        letters = terminal.late_letters or any(op.dead for op in flow.ops)
         return FusedPass(list(flow.ops), terminal, self.metrics,
-                         flow.stamp, pairs_out and flow.stamp is not None,
-                         dead=self.dead if letters else None)
+                         flow.stamp, pairs_out and flow.stamp is not None)
 
     def _materialize(
         self, flow: Flow, stage: str, pairs: bool = False, emitter: str | None = None
@@ -586,8 +561,7 @@ class BatchRun:
                                    flow.reader.stage)
             return flow.rdd
         return name_output(flow.rdd.mapPartitionsWithIndex(
-            PassTask(self._pass(flow, stage, pairs_out=pairs), stage, self.counts, flow.reader,
-                     event_times=self.event_times),
+            PassTask(self._pass(flow, stage, pairs_out=pairs), stage, self.reports, flow.reader),
             True,
         ), emitter or stage)
 
@@ -616,16 +590,15 @@ class BatchRun:
             terminal.late_letters = name in self.dead_letters.stages
         clock = getattr(fold, "clock", None)
         return name_output(flow.rdd.mapPartitionsWithIndex(
-            PassTask(self._pass(flow, name, terminal), name, self.counts, flow.reader,
-                     watermark=None if clock is None else clock.late_before,
-                     event_times=self.event_times),
+            PassTask(self._pass(flow, name, terminal), name, self.reports, flow.reader,
+                     watermark=None if clock is None else clock.late_before),
             True,
         ), name)
 
     def _keyed(self, spec: KeyedSpec, name: str, flow: Flow) -> Flow:
         fold = stage_fold(spec)
         mapped = self._map_side(fold, spec, name, flow)
-        task = ReduceTask(fold, name, self.counts)
+        task = ReduceTask(fold, name, self.reports)
         return Flow(self._reduce(mapped, task, self.parallelism, isinstance(spec, WindowSpec)))
 
     def _reduce(
@@ -696,7 +669,7 @@ class BatchRun:
     def _global_aggregate(self, spec: AggregateSpec, name: str, flow: Flow) -> Flow:
         fold = stage_fold(spec)
         mapped = self._map_side(fold, spec, name, flow)
-        task = ReduceTask(fold, name, self.counts)
+        task = ReduceTask(fold, name, self.reports)
         return Flow(self._reduce(mapped, task, 1))
 
     def _sort(self, spec: SortSpec, name: str, flow: Flow) -> Flow:
@@ -704,14 +677,13 @@ class BatchRun:
 
         terminal = Terminal(TerminalKind.SORTKEY, name, spec.key_fn, reverse=spec.reverse)
         keyed = name_output(flow.rdd.mapPartitionsWithIndex(
-            PassTask(self._pass(flow, name, terminal), name, self.counts, flow.reader,
-                     event_times=self.event_times),
+            PassTask(self._pass(flow, name, terminal), name, self.reports, flow.reader),
             True,
         ), name).persist(StorageLevel.MEMORY_AND_DISK)
         self._persisted.append(keyed)
         bounds = self._range_bounds(keyed, self.parallelism, name)
         ranged = partition_by(keyed, len(bounds) + 1, RangePartition(bounds), None)
-        return Flow(ranged.mapPartitions(SortTask(name, self.counts), True))
+        return Flow(ranged.mapPartitions(SortTask(name, self.reports), True))
 
     def _sink(self, node: Transform, spec: SinkSpec, name: str, flow: Flow) -> None:
         sink = spec.sink
@@ -722,8 +694,7 @@ class BatchRun:
             raise StageFailure(name, exc) from None
         task_ctx = TaskContext(ctx.job_id, 0, ctx.store, ctx.options, stage=name)
         task = SinkTask(
-            self._pass(flow, name), sink, state, name, task_ctx, self.counts, flow.reader,
-            self.event_times,
+            self._pass(flow, name), sink, state, name, task_ctx, self.reports, flow.reader,
         )
         entry: tuple[Transform, Any, Any, list[Any]] = (node, sink, state, [])
         self._written.append(entry)
@@ -743,11 +714,12 @@ class BatchRun:
     def _commit_all(self) -> None:
         if self.on_commit is not None:
             self.on_commit()
-        if self.dead_letters is not None and self.dead is not None and self.plan.nodes:
+        dead = self.reports.dead_letters
+        if self.dead_letters is not None and dead is not None and self.plan.nodes:
             # Before the sinks: a letter is durable by the time results show its batch.
             try:
                 written = commit_dead_letters(self.job_context(self.plan.nodes[0]),
-                                              self.dead_letters.stream, self.dead.value)
+                                              self.dead_letters.stream, dead.value)
             except Exception as exc:
                 raise JobFailedError(
                     f"writing the dead letters to stream {self.dead_letters.stream!r} "
@@ -757,7 +729,7 @@ class BatchRun:
                 log.warning("%d dead letter(s) written to stream %r", written,
                             self.dead_letters.stream)
                 # PySpark's registry keeps every accumulator: let go of the letters.
-                self.dead.value = {}
+                self.reports.forget_letters()
         while self._written:
             if self.cancelled():
                 raise JobFailedError("cancelled before commit")

@@ -15,15 +15,16 @@ sinks committing at the end) with three differences:
 The state's files and versions are :mod:`sparkjet.core.state_files`'; which
 task owns a key is :mod:`sparkjet.core.keygroups`'; what a fold does to a key's
 state is :mod:`sparkjet.core.keyed`'s. Each state task reports its range's
-keys, bytes and file once, through one accumulator of :class:`RangeReport`
-by :class:`~sparkjet.core.state_files.StateRange`.
+keys, bytes and file once, a :class:`~sparkjet.core.tasks.reports.RangeReport`
+by :class:`~sparkjet.core.state_files.StateRange` (on Spark, through one
+accumulator).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 from sparkjet.core import compaction
 from sparkjet.core.contracts import JobContext
@@ -31,44 +32,14 @@ from sparkjet.core.engine import BatchResult, BatchSpec, MicroBatchSpec, StateSi
 from sparkjet.core.graph import KeyedSpec, SourceSpec, Transform, state_ttl_ms
 from sparkjet.core.keyed import KeyedFold, fold_into, group_parts
 from sparkjet.core.keygroups import KeyGroupPartition, task_range
-from sparkjet.core.runtime.batch import BatchRun, EventTimesParam, Flow, Task
+from sparkjet.core.runtime.batch import BatchRun, Flow, Task
 from sparkjet.core.runtime.output import partition_by
 from sparkjet.core.state_cache import CACHE, CacheOwner
 from sparkjet.core.state_files import RangeState, StatePaths, StateRange, StateVersion
+from sparkjet.core.tasks.reports import RangeReport, Reports
 from sparkjet.core.windowing import stage_fold
 
 __all__ = ["MicroBatch", "StateTask"]
-
-
-class RangeReport(NamedTuple):
-    """What one state task reports of its range after the batch."""
-
-    #: Keys in the range.
-    keys: int
-    #: Bytes of the files the range's state is made of.
-    bytes: int
-    #: The file the task wrote (``""``: none).
-    file: str
-
-
-class RangeReportsParam:
-    """Accumulator of ``{StateRange: RangeReport}`` (PySpark AccumulatorParam protocol).
-
-    Spark adds a task's update once it succeeded, so a failed attempt's file
-    is never reported. Where a recomputed stage reports two attempts of one
-    range, the first by file name is kept, so every driver picks the same.
-    """
-
-    def zero(self, value: dict[StateRange, RangeReport]) -> dict[StateRange, RangeReport]:
-        return {}
-
-    def addInPlace(
-        self, left: dict[StateRange, RangeReport], right: dict[StateRange, RangeReport]
-    ) -> dict[StateRange, RangeReport]:
-        for key, report in right.items():
-            had = left.get(key)
-            left[key] = report if had is None or report.file < had.file else had
-        return left
 
 
 class StateTask(Task):
@@ -83,16 +54,15 @@ class StateTask(Task):
         batch: int,
         committed: int,
         now_ms: int,
-        counts: Any,
+        reports: Reports | None,
         tasks: int,
-        reports: Any = None,
         owner: CacheOwner | None = None,
     ) -> None:
         self.fold, self.stage, self.ttl_ms, self.paths = fold, stage, ttl_ms, paths
-        self.batch, self.committed, self.now_ms, self.counts = batch, committed, now_ms, counts
-        self.tasks = tasks
-        #: The batch's :class:`RangeReportsParam` accumulator (None: not reported).
+        self.batch, self.committed, self.now_ms = batch, committed, now_ms
+        #: Where the task reports its outputs' count and its range (None: nowhere).
         self.reports = reports
+        self.tasks = tasks
         #: The job the state is kept loaded for between batches (None: not kept).
         self.owner = owner
 
@@ -111,7 +81,8 @@ class StateTask(Task):
                 ) from None
         self.count({self.stage: len(outputs)})
         if self.reports is not None:
-            self.reports.add({StateRange(self.stage, lo, hi): RangeReport(keys, size, written)})
+            self.reports.state_range(
+                {StateRange(self.stage, lo, hi): RangeReport(keys, size, written)})
         yield from outputs
 
     def _timed_work(self) -> bool:
@@ -186,6 +157,8 @@ class StateTask(Task):
 class MicroBatch(BatchRun):
     """Runs one micro-batch of a streaming plan; see the module docstring."""
 
+    _streaming = True
+
     def __init__(self, sc: Any, spec: MicroBatchSpec) -> None:
         job_context = spec.job_context
 
@@ -203,10 +176,8 @@ class MicroBatch(BatchRun):
         self.tasks = spec.tasks
         # The batch's planned time, so a replay expires exactly what the first run did.
         self.now_ms = spec.now_ms
-        self.reports = sc.accumulator({}, RangeReportsParam())
         self.cache_owner = spec.cache_owner
         self.windows = dict(spec.windows)
-        self.event_times = sc.accumulator({}, EventTimesParam())
         #: Per source stage, the partition each Spark partition read (for the watermark).
         self._partitions: dict[str, list[str]] = {}
 
@@ -216,13 +187,13 @@ class MicroBatch(BatchRun):
 
     def _result(self) -> BatchResult:
         """The batch's counts, and per stage its state and the files that count."""
-        reports: dict[StateRange, RangeReport] = self.reports.value
+        reports: dict[StateRange, RangeReport] = self.reports.state_ranges.value
         state: dict[str, StateSize] = {}
         for key, report in reports.items():
             keys, size = state.get(key.stage, (0, 0))
             state[key.stage] = StateSize(keys + report.keys, size + report.bytes)
         seen: dict[str, dict[str, Any]] = {}
-        for (stage, pidx), highest in self.event_times.value.items():
+        for (stage, pidx), highest in self.reports.event_times.value.items():
             partition = self._partitions[stage][pidx]
             had = seen.setdefault(stage, {}).get(partition)
             seen[stage][partition] = highest if had is None or highest > had else had
@@ -246,7 +217,7 @@ class MicroBatch(BatchRun):
         mapped = self._map_side(fold, spec, name, flow)
         task = StateTask(
             fold, name, state_ttl_ms(spec), self.state, self.batch, self.committed,
-            self.now_ms, self.counts, self.tasks, self.reports, self.cache_owner,
+            self.now_ms, self.reports, self.tasks, self.cache_owner,
         )
         groups = self.state.key_groups
         shuffled = partition_by(mapped, self.tasks, KeyGroupPartition(groups, self.tasks), name)
