@@ -16,22 +16,19 @@ Shape of the work:
 
 from __future__ import annotations
 
-import bisect
 import logging
 import re
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any, assert_never
 
 from sparkjet.core.contracts import JobContext, TaskContext
-from sparkjet.core.dead_letters import commit_dead_letters, dead_counter
+from sparkjet.core.dead_letters import commit_dead_letters
 from sparkjet.core.engine import BatchResult, BatchSpec
 from sparkjet.core.errors import JobFailedError
-from sparkjet.core.event_time import late_counter
 from sparkjet.core.fusion import (
-    FOLDING,
     FusedPass,
     Op,
     StageFailure,
@@ -53,11 +50,12 @@ from sparkjet.core.graph import (
     Transform,
     WindowSpec,
 )
-from sparkjet.core.keyed import KeyedFold, folded_records, reduce_batch
+from sparkjet.core.keyed import KeyedFold
 from sparkjet.core.planner import Plan
 from sparkjet.core.runtime.output import name_output, parallelize, partition_by
 from sparkjet.core.runtime.reports import SparkReports
-from sparkjet.core.tasks.reports import Reports
+from sparkjet.core.tasks.passes import PassTask, RangePartition, ReduceTask, SinkTask, SortTask
+from sparkjet.core.tasks.read import ReadTask
 from sparkjet.core.windowing import stage_fold
 
 log = logging.getLogger("sparkjet.batch")
@@ -81,223 +79,9 @@ class Flow:
     stamp: Stamp | None = None
 
 
-# --- executor-side tasks -------------------------------------------------------
-# Module-level classes, so they pickle by reference plus their fields.
-
-
-def _fail(stage: str, fused: FusedPass | None, exc: BaseException) -> StageFailure:
-    if isinstance(exc, StageFailure):
-        return exc
-    found = fused.stage_of(exc) if fused is not None else None
-    return StageFailure(found or stage, exc)
-
-
-class Task:
-    """Base of the executor-side tasks: failure attribution and counting.
-
-    A task runs a partition's work inside ``with self.attributing():``, which
-    turns an exception into a :class:`StageFailure` naming the task's stage
-    (or, when a fused pass's generated code raised, the stage of that line),
-    and reports what it emitted with :meth:`count` or :meth:`count_pass`.
-    Both happen once per partition, never per item: the fused pass's loop
-    stays the hot loop.
-    """
-
-    stage: str
-    #: Where the task reports counts, event times and dead letters (None: nowhere).
-    reports: Reports | None
-    #: The fused pass the task runs, whose stages failures may be attributed to.
-    fused: FusedPass | None = None
-
-    def attributing(self) -> _Attributing:
-        """A context manager raising failures inside it as this task's StageFailure."""
-        return _Attributing(self)
-
-    def failure(self, exc: BaseException) -> StageFailure:
-        """``exc`` as a StageFailure of the stage it belongs to."""
-        return _fail(self.stage, self.fused, exc)
-
-    def count(self, emitted: dict[str, int]) -> None:
-        """Add ``{stage: emitted}`` (and other named counts) to the job's counts."""
-        reports = self.reports
-        if reports is not None and emitted:
-            reports.count(emitted)
-
-    def count_pass(self, raw: dict[str, int]) -> None:
-        """Add what each stage of the fused pass emitted, from its raw counters."""
-        reports = self.reports
-        if reports is not None and reports.counting and self.fused is not None:
-            stages = self.fused.stage_counts(raw)
-            self.count({stage: out for stage, (_, out) in stages.items()})
-
-    def report_time(self, pidx: int, state: dict[str, Any]) -> None:
-        """Report the partition's highest timestamp and late items the pass left in ``state``."""
-        fused = self.fused
-        if fused is None:
-            return
-        stamp = fused.stamp
-        highest = state.get("hi")
-        reports = self.reports
-        if (reports is not None and highest is not None and stamp is not None
-                and stamp.stage is not None):
-            reports.event_time({(stamp.stage, pidx): highest})
-        late = state.get("late")
-        if late:
-            self.count({late_counter(self.stage): late})
-
-    #: The source the pass reads itself, if any (a :class:`ReadTask`).
-    reader: ReadTask | None = None
-
-    def report_dead(self, pidx: int, state: dict[str, Any], descriptors: list[Any] | None) -> None:
-        """Report the dead letters the pass left in ``state`` (see :mod:`..dead_letters`).
-
-        A pass that read a source itself says which source partition each
-        letter's item came from (``index`` is its position there); after a
-        shuffle that is unknown, and both are None.
-        """
-        letters = state.get("dead")
-        reports = self.reports
-        if not letters or self.fused is None or reports is None:
-            return
-        reader = self.reader
-        descriptor = _MISSING_DESCRIPTOR
-        if reader is not None and descriptors is not None and len(descriptors) == 1:
-            descriptor = descriptors[0]
-        counted: dict[str, int] = {}
-        reported = {}
-        for seq, letter in enumerate(letters):
-            counter = dead_counter(letter["stage"])
-            counted[counter] = counted.get(counter, 0) + 1
-            where: dict[str, Any] = {"source": None, "partition": None, "offset": None,
-                                     "index": None}
-            if reader is not None and descriptor is not _MISSING_DESCRIPTOR:
-                where = {"source": reader.stage,
-                         "partition": _safely(reader.source.watermark_partition, descriptor),
-                         "offset": _safely(reader.source.offset_of, descriptor,
-                                           letter["index"]),
-                         "index": letter["index"]}
-            # Keyed by the letter's own stage: a merge's branches run passes under one
-            # task stage and the same partition numbers, but a stage is in one pass only.
-            reported[(letter["stage"], pidx, seq)] = {**letter, **where}
-        reports.dead(reported)
-        self.count(counted)
-
-
-_MISSING_DESCRIPTOR = object()
-
-
-def _safely(fn: Any, *args: Any) -> Any:
-    """``fn(*args)`` for a dead letter's where-abouts; None if the source cannot say."""
-    try:
-        return fn(*args)
-    except Exception:
-        return None
-
-
-class _Attributing:
-    __slots__ = ("task",)
-
-    def __init__(self, task: Task) -> None:
-        self.task = task
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
-        # Exception only: GeneratorExit and KeyboardInterrupt pass through as they are.
-        if isinstance(exc, Exception):
-            raise self.task.failure(exc) from None
-
-
-class ReadTask(Task):
-    """Reads one source partition descriptor per Spark partition."""
-
-    def __init__(
-        self, source: Any, stage: str, context: TaskContext, reports: Reports | None
-    ) -> None:
-        self.source, self.stage, self.context, self.reports = source, stage, context, reports
-
-    def __call__(self, pidx: int, descriptors: Iterator[Any]) -> Iterator[Any]:
-        yield from self.items(pidx, descriptors)
-
-    def items(self, pidx: int, descriptors: Iterable[Any]) -> Iterable[Any]:
-        """The partition's items: the source's own list when it returns one."""
-        wanted = list(descriptors)
-        if len(wanted) == 1:
-            with self.attributing():
-                items = self.source.read(wanted[0], self._context(pidx))
-            if isinstance(items, list | tuple):
-                self.count({self.stage: len(items)})
-                return items
-            return self._counted(pidx, [], items)
-        return self._counted(pidx, wanted, None)
-
-    def _context(self, pidx: int) -> TaskContext:
-        return replace(self.context, partition=pidx)
-
-    def _counted(self, pidx: int, descriptors: list[Any], first: Any) -> Iterator[Any]:
-        n = 0
-        with self.attributing():
-            if first is not None:
-                for item in first:
-                    n += 1
-                    yield item
-            for descriptor in descriptors:
-                for item in self.source.read(descriptor, self._context(pidx)):
-                    n += 1
-                    yield item
-        self.count({self.stage: n})
-
-
-class PassTask(Task):
-    """Runs a fused pass over one partition; its terminal shapes what it yields."""
-
-    fused: FusedPass
-
-    def __init__(
-        self,
-        fused: FusedPass,
-        stage: str,
-        reports: Reports | None,
-        reader: ReadTask | None = None,
-        *,
-        watermark: Any = None,
-    ) -> None:
-        self.fused, self.stage, self.reports, self.reader = fused, stage, reports, reader
-        #: A windowed terminal's watermark: items before it are late.
-        self.watermark = watermark
-
-    def __call__(self, pidx: int, items: Iterator[Any]) -> Iterator[Any]:
-        fused = self.fused
-        counts: dict[str, int] = {}
-        state: dict[str, Any] = {"pidx": pidx, "wm": self.watermark}
-        descriptors = None
-        with self.attributing():
-            if self.reader is not None:
-                descriptors = list(items)
-                items = iter(self.reader.items(pidx, descriptors))
-            if fused.terminal.kind in FOLDING:
-                yield from folded_records(fused, state, items, counts)
-            else:
-                yield from fused.run(items, counts, state)
-        self.count_pass(counts)
-        self.report_time(pidx, state)
-        self.report_dead(pidx, state, descriptors)
-
-
-class ReduceTask(Task):
-    """Reduce side of a keyed stage or the global aggregate; yields ``(position, output)``."""
-
-    def __init__(self, fold: KeyedFold, stage: str, reports: Reports | None) -> None:
-        self.fold, self.stage, self.reports = fold, stage, reports
-
-    def __call__(self, records: Iterator[tuple[Any, Any]]) -> Iterator[Any]:
-        n = 0
-        with self.attributing():
-            for out in reduce_batch(self.fold, records):
-                n += 1
-                yield out
-        self.count({self.stage: n})
+# --- Spark helpers ----------------------------------------------------------------
+# The tasks run per partition are sparkjet.core.tasks' (engine-neutral); what
+# follows turns them into Spark work.
 
 
 _PYTHON_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit)): (.*)$")
@@ -350,70 +134,6 @@ def _restore_order(records: Iterator[tuple[int, Any]]) -> Iterator[Any]:
     ordered = sorted((record for _, record in records), key=_first)
     for _, output in ordered:
         yield output
-
-
-class SortTask(Task):
-    """Sorts one range partition of ``(key, item)`` pairs, yielding the items.
-
-    ``reports`` None: the items are counted elsewhere (a windowed stage's reduce).
-    """
-
-    def __init__(self, stage: str, reports: Reports | None) -> None:
-        self.stage, self.reports = stage, reports
-
-    def __call__(self, pairs: Iterator[tuple[Any, Any]]) -> Iterator[Any]:
-        with self.attributing():
-            ordered = sorted(pairs, key=_first)
-        self.count({self.stage: len(ordered)})
-        for _, item in ordered:
-            yield item
-
-
-class RangePartition:
-    """Partition function for a range sort: the range a key (a SortKey, a position) falls into."""
-
-    def __init__(self, bounds: list[Any]) -> None:
-        self.bounds = bounds
-
-    def __call__(self, key: Any) -> int:
-        return bisect.bisect_left(self.bounds, key)
-
-
-class SinkTask(Task):
-    """Writes one partition to a sink (after the fused pass feeding it)."""
-
-    fused: FusedPass
-
-    def __init__(
-        self,
-        fused: FusedPass,
-        sink: Any,
-        state: Any,
-        stage: str,
-        context: TaskContext,
-        reports: Reports | None,
-        reader: ReadTask | None = None,
-    ) -> None:
-        self.fused, self.sink, self.state, self.stage = fused, sink, state, stage
-        self.context, self.reports, self.reader = context, reports, reader
-
-    def __call__(self, pidx: int, items: Iterator[Any]) -> Iterator[Any]:
-        counts: dict[str, int] = {}
-        state: dict[str, Any] = {"pidx": pidx}
-        ctx = replace(self.context, partition=pidx)
-        descriptors = None
-        with self.attributing():
-            source: Any = items
-            if self.reader is not None:
-                descriptors = list(items)
-                source = self.reader.items(pidx, descriptors)
-            if self.fused.ops or self.reader is None or self.fused.stamp is not None:
-                source = self.fused.run(iter(source), counts, state)
-            message = self.sink.write(self.state, source, ctx)
-        self.count_pass(counts)
-        self.report_time(pidx, state)
-        self.report_dead(pidx, state, descriptors)
-        yield message
 
 
 # --- driver side ----------------------------------------------------------------

@@ -32,10 +32,11 @@ from sparkjet.core.engine import BatchResult, BatchSpec, MicroBatchSpec, StateSi
 from sparkjet.core.graph import KeyedSpec, SourceSpec, Transform, state_ttl_ms
 from sparkjet.core.keyed import KeyedFold, fold_into, group_parts
 from sparkjet.core.keygroups import KeyGroupPartition, task_range
-from sparkjet.core.runtime.batch import BatchRun, Flow, Task
+from sparkjet.core.runtime.batch import BatchRun, Flow
 from sparkjet.core.runtime.output import partition_by
 from sparkjet.core.state_cache import CACHE, CacheOwner
 from sparkjet.core.state_files import RangeState, StatePaths, StateRange, StateVersion
+from sparkjet.core.tasks.base import Task
 from sparkjet.core.tasks.reports import RangeReport, Reports
 from sparkjet.core.windowing import stage_fold
 
