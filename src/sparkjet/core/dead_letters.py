@@ -17,10 +17,11 @@ How a letter travels, and why it is written once:
    stage's function, builds a letter (:func:`sparkjet.core.fusion.dead_letter`:
    the item, the stage, the error and its traceback, the item's index in the
    partition) and drops the item.
-2. The task adds the partition's letters, with the source stage and source
-   partition it read, to the batch's accumulator (:class:`DeadLettersParam`),
-   keyed by pass, partition and position: a recomputed task replaces its own
-   letters instead of adding them again.
+2. The task reports the partition's letters, with the source stage and
+   source partition it read, to the batch's reports (on Spark an accumulator;
+   see :mod:`sparkjet.core.tasks.reports`), keyed by pass, partition and
+   position: a recomputed task replaces its own letters instead of adding
+   them again.
 3. Before the sinks commit, the driver appends the batch's letters to the
    dead-letter stream (:func:`commit_dead_letters`), as a stream sink does:
    once per micro-batch token, so a replayed micro-batch (after a crash or a
@@ -48,7 +49,6 @@ __all__ = [
     "DEAD_LETTER",
     "ERROR_POLICIES",
     "DeadLetterPlan",
-    "DeadLettersParam",
     "commit_dead_letters",
     "dead_counter",
     "default_stream",
@@ -97,23 +97,6 @@ def plan_dead_letters(
         and (node.spec.on_error or job_policy) == DEAD_LETTER
     )
     return DeadLetterPlan(stream, stages) if stages else None
-
-
-class DeadLettersParam:
-    """Accumulator of ``{(stage, partition, seq): letter}`` (PySpark AccumulatorParam protocol).
-
-    Keys are positions, so a task that Spark runs again reports the same keys
-    and its letters replace themselves.
-    """
-
-    def zero(self, value: dict[tuple[str, int, int], Any]) -> dict[tuple[str, int, int], Any]:
-        return {}
-
-    def addInPlace(
-        self, left: dict[tuple[str, int, int], Any], right: dict[tuple[str, int, int], Any]
-    ) -> dict[tuple[str, int, int], Any]:
-        left.update(right)
-        return left
 
 
 def commit_dead_letters(

@@ -152,13 +152,11 @@ class FusedPass:
     stamp: Stamp | None = None
     #: A ``yield`` terminal yields ``(t, item)`` pairs (for a later pass to window).
     pairs_out: bool = False
-    #: The batch's dead-letter accumulator, when an op's policy is dead-letter.
-    dead: Any = None
     _compiled: Any = field(default=None, repr=False, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"ops": self.ops, "terminal": self.terminal, "metrics": self.metrics,
-                "stamp": self.stamp, "pairs_out": self.pairs_out, "dead": self.dead}
+                "stamp": self.stamp, "pairs_out": self.pairs_out}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(**state)  # type: ignore[misc]

@@ -16,22 +16,19 @@ Shape of the work:
 
 from __future__ import annotations
 
-import bisect
 import logging
 import re
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any, assert_never
 
 from sparkjet.core.contracts import JobContext, TaskContext
-from sparkjet.core.dead_letters import DeadLettersParam, commit_dead_letters, dead_counter
+from sparkjet.core.dead_letters import commit_dead_letters
 from sparkjet.core.engine import BatchResult, BatchSpec
 from sparkjet.core.errors import JobFailedError
-from sparkjet.core.event_time import late_counter
 from sparkjet.core.fusion import (
-    FOLDING,
     FusedPass,
     Op,
     StageFailure,
@@ -53,41 +50,17 @@ from sparkjet.core.graph import (
     Transform,
     WindowSpec,
 )
-from sparkjet.core.keyed import KeyedFold, folded_records, reduce_batch
+from sparkjet.core.keyed import KeyedFold
 from sparkjet.core.planner import Plan
 from sparkjet.core.runtime.output import name_output, parallelize, partition_by
+from sparkjet.core.runtime.reports import SparkReports
+from sparkjet.core.tasks.passes import PassTask, RangePartition, ReduceTask, SinkTask, SortTask
+from sparkjet.core.tasks.read import ReadTask
 from sparkjet.core.windowing import stage_fold
 
 log = logging.getLogger("sparkjet.batch")
 
 _first = itemgetter(0)
-
-
-class EventTimesParam:
-    """Accumulator of ``{(source stage, partition index): highest timestamp}`` (the max wins)."""
-
-    def zero(self, value: dict[tuple[str, int], Any]) -> dict[tuple[str, int], Any]:
-        return {}
-
-    def addInPlace(
-        self, left: dict[tuple[str, int], Any], right: dict[tuple[str, int], Any]
-    ) -> dict[tuple[str, int], Any]:
-        for key, value in right.items():
-            had = left.get(key)
-            left[key] = value if had is None or value > had else had
-        return left
-
-
-class CountsParam:
-    """Accumulator of ``{stage: emitted}`` counts (PySpark AccumulatorParam protocol)."""
-
-    def zero(self, value: dict[str, int]) -> dict[str, int]:
-        return {}
-
-    def addInPlace(self, left: dict[str, int], right: dict[str, int]) -> dict[str, int]:
-        for key, value in right.items():
-            left[key] = left.get(key, 0) + value
-        return left
 
 
 @dataclass
@@ -106,223 +79,9 @@ class Flow:
     stamp: Stamp | None = None
 
 
-# --- executor-side tasks -------------------------------------------------------
-# Module-level classes, so they pickle by reference plus their fields.
-
-
-def _fail(stage: str, fused: FusedPass | None, exc: BaseException) -> StageFailure:
-    if isinstance(exc, StageFailure):
-        return exc
-    found = fused.stage_of(exc) if fused is not None else None
-    return StageFailure(found or stage, exc)
-
-
-class Task:
-    """Base of the executor-side tasks: failure attribution and counting.
-
-    A task runs a partition's work inside ``with self.attributing():``, which
-    turns an exception into a :class:`StageFailure` naming the task's stage
-    (or, when a fused pass's generated code raised, the stage of that line),
-    and reports what it emitted with :meth:`count` or :meth:`count_pass`.
-    Both happen once per partition, never per item: the fused pass's loop
-    stays the hot loop.
-    """
-
-    stage: str
-    #: The job's counts accumulator, or None when metrics are off.
-    counts: Any
-    #: The fused pass the task runs, whose stages failures may be attributed to.
-    fused: FusedPass | None = None
-
-    def attributing(self) -> _Attributing:
-        """A context manager raising failures inside it as this task's StageFailure."""
-        return _Attributing(self)
-
-    def failure(self, exc: BaseException) -> StageFailure:
-        """``exc`` as a StageFailure of the stage it belongs to."""
-        return _fail(self.stage, self.fused, exc)
-
-    def count(self, emitted: dict[str, int]) -> None:
-        """Add ``{stage: emitted}`` (and other named counts) to the job's counts."""
-        if self.counts is not None and emitted:
-            self.counts.add(emitted)
-
-    def count_pass(self, raw: dict[str, int]) -> None:
-        """Add what each stage of the fused pass emitted, from its raw counters."""
-        if self.counts is not None and self.fused is not None:
-            stages = self.fused.stage_counts(raw)
-            self.count({stage: out for stage, (_, out) in stages.items()})
-
-    #: The batch's :class:`EventTimesParam` accumulator (None: not reported).
-    event_times: Any = None
-
-    def report_time(self, pidx: int, state: dict[str, Any]) -> None:
-        """Report the partition's highest timestamp and late items the pass left in ``state``."""
-        fused = self.fused
-        if fused is None:
-            return
-        stamp = fused.stamp
-        highest = state.get("hi")
-        if (self.event_times is not None and highest is not None and stamp is not None
-                and stamp.stage is not None):
-            self.event_times.add({(stamp.stage, pidx): highest})
-        late = state.get("late")
-        if late:
-            self.count({late_counter(self.stage): late})
-
-    #: The source the pass reads itself, if any (a :class:`ReadTask`).
-    reader: ReadTask | None = None
-
-    def report_dead(self, pidx: int, state: dict[str, Any], descriptors: list[Any] | None) -> None:
-        """Report the dead letters the pass left in ``state`` (see :mod:`..dead_letters`).
-
-        A pass that read a source itself says which source partition each
-        letter's item came from (``index`` is its position there); after a
-        shuffle that is unknown, and both are None.
-        """
-        letters = state.get("dead")
-        fused = self.fused
-        if not letters or fused is None or fused.dead is None:
-            return
-        reader = self.reader
-        descriptor = _MISSING_DESCRIPTOR
-        if reader is not None and descriptors is not None and len(descriptors) == 1:
-            descriptor = descriptors[0]
-        counted: dict[str, int] = {}
-        reported = {}
-        for seq, letter in enumerate(letters):
-            counter = dead_counter(letter["stage"])
-            counted[counter] = counted.get(counter, 0) + 1
-            where: dict[str, Any] = {"source": None, "partition": None, "offset": None,
-                                     "index": None}
-            if reader is not None and descriptor is not _MISSING_DESCRIPTOR:
-                where = {"source": reader.stage,
-                         "partition": _safely(reader.source.watermark_partition, descriptor),
-                         "offset": _safely(reader.source.offset_of, descriptor,
-                                           letter["index"]),
-                         "index": letter["index"]}
-            # Keyed by the letter's own stage: a merge's branches run passes under one
-            # task stage and the same partition numbers, but a stage is in one pass only.
-            reported[(letter["stage"], pidx, seq)] = {**letter, **where}
-        fused.dead.add(reported)
-        self.count(counted)
-
-
-_MISSING_DESCRIPTOR = object()
-
-
-def _safely(fn: Any, *args: Any) -> Any:
-    """``fn(*args)`` for a dead letter's where-abouts; None if the source cannot say."""
-    try:
-        return fn(*args)
-    except Exception:
-        return None
-
-
-class _Attributing:
-    __slots__ = ("task",)
-
-    def __init__(self, task: Task) -> None:
-        self.task = task
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
-        # Exception only: GeneratorExit and KeyboardInterrupt pass through as they are.
-        if isinstance(exc, Exception):
-            raise self.task.failure(exc) from None
-
-
-class ReadTask(Task):
-    """Reads one source partition descriptor per Spark partition."""
-
-    def __init__(self, source: Any, stage: str, context: TaskContext, counts: Any) -> None:
-        self.source, self.stage, self.context, self.counts = source, stage, context, counts
-
-    def __call__(self, pidx: int, descriptors: Iterator[Any]) -> Iterator[Any]:
-        yield from self.items(pidx, descriptors)
-
-    def items(self, pidx: int, descriptors: Iterable[Any]) -> Iterable[Any]:
-        """The partition's items: the source's own list when it returns one."""
-        wanted = list(descriptors)
-        if len(wanted) == 1:
-            with self.attributing():
-                items = self.source.read(wanted[0], self._context(pidx))
-            if isinstance(items, list | tuple):
-                self.count({self.stage: len(items)})
-                return items
-            return self._counted(pidx, [], items)
-        return self._counted(pidx, wanted, None)
-
-    def _context(self, pidx: int) -> TaskContext:
-        return replace(self.context, partition=pidx)
-
-    def _counted(self, pidx: int, descriptors: list[Any], first: Any) -> Iterator[Any]:
-        n = 0
-        with self.attributing():
-            if first is not None:
-                for item in first:
-                    n += 1
-                    yield item
-            for descriptor in descriptors:
-                for item in self.source.read(descriptor, self._context(pidx)):
-                    n += 1
-                    yield item
-        self.count({self.stage: n})
-
-
-class PassTask(Task):
-    """Runs a fused pass over one partition; its terminal shapes what it yields."""
-
-    fused: FusedPass
-
-    def __init__(
-        self,
-        fused: FusedPass,
-        stage: str,
-        counts: Any,
-        reader: ReadTask | None = None,
-        *,
-        watermark: Any = None,
-        event_times: Any = None,
-    ) -> None:
-        self.fused, self.stage, self.counts, self.reader = fused, stage, counts, reader
-        #: A windowed terminal's watermark: items before it are late.
-        self.watermark = watermark
-        self.event_times = event_times
-
-    def __call__(self, pidx: int, items: Iterator[Any]) -> Iterator[Any]:
-        fused = self.fused
-        counts: dict[str, int] = {}
-        state: dict[str, Any] = {"pidx": pidx, "wm": self.watermark}
-        descriptors = None
-        with self.attributing():
-            if self.reader is not None:
-                descriptors = list(items)
-                items = iter(self.reader.items(pidx, descriptors))
-            if fused.terminal.kind in FOLDING:
-                yield from folded_records(fused, state, items, counts)
-            else:
-                yield from fused.run(items, counts, state)
-        self.count_pass(counts)
-        self.report_time(pidx, state)
-        self.report_dead(pidx, state, descriptors)
-
-
-class ReduceTask(Task):
-    """Reduce side of a keyed stage or the global aggregate; yields ``(position, output)``."""
-
-    def __init__(self, fold: KeyedFold, stage: str, counts: Any) -> None:
-        self.fold, self.stage, self.counts = fold, stage, counts
-
-    def __call__(self, records: Iterator[tuple[Any, Any]]) -> Iterator[Any]:
-        n = 0
-        with self.attributing():
-            for out in reduce_batch(self.fold, records):
-                n += 1
-                yield out
-        self.count({self.stage: n})
+# --- Spark helpers ----------------------------------------------------------------
+# The tasks run per partition are sparkjet.core.tasks' (engine-neutral); what
+# follows turns them into Spark work.
 
 
 _PYTHON_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit)): (.*)$")
@@ -377,77 +136,14 @@ def _restore_order(records: Iterator[tuple[int, Any]]) -> Iterator[Any]:
         yield output
 
 
-class SortTask(Task):
-    """Sorts one range partition of ``(key, item)`` pairs, yielding the items.
-
-    ``counts`` None: the items are counted elsewhere (a windowed stage's reduce).
-    """
-
-    def __init__(self, stage: str, counts: Any) -> None:
-        self.stage, self.counts = stage, counts
-
-    def __call__(self, pairs: Iterator[tuple[Any, Any]]) -> Iterator[Any]:
-        with self.attributing():
-            ordered = sorted(pairs, key=_first)
-        self.count({self.stage: len(ordered)})
-        for _, item in ordered:
-            yield item
-
-
-class RangePartition:
-    """Partition function for a range sort: the range a key (a SortKey, a position) falls into."""
-
-    def __init__(self, bounds: list[Any]) -> None:
-        self.bounds = bounds
-
-    def __call__(self, key: Any) -> int:
-        return bisect.bisect_left(self.bounds, key)
-
-
-class SinkTask(Task):
-    """Writes one partition to a sink (after the fused pass feeding it)."""
-
-    fused: FusedPass
-
-    def __init__(
-        self,
-        fused: FusedPass,
-        sink: Any,
-        state: Any,
-        stage: str,
-        context: TaskContext,
-        counts: Any,
-        reader: ReadTask | None = None,
-        event_times: Any = None,
-    ) -> None:
-        self.fused, self.sink, self.state, self.stage = fused, sink, state, stage
-        self.context, self.counts, self.reader = context, counts, reader
-        self.event_times = event_times
-
-    def __call__(self, pidx: int, items: Iterator[Any]) -> Iterator[Any]:
-        counts: dict[str, int] = {}
-        state: dict[str, Any] = {"pidx": pidx}
-        ctx = replace(self.context, partition=pidx)
-        descriptors = None
-        with self.attributing():
-            source: Any = items
-            if self.reader is not None:
-                descriptors = list(items)
-                source = self.reader.items(pidx, descriptors)
-            if self.fused.ops or self.reader is None or self.fused.stamp is not None:
-                source = self.fused.run(iter(source), counts, state)
-            message = self.sink.write(self.state, source, ctx)
-        self.count_pass(counts)
-        self.report_time(pidx, state)
-        self.report_dead(pidx, state, descriptors)
-        yield message
-
-
 # --- driver side ----------------------------------------------------------------
 
 
 class BatchRun:
     """Plans and runs one batch job on a SparkContext; raises JobFailedError on failure."""
+
+    #: Whether tasks report event times (the watermark) and state ranges: a micro-batch's do.
+    _streaming = False
 
     def __init__(self, sc: Any, spec: BatchSpec) -> None:
         self.plan: Plan = spec.plan
@@ -456,13 +152,13 @@ class BatchRun:
         self.metrics = spec.metrics
         self.cancelled = spec.cancelled
         self.on_commit = spec.on_commit
-        self.counts = sc.accumulator({}, CountsParam()) if spec.metrics else None
         #: Where the job's dead letters go (None: no stage sets items aside).
         self.dead_letters = spec.plan.dead_letters
-        self.dead = (sc.accumulator({}, DeadLettersParam())
-                     if self.dead_letters is not None else None)
-        #: Highest timestamps by source partition (streaming jobs set it: the watermark).
-        self.event_times: Any = None
+        #: What the tasks report: counts (with metrics), dead letters (when a stage
+        #: sets items aside); a micro-batch adds event times and state ranges.
+        self.reports = SparkReports.make(
+            sc, counts=spec.metrics, event_times=self._streaming,
+            dead_letters=self.dead_letters is not None, state_ranges=self._streaming)
         self.parallelism = max(1, int(sc.defaultParallelism))
         self._persisted: list[Any] = []
         self._started_ms = int(time.time() * 1000)
@@ -470,7 +166,8 @@ class BatchRun:
 
     def stage_counts(self) -> dict[str, int]:
         """Emitted items per stage so far (empty when metrics are off)."""
-        return dict(self.counts.value) if self.counts is not None else {}
+        counts = self.reports.counts
+        return dict(counts.value) if counts is not None else {}
 
     def run(self) -> BatchResult:
         """Run the plan, commit its sinks and say what it did; raises JobFailedError."""
@@ -541,7 +238,7 @@ class BatchRun:
         task_ctx = TaskContext(ctx.job_id, 0, ctx.store, ctx.options, stage=name)
         # A descriptor that cannot be pickled is the source stage's failure, named.
         rdd = parallelize(self.sc, descriptors, max(1, len(descriptors)), name)
-        return Flow(rdd, reader=ReadTask(source, name, task_ctx, self.counts),
+        return Flow(rdd, reader=ReadTask(source, name, task_ctx, self.reports),
                     stamp=self._stamp(spec, name))
 
     def _stamp(self, spec: SourceSpec, name: str) -> Stamp | None:
@@ -565,10 +262,8 @@ class BatchRun:
         self, flow: Flow, stage: str, terminal: Terminal | None = None, pairs_out: bool = False
     ) -> FusedPass:
         terminal = terminal or Terminal(TerminalKind.YIELD)
-        letters = terminal.late_letters or any(op.dead for op in flow.ops)
         return FusedPass(list(flow.ops), terminal, self.metrics,
-                         flow.stamp, pairs_out and flow.stamp is not None,
-                         dead=self.dead if letters else None)
+                         flow.stamp, pairs_out and flow.stamp is not None)
 
     def _materialize(
         self, flow: Flow, stage: str, pairs: bool = False, emitter: str | None = None
@@ -586,8 +281,7 @@ class BatchRun:
                                    flow.reader.stage)
             return flow.rdd
         return name_output(flow.rdd.mapPartitionsWithIndex(
-            PassTask(self._pass(flow, stage, pairs_out=pairs), stage, self.counts, flow.reader,
-                     event_times=self.event_times),
+            PassTask(self._pass(flow, stage, pairs_out=pairs), stage, self.reports, flow.reader),
             True,
         ), emitter or stage)
 
@@ -616,16 +310,15 @@ class BatchRun:
             terminal.late_letters = name in self.dead_letters.stages
         clock = getattr(fold, "clock", None)
         return name_output(flow.rdd.mapPartitionsWithIndex(
-            PassTask(self._pass(flow, name, terminal), name, self.counts, flow.reader,
-                     watermark=None if clock is None else clock.late_before,
-                     event_times=self.event_times),
+            PassTask(self._pass(flow, name, terminal), name, self.reports, flow.reader,
+                     watermark=None if clock is None else clock.late_before),
             True,
         ), name)
 
     def _keyed(self, spec: KeyedSpec, name: str, flow: Flow) -> Flow:
         fold = stage_fold(spec)
         mapped = self._map_side(fold, spec, name, flow)
-        task = ReduceTask(fold, name, self.counts)
+        task = ReduceTask(fold, name, self.reports)
         return Flow(self._reduce(mapped, task, self.parallelism, isinstance(spec, WindowSpec)))
 
     def _reduce(
@@ -696,7 +389,7 @@ class BatchRun:
     def _global_aggregate(self, spec: AggregateSpec, name: str, flow: Flow) -> Flow:
         fold = stage_fold(spec)
         mapped = self._map_side(fold, spec, name, flow)
-        task = ReduceTask(fold, name, self.counts)
+        task = ReduceTask(fold, name, self.reports)
         return Flow(self._reduce(mapped, task, 1))
 
     def _sort(self, spec: SortSpec, name: str, flow: Flow) -> Flow:
@@ -704,14 +397,13 @@ class BatchRun:
 
         terminal = Terminal(TerminalKind.SORTKEY, name, spec.key_fn, reverse=spec.reverse)
         keyed = name_output(flow.rdd.mapPartitionsWithIndex(
-            PassTask(self._pass(flow, name, terminal), name, self.counts, flow.reader,
-                     event_times=self.event_times),
+            PassTask(self._pass(flow, name, terminal), name, self.reports, flow.reader),
             True,
         ), name).persist(StorageLevel.MEMORY_AND_DISK)
         self._persisted.append(keyed)
         bounds = self._range_bounds(keyed, self.parallelism, name)
         ranged = partition_by(keyed, len(bounds) + 1, RangePartition(bounds), None)
-        return Flow(ranged.mapPartitions(SortTask(name, self.counts), True))
+        return Flow(ranged.mapPartitions(SortTask(name, self.reports), True))
 
     def _sink(self, node: Transform, spec: SinkSpec, name: str, flow: Flow) -> None:
         sink = spec.sink
@@ -722,8 +414,7 @@ class BatchRun:
             raise StageFailure(name, exc) from None
         task_ctx = TaskContext(ctx.job_id, 0, ctx.store, ctx.options, stage=name)
         task = SinkTask(
-            self._pass(flow, name), sink, state, name, task_ctx, self.counts, flow.reader,
-            self.event_times,
+            self._pass(flow, name), sink, state, name, task_ctx, self.reports, flow.reader,
         )
         entry: tuple[Transform, Any, Any, list[Any]] = (node, sink, state, [])
         self._written.append(entry)
@@ -743,11 +434,12 @@ class BatchRun:
     def _commit_all(self) -> None:
         if self.on_commit is not None:
             self.on_commit()
-        if self.dead_letters is not None and self.dead is not None and self.plan.nodes:
+        dead = self.reports.dead_letters
+        if self.dead_letters is not None and dead is not None and self.plan.nodes:
             # Before the sinks: a letter is durable by the time results show its batch.
             try:
                 written = commit_dead_letters(self.job_context(self.plan.nodes[0]),
-                                              self.dead_letters.stream, self.dead.value)
+                                              self.dead_letters.stream, dead.value)
             except Exception as exc:
                 raise JobFailedError(
                     f"writing the dead letters to stream {self.dead_letters.stream!r} "
@@ -757,7 +449,7 @@ class BatchRun:
                 log.warning("%d dead letter(s) written to stream %r", written,
                             self.dead_letters.stream)
                 # PySpark's registry keeps every accumulator: let go of the letters.
-                self.dead.value = {}
+                self.reports.forget_letters()
         while self._written:
             if self.cancelled():
                 raise JobFailedError("cancelled before commit")

@@ -12,179 +12,40 @@ sinks committing at the end) with three differences:
   per batch), writes what changed and emits the updated results;
 - sinks commit with the batch id, so a replayed batch lands once.
 
-The state's files and versions are :mod:`sparkjet.core.state_files`'; which
+The state task itself is :mod:`sparkjet.core.tasks.state`'s (engine-neutral);
+here it is wired to Spark. The state's files and versions are
+:mod:`sparkjet.core.state_files`'; which
 task owns a key is :mod:`sparkjet.core.keygroups`'; what a fold does to a key's
 state is :mod:`sparkjet.core.keyed`'s. Each state task reports its range's
-keys, bytes and file once, through one accumulator of :class:`RangeReport`
-by :class:`~sparkjet.core.state_files.StateRange`.
+keys, bytes and file once, a :class:`~sparkjet.core.tasks.reports.RangeReport`
+by :class:`~sparkjet.core.state_files.StateRange` (on Spark, through one
+accumulator).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator
-from typing import Any, NamedTuple
+from collections.abc import Iterable
+from typing import Any
 
-from sparkjet.core import compaction
 from sparkjet.core.contracts import JobContext
 from sparkjet.core.engine import BatchResult, BatchSpec, MicroBatchSpec, StateSize
 from sparkjet.core.graph import KeyedSpec, SourceSpec, Transform, state_ttl_ms
-from sparkjet.core.keyed import KeyedFold, fold_into, group_parts
-from sparkjet.core.keygroups import KeyGroupPartition, task_range
-from sparkjet.core.runtime.batch import BatchRun, EventTimesParam, Flow, Task
+from sparkjet.core.keygroups import KeyGroupPartition
+from sparkjet.core.runtime.batch import BatchRun, Flow
 from sparkjet.core.runtime.output import partition_by
-from sparkjet.core.state_cache import CACHE, CacheOwner
-from sparkjet.core.state_files import RangeState, StatePaths, StateRange, StateVersion
+from sparkjet.core.state_files import StateRange
+from sparkjet.core.tasks.reports import RangeReport
+from sparkjet.core.tasks.state import StateTask
 from sparkjet.core.windowing import stage_fold
 
 __all__ = ["MicroBatch", "StateTask"]
 
 
-class RangeReport(NamedTuple):
-    """What one state task reports of its range after the batch."""
-
-    #: Keys in the range.
-    keys: int
-    #: Bytes of the files the range's state is made of.
-    bytes: int
-    #: The file the task wrote (``""``: none).
-    file: str
-
-
-class RangeReportsParam:
-    """Accumulator of ``{StateRange: RangeReport}`` (PySpark AccumulatorParam protocol).
-
-    Spark adds a task's update once it succeeded, so a failed attempt's file
-    is never reported. Where a recomputed stage reports two attempts of one
-    range, the first by file name is kept, so every driver picks the same.
-    """
-
-    def zero(self, value: dict[StateRange, RangeReport]) -> dict[StateRange, RangeReport]:
-        return {}
-
-    def addInPlace(
-        self, left: dict[StateRange, RangeReport], right: dict[StateRange, RangeReport]
-    ) -> dict[StateRange, RangeReport]:
-        for key, report in right.items():
-            had = left.get(key)
-            left[key] = report if had is None or report.file < had.file else had
-        return left
-
-
-class StateTask(Task):
-    """Reduce side of a keyed stage in a stream: partition ``p`` holds task ``p``'s key groups."""
-
-    def __init__(
-        self,
-        fold: KeyedFold,
-        stage: str,
-        ttl_ms: int | None,
-        paths: StatePaths,
-        batch: int,
-        committed: int,
-        now_ms: int,
-        counts: Any,
-        tasks: int,
-        reports: Any = None,
-        owner: CacheOwner | None = None,
-    ) -> None:
-        self.fold, self.stage, self.ttl_ms, self.paths = fold, stage, ttl_ms, paths
-        self.batch, self.committed, self.now_ms, self.counts = batch, committed, now_ms, counts
-        self.tasks = tasks
-        #: The batch's :class:`RangeReportsParam` accumulator (None: not reported).
-        self.reports = reports
-        #: The job the state is kept loaded for between batches (None: not kept).
-        self.owner = owner
-
-    def __call__(self, task: int, records: Iterator[tuple[Any, Any]]) -> Iterator[Any]:
-        lo, hi = task_range(task, self.tasks, self.paths.key_groups)
-        with self.attributing():
-            try:
-                outputs, keys, size, written = self._run(lo, hi, records)
-            except MemoryError:
-                CACHE.clear()  # give back what this worker kept loaded
-                raise MemoryError(
-                    f"the state of key groups [{lo}, {hi}) of {self.paths.key_groups} does not "
-                    f"fit in this Python worker's memory; run the job with more state tasks "
-                    f"(more cores; at most key_groups) or give the workers more memory "
-                    f"(spark.executor.pyspark.memory)"
-                ) from None
-        self.count({self.stage: len(outputs)})
-        if self.reports is not None:
-            self.reports.add({StateRange(self.stage, lo, hi): RangeReport(keys, size, written)})
-        yield from outputs
-
-    def _timed_work(self) -> bool:
-        """Whether event time gives the fold work this batch (a window may be due)."""
-        clock = getattr(self.fold, "clock", None) if self.fold.timed else None
-        return clock is not None and (clock.current > clock.previous or clock.early)
-
-    def _state(self, lo: int, hi: int, chain: list[StateVersion]) -> RangeState:
-        """Key groups ``[lo, hi)`` as of the last committed batch (made of ``chain``).
-
-        Kept loaded here (:mod:`sparkjet.core.state_cache`) and caught up, or read.
-        Used only when its files lie on the chain a fresh listing gives for the
-        batch the task starts from, brought up to it by the changelogs written
-        since (PySpark gives a task whichever worker is free, so another worker
-        may have run the range in between).
-        """
-        cached = CACHE.take((self.paths.root, self.stage, lo, hi))
-        if cached is not None and cached.batch <= self.committed:
-            # Kept from a batch this worker ran (committed since, or its files
-            # would not be on the listed chain): caught up by the changelogs
-            # of the batches other workers ran since, if any.
-            state = self.paths.catch_up(self.stage, lo, hi, cached.state, chain)
-            if state is not None:
-                return state
-        state = self.paths.read_chain(self.stage, lo, hi, chain)
-        if self.owner is not None and self.owner.budget > 0:
-            CACHE.loaded()
-        return state
-
-    def _keep(self, lo: int, hi: int, state: RangeState) -> None:
-        """Keep the range's state as of this batch loaded for its next task here."""
-        if self.owner is not None:
-            CACHE.put((self.paths.root, self.stage, lo, hi), self.batch, state, self.owner)
-
-    def _run(
-        self, lo: int, hi: int, records: Iterator[tuple[Any, Any]]
-    ) -> tuple[list[Any], int, int, str]:
-        """The batch's outputs, the range's keys and bytes after it, and the file written ("")."""
-        paths, stage = self.paths, self.stage
-        groups = group_parts(records)
-        versions = paths.versions(stage, lo, hi)
-        chain = StatePaths.chain(versions, self.committed, lo, hi)
-        # Files written by tasks of other ranges (the batch before ran with
-        # another number of tasks): this batch writes a full copy of its own.
-        own = all(v.lo == lo and v.hi == hi for v in chain)
-        # Nothing to fold in, expire, emit or rewrite:
-        if not groups and not self.ttl_ms and own and not self._timed_work():
-            if not chain:
-                return [], 0, 0, ""
-            return [], chain[-1].keys, sum(paths.size(stage, v) for v in chain), ""
-        state = self._state(lo, hi, chain)
-        changed: list[Any] = []
-        removed: list[Any] = []
-        outputs = fold_into(
-            self.fold, groups, state.values, state.touched, self.now_ms, self.ttl_ms,
-            changed, removed,
-        )
-        if not changed and not removed and own and (state.chain or not state.values):
-            # Nothing changed (a TTL with nothing to expire): no file for this batch.
-            self._keep(lo, hi, state)
-            return (outputs, len(state.values), sum(paths.size(stage, v) for v in state.chain),
-                    "")
-        background = compaction.shared(paths)
-        after = paths.write(stage, lo, hi, self.batch, state, changed, removed, versions,
-                            background=background)
-        self._keep(lo, hi, after)
-        if background and compaction.due(after.chain):
-            compaction.start(paths, stage, lo, hi, self.committed)
-        return outputs, len(after.values), sum(v.size for v in after.chain), after.chain[-1].name
-
-
 class MicroBatch(BatchRun):
     """Runs one micro-batch of a streaming plan; see the module docstring."""
+
+    _streaming = True
 
     def __init__(self, sc: Any, spec: MicroBatchSpec) -> None:
         job_context = spec.job_context
@@ -203,10 +64,8 @@ class MicroBatch(BatchRun):
         self.tasks = spec.tasks
         # The batch's planned time, so a replay expires exactly what the first run did.
         self.now_ms = spec.now_ms
-        self.reports = sc.accumulator({}, RangeReportsParam())
         self.cache_owner = spec.cache_owner
         self.windows = dict(spec.windows)
-        self.event_times = sc.accumulator({}, EventTimesParam())
         #: Per source stage, the partition each Spark partition read (for the watermark).
         self._partitions: dict[str, list[str]] = {}
 
@@ -216,13 +75,13 @@ class MicroBatch(BatchRun):
 
     def _result(self) -> BatchResult:
         """The batch's counts, and per stage its state and the files that count."""
-        reports: dict[StateRange, RangeReport] = self.reports.value
+        reports: dict[StateRange, RangeReport] = self.reports.state_ranges.value
         state: dict[str, StateSize] = {}
         for key, report in reports.items():
             keys, size = state.get(key.stage, (0, 0))
             state[key.stage] = StateSize(keys + report.keys, size + report.bytes)
         seen: dict[str, dict[str, Any]] = {}
-        for (stage, pidx), highest in self.event_times.value.items():
+        for (stage, pidx), highest in self.reports.event_times.value.items():
             partition = self._partitions[stage][pidx]
             had = seen.setdefault(stage, {}).get(partition)
             seen[stage][partition] = highest if had is None or highest > had else had
@@ -246,7 +105,7 @@ class MicroBatch(BatchRun):
         mapped = self._map_side(fold, spec, name, flow)
         task = StateTask(
             fold, name, state_ttl_ms(spec), self.state, self.batch, self.committed,
-            self.now_ms, self.counts, self.tasks, self.reports, self.cache_owner,
+            self.now_ms, self.reports, self.tasks, self.cache_owner,
         )
         groups = self.state.key_groups
         shuffled = partition_by(mapped, self.tasks, KeyGroupPartition(groups, self.tasks), name)

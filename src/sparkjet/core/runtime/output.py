@@ -14,55 +14,15 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Callable
 from typing import Any
 
 from pyspark.serializers import FramedSerializer
 
-from sparkjet.core.fusion import StageFailure, UnpicklableItem
+from sparkjet.core.tasks.pickling import unpicklable
 
 #: Orders the swaps of a SparkContext's shuffle serializer and its readers (see
 #: :func:`partition_by`).
 _SHUFFLE_LOCK = threading.Lock()
-#: How deep :func:`culprit` looks into lists, tuples, sets and dicts.
-_DEPTH = 8
-
-
-def culprit(value: Any, dumps: Callable[[Any], bytes], depth: int = _DEPTH) -> Any:
-    """The innermost part of ``value`` that ``dumps`` refuses (``value`` itself at the end)."""
-    if depth > 0:
-        if isinstance(value, dict):
-            parts: Any = (p for pair in value.items() for p in pair)
-        elif isinstance(value, list | tuple | set | frozenset):
-            parts = iter(value)
-        else:
-            parts = iter(())
-        for part in parts:
-            try:
-                dumps(part)
-            except Exception:
-                return culprit(part, dumps, depth - 1)
-    return value
-
-
-def unpicklable(
-    stage: str, value: Any, dumps: Callable[[Any], bytes], via: str = ""
-) -> StageFailure | None:
-    """The StageFailure naming ``stage`` and what in ``value`` cannot be pickled (None: all can).
-
-    ``via``: where the item was found, added to the message.
-    """
-    found = culprit(value, dumps)
-    try:
-        dumps(found)
-    except Exception as exc:
-        kind = type(found)
-        cause = exc.__cause__ or exc.__context__ or exc
-        return StageFailure(stage, UnpicklableItem(
-            f"item of type {kind.__module__}.{kind.__qualname__} cannot be pickled"
-            f"{f' ({via})' if via else ''}: {type(cause).__name__}: {cause}"
-        ))
-    return None
 
 
 class StageOutput(FramedSerializer):

@@ -1,0 +1,152 @@
+"""Task reports on Spark: the accumulators behind :class:`~sparkjet.core.tasks.reports.Reports`.
+
+Each AccumulatorParam merges with the engine-neutral rule of
+:mod:`sparkjet.core.tasks.reports`. :class:`SparkReports` holds a run's four
+accumulators and pickles with the tasks: an accumulator pickles as its id,
+and what a task adds on an executor reaches the driver once the task
+succeeded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sparkjet.core.state_files import StateRange
+from sparkjet.core.tasks.reports import (
+    RangeReport,
+    Reported,
+    merge_counts,
+    merge_dead_letters,
+    merge_event_times,
+    merge_state_ranges,
+)
+
+__all__ = [
+    "CountsParam",
+    "DeadLettersParam",
+    "EventTimesParam",
+    "RangeReportsParam",
+    "SparkReports",
+]
+
+
+class CountsParam:
+    """Accumulator of ``{stage: emitted}`` counts (PySpark AccumulatorParam protocol)."""
+
+    def zero(self, value: dict[str, int]) -> dict[str, int]:
+        return {}
+
+    def addInPlace(self, left: dict[str, int], right: dict[str, int]) -> dict[str, int]:
+        return merge_counts(left, right)
+
+
+class EventTimesParam:
+    """Accumulator of ``{(source stage, partition index): highest timestamp}`` (the max wins)."""
+
+    def zero(self, value: dict[tuple[str, int], Any]) -> dict[tuple[str, int], Any]:
+        return {}
+
+    def addInPlace(
+        self, left: dict[tuple[str, int], Any], right: dict[tuple[str, int], Any]
+    ) -> dict[tuple[str, int], Any]:
+        return merge_event_times(left, right)
+
+
+class DeadLettersParam:
+    """Accumulator of ``{(stage, partition, seq): letter}`` (PySpark AccumulatorParam protocol).
+
+    Keys are positions, so a task that Spark runs again reports the same keys
+    and its letters replace themselves.
+    """
+
+    def zero(self, value: dict[tuple[str, int, int], Any]) -> dict[tuple[str, int, int], Any]:
+        return {}
+
+    def addInPlace(
+        self, left: dict[tuple[str, int, int], Any], right: dict[tuple[str, int, int], Any]
+    ) -> dict[tuple[str, int, int], Any]:
+        return merge_dead_letters(left, right)
+
+
+class RangeReportsParam:
+    """Accumulator of ``{StateRange: RangeReport}`` (PySpark AccumulatorParam protocol).
+
+    Spark adds a task's update once it succeeded, so a failed attempt's file
+    is never reported. Where a recomputed stage reports two attempts of one
+    range, the first by file name is kept, so every driver picks the same.
+    """
+
+    def zero(self, value: dict[StateRange, RangeReport]) -> dict[StateRange, RangeReport]:
+        return {}
+
+    def addInPlace(
+        self, left: dict[StateRange, RangeReport], right: dict[StateRange, RangeReport]
+    ) -> dict[StateRange, RangeReport]:
+        return merge_state_ranges(left, right)
+
+
+@dataclass
+class SparkReports:
+    """A run's accumulators as :class:`~sparkjet.core.tasks.reports.Reports`; picklable.
+
+    A None accumulator drops what is reported to it: counts with metrics off,
+    event times in a batch job, dead letters when no stage makes any, state
+    ranges outside a micro-batch.
+    """
+
+    counts: Any = None
+    event_times: Any = None
+    dead_letters: Any = None
+    state_ranges: Any = None
+
+    @classmethod
+    def make(
+        cls, sc: Any, *, counts: bool, event_times: bool, dead_letters: bool, state_ranges: bool
+    ) -> SparkReports:
+        """The accumulators asked for, registered with SparkContext ``sc``."""
+        return cls(
+            sc.accumulator({}, CountsParam()) if counts else None,
+            sc.accumulator({}, EventTimesParam()) if event_times else None,
+            sc.accumulator({}, DeadLettersParam()) if dead_letters else None,
+            sc.accumulator({}, RangeReportsParam()) if state_ranges else None,
+        )
+
+    @property
+    def counting(self) -> bool:
+        """Whether counts are collected."""
+        return self.counts is not None
+
+    def count(self, counts: dict[str, int]) -> None:
+        """Add ``{stage or counter: n}`` to the counts accumulator."""
+        if self.counts is not None:
+            self.counts.add(counts)
+
+    def event_time(self, times: dict[tuple[str, int], Any]) -> None:
+        """Add the highest timestamps by source partition."""
+        if self.event_times is not None:
+            self.event_times.add(times)
+
+    def dead(self, letters: dict[tuple[str, int, int], Any]) -> None:
+        """Add dead letters by position."""
+        if self.dead_letters is not None:
+            self.dead_letters.add(letters)
+
+    def state_range(self, ranges: dict[StateRange, RangeReport]) -> None:
+        """Add state range reports."""
+        if self.state_ranges is not None:
+            self.state_ranges.add(ranges)
+
+    def snapshot(self) -> Reported:
+        """Copies of the accumulators' values (on the driver)."""
+        return Reported(_value(self.counts), _value(self.event_times),
+                        _value(self.dead_letters), _value(self.state_ranges))
+
+    def forget_letters(self) -> None:
+        """Let go of the dead letters (PySpark's registry keeps every accumulator)."""
+        if self.dead_letters is not None:
+            self.dead_letters.value = {}
+
+
+def _value(accumulator: Any) -> dict[Any, Any]:
+    return {} if accumulator is None else dict(accumulator.value)
