@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from sparkjet.aggregate import AggregateOperation, summing
 from sparkjet.core.event_time import NO_WATERMARK, WindowClock
 from sparkjet.core.fusion import FusedPass, Stamp, StampKind
-from sparkjet.core.keyed import fold_into, folded_records, group_parts
+from sparkjet.core.keyed import GroupAggregate, fold_into, folded_records, group_parts
 from sparkjet.core.state_files import RangeState, StatePaths
 from sparkjet.core.store.fs import Store
 from sparkjet.core.timers import DueIndex
@@ -240,3 +240,46 @@ def test_an_advance_over_idle_keys_pops_nothing_and_costs_far_less_than_the_scan
     scanned = time.perf_counter() - started
     assert out == scan == [] and len(values) == keys
     assert indexed < 0.05 and indexed * 10 < scanned
+
+
+# --- TTL: keys expired through the index equal the scan of every key's touched -------------
+
+ttl_batches = st.lists(st.tuples(st.lists(st.integers(0, 30), max_size=8), st.integers(0, 40),
+                                 st.sampled_from(["kept", "read", "compact"])),
+                       min_size=1, max_size=10)
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ttl_batches, st.integers(1, 60), st.booleans())
+def test_a_ttl_through_the_index_expires_what_the_scan_does(
+    tmp_path: Path, batches: list[Any], ttl: int, start_without: bool,
+) -> None:
+    fold = GroupAggregate(summing())
+    paths = StatePaths(Store(str(tmp_path)), f"{tmp_path}/state-{uuid.uuid4().hex}", key_groups=2)
+    # Many keys touched long ago and a few lately, so that changelogs are written.
+    touched0 = {f"old{i}": i for i in range(30)}
+    scanned, scanned_touched = {k: (k, 1) for k in touched0}, dict(touched0)
+    state = RangeState(dict(scanned), dict(touched0), [], {})
+    if not start_without:  # else: state files written before there were timers
+        fold_into(fold, {}, state.values, state.touched, 0, ttl, timers=state.timers)
+    now = 0
+    for batch, (keys, step, how) in enumerate(batches):
+        now += step
+        parts = [(0, i, k, 1) for i, k in enumerate(keys)]
+        if batch and (how == "read" or (how == "compact" and paths.compact("s", 0, 2, batch - 1))):
+            state = paths.read("s", 0, 2, batch - 1)[0]
+        assert state.timers is not None
+        scan_removed: list[Any] = []
+        out = fold_into(fold, group_parts((p[2], p) for p in parts), scanned, scanned_touched,
+                        now, ttl, [], scan_removed)
+        changed: list[Any] = []
+        removed: list[Any] = []
+        got = fold_into(fold, group_parts((p[2], p) for p in parts), state.values,
+                        state.touched, now, ttl, changed, removed, timers=state.timers)
+        assert got == out
+        assert sorted(map(str, removed)) == sorted(map(str, scan_removed))
+        assert state.values == scanned and state.touched == scanned_touched
+        if changed or removed or not state.chain:
+            state = paths.write("s", 0, 2, batch, state, changed, removed,
+                                paths.versions("s", 0, 2))

@@ -442,6 +442,23 @@ def reduce_batch(fold: KeyedFold, records: Iterable[tuple[Any, Any]]) -> Iterato
         yield from fold.empty()
 
 
+#: The name of a TTL's index in a range's ``timers``: keys by the time they last had items.
+TTL_TIMERS = "ttl"
+
+
+def _ttl_index(touched: dict[Any, int], timers: dict[str, DueIndex]) -> DueIndex:
+    """The range's index of keys by when they last had items; built from ``touched`` if missing."""
+    index = timers.get(TTL_TIMERS)
+    if index is None or index.of != TTL_TIMERS:
+        index = DueIndex(TTL_TIMERS)
+        for key, t in touched.items():
+            index.add(key, t)
+        index.changes()  # a reader without this index builds it just the same
+        timers[TTL_TIMERS] = index
+    index.synced = True
+    return index
+
+
 def fold_into(
     fold: KeyedFold,
     groups: dict[Any, list[Any]],
@@ -463,13 +480,22 @@ def fold_into(
     the TTL to ``removed`` (the batch's changelog).
 
     ``timers``, the range's due-time indexes (``RangeState.timers``), let a
-    timed fold visit only the keys that are due; they are kept up to date in
-    place (and built on first use). Without them a timed fold visits every
-    key as event time advances.
+    timed fold visit only the keys that are due, and a TTL expire only the
+    keys whose time ran out; they are kept up to date in place (and built on
+    first use). Without them a timed fold visits every key as event time
+    advances, and a TTL scans every key's ``touched``.
     """
+    ttl_index = None
     if ttl_ms:
         horizon = now_ms - int(ttl_ms)
-        for key in [k for k, t in touched.items() if t < horizon]:
+        if timers is None:
+            expired = [k for k, t in touched.items() if t < horizon]
+        else:
+            ttl_index = _ttl_index(touched, timers)
+            # A key popped but touched since is filed again under that touch: skip it.
+            expired = [k for k in ttl_index.pop_due(horizon - 1)
+                       if touched.get(k, horizon) < horizon]
+        for key in expired:
             values.pop(key, None)
             del touched[key]
             if removed is not None:
@@ -489,6 +515,8 @@ def fold_into(
                 index.add(key, due)
         if ttl_ms:
             touched[key] = now_ms
+            if ttl_index is not None:
+                ttl_index.add(key, now_ms)
         if changed is not None:
             changed.append(key)
     if fold.timed:
