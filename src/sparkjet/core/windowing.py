@@ -256,18 +256,16 @@ class WindowFold(KeyedFold):
         emit = self._emitter(out, first)
         due: dict[Any, None] = {}
         if index is None:
-            keys: list[Any] = list(values)
+            entries = list(values.items())
         else:
             # Only the keys filed at or before the watermark have windows to emit or
-            # frames to purge; early results need every key with open windows.
+            # frames to purge; early results need every key with open windows. A key
+            # filed but gone (a TTL dropped it) has nothing left.
             due = dict.fromkeys(index.pop_due(clock.current))
-            keys = list(values) if clock.early else list(due)
+            entries = (list(values.items()) if clock.early
+                       else [(k, values[k]) for k in due if k in values])
         current = clock.current
-        for group_key in keys:
-            entry = values.get(group_key, MISSING)
-            if entry is MISSING:  # dropped since it was filed (a TTL): nothing left
-                continue
-            key, stored = entry
+        for group_key, (key, stored) in entries:
             state = reshaped(stored, self.definition, self.operation)
             if isinstance(state, Frames):
                 left: Any = self._frames(key, state, emit)
