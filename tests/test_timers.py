@@ -224,7 +224,7 @@ def test_an_index_kept_for_another_window_is_rebuilt() -> None:
 
 
 def test_an_advance_over_idle_keys_pops_nothing_and_costs_far_less_than_the_scan() -> None:
-    keys = 200_000
+    keys = 100_000
     values = {k: (k, Frames(1000, {10_000: 1})) for k in range(keys)}
     timers: dict[str, DueIndex] = {}
     definition = WindowDefinition.tumbling(1000)
