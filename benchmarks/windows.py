@@ -29,12 +29,20 @@ showing the window whose end it passed). State held: sparkjet's
 ``snapshotKeys`` / ``snapshotBytes`` of the windowed stage, Spark's
 ``numRowsTotal`` / ``memoryUsedBytes`` of its state operator, after the
 throughput phase.
+
+``--idle-keys N`` runs a micro-benchmark of the reduce side instead (no
+Spark): a range holding N keys of the sliding query, none of them due, and
+one watermark step of a slide, timed with the range's due-time index (window
+timers) and with the scan of every key, in one process; then a batch of
+--fold-keys keys folded into that range with and without the index (the
+per-key cost the index adds).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import os
 import random
 import statistics
@@ -71,6 +79,10 @@ def parse_args() -> argparse.Namespace:
                         help="sparkjet's snapshot interval and native's trigger")
     parser.add_argument("--queries", default="sliding,tumbling")
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--idle-keys", type=int, default=0,
+                        help="instead: time a watermark step over this many idle keys")
+    parser.add_argument("--fold-keys", type=int, default=100_000,
+                        help="with --idle-keys: keys of the batch folded in")
     return parser.parse_args()
 
 
@@ -324,8 +336,89 @@ def run(contender: Contender, args: argparse.Namespace, size: int, slide: int
         contender.stop()
 
 
+def _idle_range(keys: int, slide: int, end: int) -> dict[Any, Any]:
+    """A range of ``keys`` keys, each with one frame ending at ``end``."""
+    from sparkjet.core.windowing import Frames
+
+    return {k: (k, Frames(slide, {end: 1})) for k in range(keys)}
+
+
+def _timed(run: Callable[[], Any], times: int) -> float:
+    """The median seconds of ``times`` runs."""
+    seconds = []
+    for _ in range(times):
+        started = time.perf_counter()
+        run()
+        seconds.append(time.perf_counter() - started)
+    return statistics.median(seconds)
+
+
+def idle_keys(args: argparse.Namespace) -> None:
+    """One watermark step over ``--idle-keys`` keys, with the index and by the scan."""
+    from sparkjet.core.event_time import WindowClock
+    from sparkjet.core.keyed import fold_into
+    from sparkjet.core.timers import DueIndex
+    from sparkjet.core.windowing import WindowFold
+
+    size, slide = QUERIES["sliding"]
+    definition = WindowDefinition.sliding(size, slide)
+    n = args.idle_keys
+    far = 1000 * slide  # every key's frame ends far ahead: no window of theirs closes
+    values = _idle_range(n, slide, far)
+    timers: dict[str, DueIndex] = {}
+    step = iter(range(10**6))
+
+    def fold(clock: WindowClock) -> WindowFold:
+        return WindowFold(definition, counting(), True, clock)
+
+    gc.collect()
+    gc.freeze()  # as the state cache keeps a range: out of the collector's way
+    started = time.perf_counter()
+    fold_into(fold(WindowClock(0, slide)), {}, values, {}, 0, None, [], [], timers)
+    built = time.perf_counter() - started
+    gc.collect()
+    gc.freeze()
+
+    def advance(indexed: bool) -> None:
+        w = slide * (2 + next(step))
+        changed: list[Any] = []
+        removed: list[Any] = []
+        out = fold_into(fold(WindowClock(w - slide, w)), {}, values, {}, 0, None, changed,
+                        removed, timers if indexed else None)
+        assert not out
+        assert not changed
+        assert not removed
+        assert len(values) == n
+
+    indexed = _timed(lambda: advance(True), 5)
+    scanned = _timed(lambda: advance(False), 3)
+    print(f"{n:,} idle keys of a {size} ms window sliding by {slide} ms; one watermark step "
+          f"of a slide:")
+    print(f"  with the index  {indexed * 1e3:10.3f} ms   (index built once from the keys: "
+          f"{built * 1e3:.0f} ms)")
+    print(f"  scan every key  {scanned * 1e3:10.3f} ms   ratio {scanned / indexed:,.0f}x")
+
+    k = min(args.fold_keys, n)
+
+    def fold_batch(indexed: bool) -> None:
+        groups = {key: [(0, key, key, {far: 1})] for key in range(k)}
+        w = slide * 2
+        fold_into(fold(WindowClock(w, w)), groups, values, {}, 0, None, [], [],
+                  timers if indexed else None)
+
+    with_index = _timed(lambda: fold_batch(True), 5)
+    without = _timed(lambda: fold_batch(False), 5)
+    print(f"a batch folding {k:,} of those keys (one part each), the watermark not moving:")
+    print(f"  with the index  {with_index * 1e3:10.1f} ms  ({with_index / k * 1e9:,.0f} ns/key, "
+          f"filing each key included)")
+    print(f"  without         {without * 1e3:10.1f} ms  ({without / k * 1e9:,.0f} ns/key)")
+
+
 def main() -> None:
     args = parse_args()
+    if args.idle_keys:
+        idle_keys(args)
+        return
     client = connect(args.master)
     print(f"{args.n:,} bids over {args.auctions:,} auctions, {args.rate:,} bids per second of "
           f"event time, up to {args.jitter_ms} ms out of order (the allowed lag), on "

@@ -62,6 +62,7 @@ from sparkjet.core.graph import (
     GroupApplySpec,
     MapStatefulSpec,
 )
+from sparkjet.core.timers import DueIndex
 
 #: A part's place in encounter order, ``(pidx, pos)``: the sort key of a key's parts.
 position = itemgetter(0, 1)
@@ -117,19 +118,32 @@ class KeyedFold(ABC):
         return []
 
     #: Whether the fold has work of its own as event time advances (windows):
-    #: :meth:`advance` runs after every batch's fold, for every key.
+    #: :meth:`advance` runs after every batch's fold, for the keys that are due.
     timed = False
 
     def advance(
         self, values: dict[Any, Any], out: list[tuple[Any, Any]], changed: list[Any],
-        removed: list[Any],
+        removed: list[Any], index: DueIndex | None = None,
     ) -> None:
-        """Emit and purge what event time made due, over all keys' ``values``.
+        """Emit and purge what event time made due, over ``values``.
 
         Appends ``(position, output)`` pairs to ``out``, the keys changed to
         ``changed`` and the keys dropped (deleted from ``values``) to ``removed``.
-        Only timed folds have any.
+        With ``index`` (:meth:`due_index`'s), visits only the keys it files as
+        due and files them anew; without, every key. Only timed folds have any.
         """
+        return None
+
+    def due_index(self, values: dict[Any, Any], timers: dict[str, DueIndex]) -> DueIndex | None:
+        """The index in ``timers`` of when ``values``' keys are due, made ready (timed folds).
+
+        Rebuilt from ``values`` where ``timers`` holds none, or one kept for
+        another definition. None for folds without timers.
+        """
+        return None
+
+    def due(self, entry: Any) -> int | None:
+        """When the key of ``entry``, just folded, is next due (None: not at all)."""
         return None
 
 
@@ -428,6 +442,23 @@ def reduce_batch(fold: KeyedFold, records: Iterable[tuple[Any, Any]]) -> Iterato
         yield from fold.empty()
 
 
+#: The name of a TTL's index in a range's ``timers``: keys by the time they last had items.
+TTL_TIMERS = "ttl"
+
+
+def _ttl_index(touched: dict[Any, int], timers: dict[str, DueIndex]) -> DueIndex:
+    """The range's index of keys by when they last had items; built from ``touched`` if missing."""
+    index = timers.get(TTL_TIMERS)
+    if index is None or index.of != TTL_TIMERS:
+        index = DueIndex(TTL_TIMERS)
+        for key, t in touched.items():
+            index.add(key, t)
+        index.changes()  # a reader without this index builds it just the same
+        timers[TTL_TIMERS] = index
+    index.synced = True
+    return index
+
+
 def fold_into(
     fold: KeyedFold,
     groups: dict[Any, list[Any]],
@@ -437,6 +468,7 @@ def fold_into(
     ttl_ms: int | None,
     changed: list[Any] | None = None,
     removed: list[Any] | None = None,
+    timers: dict[str, DueIndex] | None = None,
 ) -> list[Any]:
     """Streaming reduce side: fold a micro-batch's parts into a shard's per-key state.
 
@@ -446,10 +478,24 @@ def fold_into(
     ran out are forgotten first, so this batch sees them as new. Returns the
     outputs; the keys set are appended to ``changed`` and those dropped by
     the TTL to ``removed`` (the batch's changelog).
+
+    ``timers``, the range's due-time indexes (``RangeState.timers``), let a
+    timed fold visit only the keys that are due, and a TTL expire only the
+    keys whose time ran out; they are kept up to date in place (and built on
+    first use). Without them a timed fold visits every key as event time
+    advances, and a TTL scans every key's ``touched``.
     """
+    ttl_index = None
     if ttl_ms:
         horizon = now_ms - int(ttl_ms)
-        for key in [k for k, t in touched.items() if t < horizon]:
+        if timers is None:
+            expired = [k for k, t in touched.items() if t < horizon]
+        else:
+            ttl_index = _ttl_index(touched, timers)
+            # A key popped but touched since is filed again under that touch: skip it.
+            expired = [k for k in ttl_index.pop_due(horizon - 1)
+                       if touched.get(k, horizon) < horizon]
+        for key in expired:
             values.pop(key, None)
             del touched[key]
             if removed is not None:
@@ -457,19 +503,26 @@ def fold_into(
     out: list[tuple[Any, Any]] = []
     get = values.get
     fold_key = fold.fold
+    index = fold.due_index(values, timers) if timers is not None and fold.timed else None
     for group_key, parts in groups.items():
         if len(parts) > 1:
             parts.sort(key=position)
         key, entry = fold_key(group_key, parts, get(group_key, MISSING), out)
         values[key] = entry
+        if index is not None:
+            due = fold.due(entry)
+            if due is not None:
+                index.add(key, due)
         if ttl_ms:
             touched[key] = now_ms
+            if ttl_index is not None:
+                ttl_index.add(key, now_ms)
         if changed is not None:
             changed.append(key)
     if fold.timed:
         timed_changed: list[Any] = []
         timed_removed: list[Any] = []
-        fold.advance(values, out, timed_changed, timed_removed)
+        fold.advance(values, out, timed_changed, timed_removed, index)
         if changed is not None:
             # A key folded in and then emitted to nothing is removed, not set.
             changed[:] = [k for k in dict.fromkeys([*changed, *timed_changed]) if k in values]

@@ -15,13 +15,19 @@ task attempt that wrote it (a compaction's start with ``z``), so attempts
 never overwrite one another.
 
 Contents: a ``.state`` file (a full copy) is a cloudpickle of ``{"values":
-{key: entry}, "touched": {key: millis}}`` (entries as
+{key: entry}, "touched": {key: millis}, "timers": {kind: index}}`` (entries as
 :class:`sparkjet.core.keyed.KeyedFold` describes; ``touched`` only for stages
-with a TTL); a ``.delta`` file (one batch's changelog) a cloudpickle of
-``{"set": {key: entry}, "touched": {key: millis}, "removed": [key]}``. A key
-group's state as of batch ``b`` is the newest ``.state`` covering it not
-after ``b`` with the ``.delta`` files covering it after that, up to ``b``,
-applied in order.
+with a TTL; ``timers``, the keys by due time, for windowed stages, each
+index as :meth:`sparkjet.core.timers.DueIndex.to_state` gives it); a
+``.delta`` file (one batch's changelog) a cloudpickle of ``{"set": {key:
+entry}, "touched": {key: millis}, "removed": [key], "due": {kind: changes}}``
+(``due``: :meth:`sparkjet.core.timers.DueIndex.changes`). A key group's state
+as of batch ``b`` is the newest ``.state`` covering it not after ``b`` with
+the ``.delta`` files covering it after that, up to ``b``, applied in order.
+Files written before there were timers have no ``timers`` and ``due``: the
+range's index is rebuilt from its keys when the fold first meets it, and so
+it is for a chain of several ranges' files (rare: the number of state tasks
+changed).
 
 Which file of a batch and range counts is what the batch's commit record
 says (:class:`StateRange` to file name; see :meth:`StatePaths.counts`).
@@ -41,6 +47,7 @@ from sparkjet.core.keygroups import key_group
 from sparkjet.core.model import DEFAULT_KEY_GROUPS
 from sparkjet.core.naming import decode_name, encode_name, unpickle
 from sparkjet.core.store.fs import Store
+from sparkjet.core.timers import DueIndex
 
 _GROUP_WIDTH = 5  # digits of a key group number in file names
 _WIDTH = 20  # digits of a batch number in file names
@@ -140,11 +147,18 @@ def _parse_version(entry: str, folder: str = "") -> StateVersion | None:
 
 
 class RangeState(NamedTuple):
-    """The state of key groups ``[lo, hi)`` as of one batch, and the files it was read from."""
+    """The state of key groups ``[lo, hi)`` as of one batch, and the files it was read from.
+
+    ``timers``: the range's indexes of keys by due time, by kind (``"window"``),
+    as read from its files (None where not kept: a timed fold then visits
+    every key). Only an index that a fold keeps up to date
+    (:attr:`DueIndex.synced`) is written back.
+    """
 
     values: dict[Any, Any]
     touched: dict[Any, int]
     chain: list[StateVersion]
+    timers: dict[str, DueIndex] | None = None
 
 
 def _loads_paused(raw: bytes) -> Any:
@@ -162,6 +176,29 @@ def _loads_paused(raw: bytes) -> Any:
     finally:
         if enabled:
             gc.enable()
+
+
+def _timers_of(data: dict[str, Any]) -> dict[str, DueIndex]:
+    """The indexes a full copy holds (none in one written before there were timers)."""
+    return {kind: DueIndex.from_state(state) for kind, state in data.get("timers", {}).items()}
+
+
+def _replay_due(timers: dict[str, DueIndex], delta: dict[str, Any]) -> None:
+    """Bring ``timers`` past one changelog; an index the changelog says nothing of is dropped.
+
+    (Its writer did not keep that index up to date: it is rebuilt where it is next used.)
+    """
+    due = delta.get("due", {})
+    for kind in list(timers):
+        if kind in due:
+            timers[kind].apply_changes(due[kind])
+        else:
+            del timers[kind]
+
+
+def _written_timers(timers: dict[str, DueIndex] | None) -> dict[str, DueIndex]:
+    """The indexes to write with a range's state: those a fold keeps up to date."""
+    return {kind: index for kind, index in (timers or {}).items() if index.synced}
 
 
 def _starts(chain: list[StateVersion], lo: int, hi: int) -> dict[int, int]:
@@ -339,6 +376,7 @@ class StatePaths:
         """The state of key groups ``[lo, hi)`` that the files of ``chain`` make up."""
         values: dict[Any, Any] = {}
         touched: dict[Any, int] = {}
+        timers: dict[str, DueIndex] = {}
         simple = all(v.lo == lo and v.hi == hi for v in chain)
         starts = {} if simple else _starts(chain, lo, hi)
         for version in chain:
@@ -346,8 +384,10 @@ class StatePaths:
             if simple:
                 if version.full:
                     values, touched = data["values"], data["touched"]
+                    timers = _timers_of(data)
                 else:
                     _apply(values, touched, data, None, self.key_groups)
+                    _replay_due(timers, data)
                 self._check_keys(stage, version, len(values))
                 continue
             overlap = range(max(version.lo, lo), min(version.hi, hi))
@@ -363,7 +403,7 @@ class StatePaths:
                 keep = {g for g in overlap if version.batch > starts[g]}
                 whole = len(keep) == version.hi - version.lo
                 _apply(values, touched, data, None if whole else keep, self.key_groups)
-        return RangeState(values, touched, list(chain))
+        return RangeState(values, touched, list(chain), timers)
 
     def read(self, stage: str, lo: int, hi: int, committed: int) -> tuple[RangeState, int]:
         """The state of key groups ``[lo, hi)`` as of ``committed``, and the bytes read."""
@@ -397,20 +437,29 @@ class StatePaths:
         compaction is left to :meth:`compact` up to :data:`COMPACT_LIMIT`
         changelogs.
         """
-        values, touched, chain = state
+        values, touched, chain, timers = state
+        kept = _written_timers(timers)
         simple = bool(chain) and all(v.lo == lo and v.hi == hi for v in chain)
         deltas = sum(1 for v in chain if not v.full)
         limit = COMPACT_LIMIT if background else COMPACT_EVERY
         full = not simple or deltas + 1 >= limit or 2 * (
             len(changed) + len(removed)) >= max(len(values), 1)
+        content: dict[str, Any]
         if full:
-            data = cloudpickle.dumps({"values": values, "touched": touched})
+            content = {"values": values, "touched": touched}
+            if kept:
+                content["timers"] = {kind: index.to_state() for kind, index in kept.items()}
         else:
-            data = cloudpickle.dumps({
+            content = {
                 "set": {key: values[key] for key in changed},
                 "touched": {key: touched[key] for key in changed if key in touched},
                 "removed": removed,
-            })
+            }
+            if kept:
+                content["due"] = {kind: index.changes() for kind, index in kept.items()}
+        for index in kept.values():
+            index.changes()  # what a full copy holds, or the changelog took
+        data = cloudpickle.dumps(content)
         written = _new_version(batch, lo, hi, len(values), data, full)
         self.store.write_bytes(self.path(stage, written), data)
         fulls = [v for v in chain if v.full]
@@ -419,7 +468,7 @@ class StatePaths:
                 if (self.pinned < version.batch < fulls[0].batch and lo <= version.lo
                         and version.hi <= hi):
                     self.store.remove(self.path(stage, version))
-        return RangeState(values, touched, [written] if full else [*chain, written])
+        return RangeState(values, touched, [written] if full else [*chain, written], timers)
 
     def write_copy(
         self, stage: str, lo: int, hi: int, batch: int, keys: int, data: bytes
@@ -448,8 +497,12 @@ class StatePaths:
         if not chain or all(v.full for v in chain) or not all(
                 v.lo == lo and v.hi == hi for v in chain):
             return None
-        values, touched, _ = self.read_chain(stage, lo, hi, chain)
-        data = cloudpickle.dumps({"values": values, "touched": touched})
+        values, touched, _, timers = self.read_chain(stage, lo, hi, chain)
+        # The indexes as the files make them up: as good as those files.
+        content: dict[str, Any] = {"values": values, "touched": touched}
+        if timers:
+            content["timers"] = {kind: index.to_state() for kind, index in timers.items()}
+        data = cloudpickle.dumps(content)
         written = _new_version(chain[-1].batch, lo, hi, len(values), data, True, compacted=True)
         self.store.write_bytes(self.path(stage, written), data)
         return written
@@ -497,10 +550,13 @@ class StatePaths:
         if extra is None or not all(v.lo == lo and v.hi == hi for v in extra):
             return None
         values, touched = kept.values, kept.touched
+        timers = {} if kept.timers is None else kept.timers
         for version in extra:
-            _apply(values, touched, self._load(stage, version), None, self.key_groups)
+            data = self._load(stage, version)
+            _apply(values, touched, data, None, self.key_groups)
+            _replay_due(timers, data)
             self._check_keys(stage, version, len(values))
-        return RangeState(values, touched, list(listed))
+        return RangeState(values, touched, list(listed), timers)
 
     def stages(self) -> list[str]:
         """The names of the stages that have state here."""

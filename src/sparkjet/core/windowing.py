@@ -26,6 +26,17 @@ first use (:func:`reshaped`): frames are reassigned to the new frame their
 end falls in, colliding ones combined in order; sessions are merged anew
 with the new timeout. A session state never meets a sliding definition: the
 upgrade rules refuse that change (``exports.check_upgrade``).
+
+Timers: in a streaming job a range's keys are filed by the time they are next
+due (:class:`sparkjet.core.timers.DueIndex`, kept with the range's state as
+``timers["window"]``): a sliding or tumbling key under the first window end
+above the last emitted watermark that holds one of its frames, a session key
+under its earliest session end. A watermark step then visits only the keys
+filed at or before it, so its cost follows the windows that close, not the
+keys held. An index kept for another window definition, or none (state
+written before there were timers), is rebuilt from the keys once, when the
+fold first meets it. A batch that emits early results still visits every key
+(each has open windows to report).
 """
 
 from __future__ import annotations
@@ -40,9 +51,14 @@ from sparkjet.core.event_time import WindowClock
 from sparkjet.core.fusion import Terminal, TerminalKind
 from sparkjet.core.graph import AggregateSpec, KeyedSpec, WindowSpec
 from sparkjet.core.keyed import MISSING, KeyedFold, keyed_fold
+from sparkjet.core.timers import DueIndex
 from sparkjet.core.windows import KeyedWindowResult, WindowDefinition, WindowResult
 
-__all__ = ["Frames", "Sessions", "WindowFold", "listing", "reshaped", "stage_fold"]
+__all__ = ["WINDOW_TIMERS", "Frames", "Sessions", "WindowFold", "listing", "reshaped",
+           "stage_fold"]
+
+#: The name of a windowed stage's index in a range's ``timers``.
+WINDOW_TIMERS = "window"
 
 
 class Frames(NamedTuple):
@@ -181,21 +197,84 @@ class WindowFold(KeyedFold):
                              _merged([*state.sessions, *incoming], state.timeout, combine))
         return key, (key, state)
 
+    @property
+    def timers_for(self) -> str:
+        """What the due times of this fold's index are computed for: its window definition."""
+        d = self.definition
+        return f"{d.kind} size={d.size} slide={d.slide} timeout={d.timeout}"
+
+    def _due(self, state: Frames | Sessions, after: int) -> int | None:
+        """When a key holding ``state`` is next due, windows up to ``after`` emitted (None: never).
+
+        Frames: the first window end above ``after`` that holds the earliest
+        frame (a later frame is in no earlier window); sessions: the earliest
+        session end.
+        """
+        if isinstance(state, Frames):
+            frames = state.frames
+            if not frames:
+                return None
+            slide = state.slide
+            return max(min(frames), after - after % slide + slide)
+        sessions = state.sessions
+        if not sessions:
+            return None
+        due: int = min(s[1] for s in sessions) + state.timeout
+        return due
+
+    def due(self, entry: Any) -> int | None:
+        """When the key of ``entry``, just folded, is next due."""
+        return self._due(entry[1], self.clock.previous)
+
+    def due_index(self, values: dict[Any, Any], timers: dict[str, DueIndex]) -> DueIndex:
+        """The range's index in ``timers``, ready for this batch.
+
+        Rebuilt from ``values`` (O(keys), once) where it was kept for another
+        window definition or not kept at all.
+        """
+        index = timers.get(WINDOW_TIMERS)
+        if index is None or index.of != self.timers_for:
+            index = DueIndex(self.timers_for)
+            after, definition, operation = self.clock.previous, self.definition, self.operation
+            for group_key, (_key, stored) in values.items():
+                due = self._due(reshaped(stored, definition, operation), after)
+                if due is not None:
+                    index.add(group_key, due)
+            index.changes()  # a reader without this index rebuilds it just the same
+            timers[WINDOW_TIMERS] = index
+        index.synced = True
+        return index
+
     def advance(
         self, values: dict[Any, Any], out: list[tuple[Any, Any]], changed: list[Any],
-        removed: list[Any],
+        removed: list[Any], index: DueIndex | None = None,
     ) -> None:
         clock = self.clock
         first, self._first = self._first, {}
         if clock.current <= clock.previous and not clock.early:
             return
         emit = self._emitter(out, first)
-        for group_key, (key, stored) in list(values.items()):
+        due: dict[Any, None] = {}
+        if index is None:
+            entries = list(values.items())
+        else:
+            # Only the keys filed at or before the watermark have windows to emit or
+            # frames to purge; early results need every key with open windows. A key
+            # filed but gone (a TTL dropped it) has nothing left.
+            due = dict.fromkeys(index.pop_due(clock.current))
+            entries = (list(values.items()) if clock.early
+                       else [(k, values[k]) for k in due if k in values])
+        current = clock.current
+        for group_key, (key, stored) in entries:
             state = reshaped(stored, self.definition, self.operation)
             if isinstance(state, Frames):
                 left: Any = self._frames(key, state, emit)
             else:
                 left = self._sessions(key, state, emit)
+            if index is not None and group_key in due:
+                when = self._due(left, current)
+                if when is not None:
+                    index.add(group_key, when)
             if left is stored:
                 continue
             if left[1]:
