@@ -122,7 +122,7 @@ class StateTask(Task):
         removed: list[Any] = []
         outputs = fold_into(
             self.fold, groups, state.values, state.touched, self.now_ms, self.ttl_ms,
-            changed, removed,
+            changed, removed, timers=state.timers,
         )
         if not changed and not removed and own and (state.chain or not state.values):
             # Nothing changed (a TTL with nothing to expire): no file for this batch.
