@@ -26,6 +26,7 @@ from sparkjet.core.client import Client
 from sparkjet.core.config import load_config
 from sparkjet.core.engine import BatchResult, BatchSpec, Engine, MicroBatchSpec
 from sparkjet.core.errors import JobFailedError
+from sparkjet.core.model import StageCount
 from sparkjet.pipeline import Pipeline, StreamSource
 
 
@@ -47,7 +48,7 @@ class FakeExecution:
         call: Call,
         cancelled: Callable[[], bool],
         on_commit: Callable[[], None] | None,
-        counts: dict[str, int],
+        counts: dict[StageCount, int],
     ) -> None:
         self.engine, self.call, self.cancelled, self.on_commit = engine, call, cancelled, on_commit
         self.counts = counts
@@ -67,7 +68,7 @@ class FakeExecution:
             self.on_commit()
         return BatchResult(items=dict(self.counts))  # the fake engine keeps no keyed state
 
-    def stage_counts(self) -> dict[str, int]:
+    def stage_counts(self) -> dict[StageCount, int]:
         return dict(self.counts)
 
 
@@ -104,14 +105,14 @@ class FakeEngine:
     def batch(self, spec: BatchSpec) -> FakeExecution:
         plan = spec.plan
         job_id = spec.job_context(plan.nodes[0]).job_id
-        counts = {plan.name(n): 0 for n in plan.nodes} if spec.metrics else {}
+        counts = {StageCount(plan.name(n), "items"): 0 for n in plan.nodes} if spec.metrics else {}
         return FakeExecution(self, Call("batch", job_id), spec.cancelled, spec.on_commit, counts)
 
     def micro_batch(self, spec: MicroBatchSpec) -> FakeExecution:
         job_id = spec.job_context(spec.plan.nodes[0]).job_id
         # What a source stage "emitted": the items in its planned range.
         counts = {
-            name: sum(e - s for s, e in zip(start, end, strict=True))
+            StageCount(name, "items"): sum(e - s for s, e in zip(start, end, strict=True))
             for name, (start, end) in spec.source_ranges.items()
         } if spec.metrics else {}
         call = Call("micro_batch", job_id, spec.batch, spec.committed, dict(spec.source_ranges))

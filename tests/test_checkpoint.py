@@ -17,6 +17,7 @@ import pytest
 from sparkjet.core.checkpoint import FORMAT, BatchPlan, Checkpoint, CommitRecord, RestoredFrom
 from sparkjet.core.errors import StoreError
 from sparkjet.core.keygroups import KeyGroupPartition, key_group, stable_hash, task_range
+from sparkjet.core.model import StageCount
 from sparkjet.core.naming import encode_name
 from sparkjet.core.state_files import (
     COMPACT_EVERY,
@@ -136,6 +137,36 @@ def test_reads_a_checkpoint_written_by_hand_in_the_format(store: Store, tmp_path
     read, size = paths.read("count by key", 1, 2, committed=3)
     assert (read.values, read.touched) == (state["values"], state["touched"])
     assert size == paths.size("count by key", chain[-1]) == len(cloudpickle.dumps(state))
+
+
+def test_totals_of_a_pre_typed_commit_record_load_typed_and_are_written_byte_equal(
+    store: Store, tmp_path: Path
+) -> None:
+    # A commit record as sparkjet wrote it when counts were keyed by strings: a
+    # stage's items under its name, its dead letters and late items under the name,
+    # the unit separator and the kind.
+    old = (b'{"ends": {"s": 7}, "time": 5, "duration_ms": 2, "totals": {"s": 7, '
+           b'"parse": 6, "parse\\u001fdead": 1, "w": 3, "w\\u001flate": 2}}')
+    (tmp_path / "old" / "commits").mkdir(parents=True)
+    (tmp_path / "old/commits/00000000000000000003.json").write_bytes(old)
+    record = Checkpoint(store, str(tmp_path / "old")).commit_record(3)
+    assert record.totals == {
+        StageCount("s", "items"): 7, StageCount("parse", "items"): 6,
+        StageCount("parse", "dead"): 1, StageCount("w", "items"): 3,
+        StageCount("w", "late"): 2,
+    }
+    again = Checkpoint(store, str(tmp_path / "new"))
+    assert again.write_commit(record)
+    assert (tmp_path / "new/commits/00000000000000000003.json").read_bytes() == old
+    assert again.commit_record(3) == record
+
+
+def test_totals_of_an_unknown_kind_are_refused_by_name(store: Store, tmp_path: Path) -> None:
+    (tmp_path / "cp" / "commits").mkdir(parents=True)
+    (tmp_path / "cp/commits/00000000000000000000.json").write_text(
+        '{"ends": {}, "totals": {"parse\\u001fgone": 1}}')
+    with pytest.raises(StoreError, match=r"00000000000000000000\.json.*parse\\x1fgone"):
+        Checkpoint(store, str(tmp_path / "cp")).commit_record(0)
 
 
 def test_a_format_2_checkpoint_goes_on_in_the_flat_layout_with_fewer_tasks(

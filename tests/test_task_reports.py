@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+from sparkjet.core.model import StageCount
 from sparkjet.core.state_files import StateRange
 from sparkjet.core.tasks.reports import (
     Counters,
@@ -16,9 +17,10 @@ from sparkjet.core.tasks.reports import (
 
 
 def test_counts_add_up() -> None:
-    left = {"a": 1, "b": 2}
-    assert merge_counts(left, {"b": 3, "c\x1fdead": 1}) is left
-    assert left == {"a": 1, "b": 5, "c\x1fdead": 1}
+    a, b, c_dead = StageCount("a", "items"), StageCount("b", "items"), StageCount("c", "dead")
+    left = {a: 1, b: 2}
+    assert merge_counts(left, {b: 3, c_dead: 1, StageCount("b", "late"): 4}) is left
+    assert left == {a: 1, b: 5, c_dead: 1, StageCount("b", "late"): 4}
 
 
 def test_the_highest_event_time_wins() -> None:
@@ -44,10 +46,11 @@ def test_of_two_attempts_at_a_range_the_first_by_file_name_wins() -> None:
 def test_counters_merge_reports_from_many_threads() -> None:
     counters = Counters()
     key = StateRange("counts", 0, 8)
+    stage = StageCount("stage", "items")
 
     def task(pidx: int) -> None:
         for _ in range(200):
-            counters.count({"stage": 1})
+            counters.count({stage: 1})
         counters.event_time({("src", pidx % 2): pidx})
         counters.dead({("map", pidx, 0): {"pidx": pidx}})
         counters.state_range({key: RangeReport(pidx, pidx, f"f{pidx:02}")})
@@ -58,12 +61,12 @@ def test_counters_merge_reports_from_many_threads() -> None:
     for thread in threads:
         thread.join()
     reported = counters.snapshot()
-    assert reported.counts == {"stage": 1600}
+    assert reported.counts == {stage: 1600}
     assert reported.event_times == {("src", 0): 6, ("src", 1): 7}
     assert sorted(reported.dead_letters) == [("map", p, 0) for p in range(8)]
     assert reported.state_ranges == {key: RangeReport(0, 0, "f00")}
-    reported.counts["stage"] = 0  # a copy
-    assert counters.snapshot().counts == {"stage": 1600}
+    reported.counts[stage] = 0  # a copy
+    assert counters.snapshot().counts == {stage: 1600}
     counters.forget_letters()
     assert counters.snapshot().dead_letters == {}
 
@@ -71,7 +74,7 @@ def test_counters_merge_reports_from_many_threads() -> None:
 def test_counters_drop_what_they_do_not_collect() -> None:
     counters = Counters(counting=False, timing=False)
     assert not counters.counting
-    counters.count({"stage": 1})
+    counters.count({StageCount("stage", "items"): 1})
     counters.event_time({("src", 0): 1})
     assert counters.snapshot().counts == {}
     assert counters.snapshot().event_times == {}

@@ -26,6 +26,11 @@ its plans hold ``"watermarks"`` (per windowed stage, the watermark the batch
 emits up to) and ``"early"`` (the stages emitting early results), its commit
 records ``"event_time"`` (per source partition the highest timestamp and when
 it was last seen; per windowed stage its watermark).
+A commit record's ``"totals"`` are the job's per-stage counts up to the batch
+(:class:`sparkjet.core.model.StageCount`), by name: a stage's emitted items
+under the stage's name, its dead letters and late items under the name, the
+unit separator (U+001F) and ``dead`` or ``late`` (stage names have no control
+characters).
 A *pin* names a batch whose state a snapshot export is reading while the job
 goes on: no state file of that batch or an older one is removed while it
 stands (see :meth:`Checkpoint.pin`).
@@ -68,6 +73,7 @@ from typing import Any
 
 from sparkjet.core.errors import StoreError
 from sparkjet.core.event_time import EventTime
+from sparkjet.core.model import StageCount
 from sparkjet.core.naming import json_loads
 from sparkjet.core.state_files import Counted, StateFiles, StatePaths, StateRange
 from sparkjet.core.store.fs import Store
@@ -195,11 +201,11 @@ class CommitRecord:
     restored_from: RestoredFrom | None = None
     #: Event time after the batch: what the sources saw, the watermarks emitted up to.
     event_time: EventTime | None = None
-    #: The job's counts from its first batch up to and including this one, by counter
-    #: (a stage's emitted items under its name, its dead letters and late items under
-    #: theirs): the per-stage metrics go on from here after a suspend, a restart or
-    #: another driver. None in records of older versions (the counts start again).
-    totals: dict[str, int] | None = None
+    #: The job's per-stage counts from its first batch up to and including this one
+    #: (emitted items, dead letters, late items): the per-stage metrics go on from
+    #: here after a suspend, a restart or another driver. None in records of older
+    #: versions (the counts start again).
+    totals: dict[StageCount, int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The record as ``commits/<batch>.json`` holds it."""
@@ -213,7 +219,7 @@ class CommitRecord:
         if self.event_time is not None and not self.event_time.empty():
             data["event_time"] = self.event_time.to_json()
         if self.totals is not None:
-            data["totals"] = dict(self.totals)
+            data["totals"] = {_count_name(key): n for key, n in self.totals.items()}
         return data
 
     @classmethod
@@ -231,17 +237,38 @@ class CommitRecord:
         )
 
 
-def _totals_from_json(data: Any) -> dict[str, int] | None:
+#: Between a stage's name and the kind of count in a ``totals`` name.
+_KIND_SEPARATOR = "\x1f"
+
+
+def _count_name(key: StageCount) -> str:
+    """The name ``key`` has in a commit record's ``totals``."""
+    return key.stage if key.kind == "items" else f"{key.stage}{_KIND_SEPARATOR}{key.kind}"
+
+
+def _count_key(name: str) -> StageCount:
+    """The count a ``totals`` name stands for; ValueError if it names no kind of count."""
+    stage, separator, kind = name.partition(_KIND_SEPARATOR)
+    if not separator:
+        return StageCount(stage, "items")
+    if kind == "dead":
+        return StageCount(stage, "dead")
+    if kind == "late":
+        return StageCount(stage, "late")
+    raise ValueError(f"'totals' has a count of no known kind: {name!r}")
+
+
+def _totals_from_json(data: Any) -> dict[StageCount, int] | None:
     """A commit record's ``totals``; ValueError if they are not counts by name."""
     if data is None:
         return None
     if not isinstance(data, dict):
         raise ValueError(f"'totals' is not an object of counts: {data!r}")
-    totals: dict[str, int] = {}
+    totals: dict[StageCount, int] = {}
     for name, value in data.items():
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"'totals' of {name!r} is not a count: {value!r}")
-        totals[str(name)] = value
+        totals[_count_key(str(name))] = value
     return totals
 
 

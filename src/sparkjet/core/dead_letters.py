@@ -50,7 +50,6 @@ __all__ = [
     "ERROR_POLICIES",
     "DeadLetterPlan",
     "commit_dead_letters",
-    "dead_counter",
     "default_stream",
     "plan_dead_letters",
 ]
@@ -63,14 +62,6 @@ WRITER_STAGE = "(dead letters)"
 def default_stream(job_name: str | None, job_id: str) -> str:
     """The dead-letter stream of a job that names none."""
     return f"{job_name or job_id}.dead-letters"
-
-
-def dead_counter(stage: str) -> str:
-    """The name ``stage``'s dead letters are counted under in a job's counts.
-
-    Stage names have no control characters, so it is no stage's name.
-    """
-    return stage + "\x1fdead"
 
 
 @dataclass(frozen=True)

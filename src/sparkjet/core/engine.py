@@ -23,6 +23,7 @@ from typing import Any, NamedTuple, Protocol
 from sparkjet.core.contracts import JobContext
 from sparkjet.core.event_time import WindowClock
 from sparkjet.core.graph import Transform
+from sparkjet.core.model import StageCount
 from sparkjet.core.planner import Plan
 from sparkjet.core.state_cache import CacheOwner
 from sparkjet.core.state_files import StatePaths, StateRange
@@ -88,8 +89,9 @@ class StateSize(NamedTuple):
 class BatchResult:
     """What one execution did, once it has run."""
 
-    #: Items emitted per stage (empty when metrics are off).
-    items: Mapping[str, int] = field(default_factory=dict)
+    #: The per-stage counts: emitted items, dead letters, late items (empty when
+    #: metrics are off).
+    items: Mapping[StageCount, int] = field(default_factory=dict)
     #: Per stateful stage of a micro-batch, its state after the batch.
     state: Mapping[str, StateSize] = field(default_factory=dict)
     #: Per stage and range of key groups a state task owned, the file it wrote
@@ -111,8 +113,8 @@ class Execution(Protocol):
         them with its batch id.
         """
 
-    def stage_counts(self) -> dict[str, int]:
-        """Items emitted per stage so far (empty when metrics are off); safe from any thread."""
+    def stage_counts(self) -> dict[StageCount, int]:
+        """The per-stage counts so far (empty when metrics are off); safe from any thread."""
 
 
 class Engine(Protocol):

@@ -35,20 +35,12 @@ from typing import Any
 
 from sparkjet.core.windows import Timestamps
 
-__all__ = ["NO_WATERMARK", "EventTime", "WindowClock", "late_counter", "stage_watermark"]
+__all__ = ["NO_WATERMARK", "EventTime", "WindowClock", "stage_watermark"]
 
 #: The watermark before any event: below every timestamp.
 NO_WATERMARK = -(2**63)
 #: A watermark above every timestamp: a batch job's input is one event-time range.
 END_OF_TIME = 2**63 - 1
-
-
-def late_counter(stage: str) -> str:
-    """The name windowed stage ``stage``'s late items are counted under in a job's counts.
-
-    Stage names have no control characters, so it is no stage's name.
-    """
-    return stage + "\x1flate"
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from sparkjet.core.engine import BatchResult, Engine, MicroBatchSpec
 from sparkjet.core.errors import SourceOffsetsError
 from sparkjet.core.event_time import NO_WATERMARK, EventTime, WindowClock, stage_watermark
 from sparkjet.core.graph import Transform, WindowSpec
-from sparkjet.core.model import DEFAULT_KEY_GROUPS
+from sparkjet.core.model import DEFAULT_KEY_GROUPS, StageCount
 from sparkjet.core.planner import Plan
 from sparkjet.core.state_cache import CacheOwner
 
@@ -118,10 +118,10 @@ class StreamProgress:
     snapshots: int = 0
     durations_ms: list[int] = field(default_factory=list)
     input_rows: list[int] = field(default_factory=list)
-    #: The job's counts since it started, by counter (stage names, dead-letter and late
-    #: counters): read from the last commit record when the loop starts, and written
+    #: The job's per-stage counts since it started (emitted items, dead letters, late
+    #: items): read from the last commit record when the loop starts, and written
     #: into every commit record, so they go on across suspends and drivers.
-    stage_totals: dict[str, int] = field(default_factory=dict)
+    stage_totals: dict[StageCount, int] = field(default_factory=dict)
     state: dict[str, tuple[int, int]] = field(default_factory=dict)  # stage -> (keys, bytes)
     last_batch_end_ms: int = -1
     previous_batch_end_ms: int = -1
@@ -364,8 +364,8 @@ class StreamLoop:
                 result.event_times, planned.time_ms,
                 {stage: clock.current for stage, clock in clocks.items()})
             totals = dict(self.progress.stage_totals)
-            for counter, value in result.items.items():
-                totals[counter] = totals.get(counter, 0) + value
+            for key, value in result.items.items():
+                totals[key] = totals.get(key, 0) + value
             host.check_fence()
             if not self.checkpoint.write_commit(
                 CommitRecord(batch, planned.ends, int(time.time() * 1000), duration_ms, files,
@@ -400,7 +400,7 @@ class StreamLoop:
         p.durations_ms.append(duration_ms)
         del p.durations_ms[:-1000]
         counts = result.items
-        rows = sum(counts.get(self.plan.name(n), 0) for n in self.sources)
+        rows = sum(counts.get(StageCount(self.plan.name(n), "items"), 0) for n in self.sources)
         p.input_rows.append(rows)
         del p.input_rows[:-1000]
         for stage, size in result.state.items():

@@ -1,4 +1,4 @@
-"""The job model: processing guarantees, statuses and ``JobConfig``.
+"""The job model: processing guarantees, statuses, ``JobConfig`` and per-stage count keys.
 
 Plain values with no I/O, so every layer may use them; the public face is
 :mod:`sparkjet.job`.
@@ -9,11 +9,31 @@ from __future__ import annotations
 import enum
 import json
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
 from sparkjet.core.errors import ConfigError
 
-__all__ = ["JobConfig", "JobStatus", "ProcessingGuarantee"]
+__all__ = ["CountKind", "JobConfig", "JobStatus", "ProcessingGuarantee", "StageCount"]
+
+
+#: What a per-stage count counts: the items the stage emitted, its dead letters,
+#: or (a windowed stage) the late items it dropped.
+CountKind = Literal["items", "dead", "late"]
+
+
+class StageCount(NamedTuple):
+    """The key of one of a job's per-stage counts: which stage, and what it counts.
+
+    The tasks add counts under these keys, the engine sums them by key, the
+    streaming loop keeps the totals in its commit records (in their own string
+    form, see :mod:`sparkjet.core.checkpoint`) and the job's metrics read them.
+    A tuple, so it pickles small and hashes fast on the way from the tasks.
+    """
+
+    #: The stage's name.
+    stage: str
+    #: What is counted (see :data:`CountKind`).
+    kind: CountKind
 
 
 class ProcessingGuarantee(enum.Enum):

@@ -3,9 +3,9 @@
 Pure functions of the plan and of what was counted: a batch job's counts come
 from its engine execution, a streaming job's from the loop's totals and its
 :class:`~sparkjet.core.microbatch_loop.StreamProgress` (state sizes, source
-lags, watermarks). This module is the one reader of the named counters the
-tasks add beside the stages' own (dead letters, late items): the runner only
-says which counts and which progress to show.
+lags, watermarks). This module is the one reader of the per-stage counts
+(:class:`~sparkjet.core.model.StageCount`: emitted items, dead letters, late
+items): the runner only says which counts and which progress to show.
 """
 
 from __future__ import annotations
@@ -13,19 +13,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sparkjet.core.dead_letters import dead_counter
-from sparkjet.core.event_time import NO_WATERMARK, late_counter
+from sparkjet.core.event_time import NO_WATERMARK
 from sparkjet.core.graph import SinkSpec, WindowSpec
 from sparkjet.core.microbatch_loop import StreamProgress
+from sparkjet.core.model import StageCount
 from sparkjet.core.planner import Plan
 
 __all__ = ["job_metrics", "progress_metrics", "stage_metrics"]
 
 
 def stage_metrics(
-    plan: Plan, counts: Mapping[str, int], progress: StreamProgress | None,
+    plan: Plan, counts: Mapping[StageCount, int], progress: StreamProgress | None,
 ) -> dict[str, dict[str, int]]:
-    """Each stage's counts by stage name, from ``counts`` (the job's counts by counter).
+    """Each stage's metrics by stage name, from ``counts`` (the job's per-stage counts).
 
     ``progress`` is a streaming job's (None for a batch job): its stages also
     show their state's keys and bytes, their source lag and their watermark.
@@ -35,8 +35,8 @@ def stage_metrics(
     dead = plan.dead_letters
     for node in plan.nodes:
         name = names[node]
-        received = sum(counts.get(names[i], 0) for i in node.inputs)
-        emitted = 0 if isinstance(node.spec, SinkSpec) else counts.get(name, 0)
+        received = sum(counts.get(StageCount(names[i], "items"), 0) for i in node.inputs)
+        emitted = 0 if isinstance(node.spec, SinkSpec) else counts.get(StageCount(name, "items"), 0)
         stage = {"receivedCount": received, "emittedCount": emitted}
         if progress is not None and name in progress.state:
             keys, size = progress.state[name]
@@ -44,9 +44,9 @@ def stage_metrics(
         if progress is not None and name in progress.lag:
             stage["sourceLag"] = progress.lag[name]
         if dead is not None and name in dead.stages:
-            stage["deadLetters"] = counts.get(dead_counter(name), 0)
+            stage["deadLetters"] = counts.get(StageCount(name, "dead"), 0)
         if isinstance(node.spec, WindowSpec):
-            stage["lateEventsDropped"] = counts.get(late_counter(name), 0)
+            stage["lateEventsDropped"] = counts.get(StageCount(name, "late"), 0)
             if progress is not None:
                 stage["watermark"] = progress.watermarks.get(name, NO_WATERMARK)
         stages[name] = stage

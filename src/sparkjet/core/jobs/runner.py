@@ -65,7 +65,7 @@ from sparkjet.core.jobs.record import (
 from sparkjet.core.jobs.seeding import seed_job
 from sparkjet.core.jobs.streaming import StreamRun
 from sparkjet.core.microbatch_loop import StopReason
-from sparkjet.core.model import JobConfig, JobStatus, ProcessingGuarantee
+from sparkjet.core.model import JobConfig, JobStatus, ProcessingGuarantee, StageCount
 from sparkjet.core.planner import Plan
 from sparkjet.core.plugin_manager import PluginHost
 from sparkjet.core.snapshots import Manifest, Snapshot, SnapshotStore
@@ -112,7 +112,7 @@ class JobRunner:
         self.done = threading.Event()
         self.error: BaseException | None = None
         self.execution: Execution | None = None
-        self.final_counts: dict[str, int] | None = None
+        self.final_counts: dict[StageCount, int] | None = None
         self.execution_start = -1
         self.execution_completion = -1
         self.listeners: list[Callable[[JobStatusEvent], None]] = []

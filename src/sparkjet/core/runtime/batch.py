@@ -51,6 +51,7 @@ from sparkjet.core.graph import (
     WindowSpec,
 )
 from sparkjet.core.keyed import KeyedFold
+from sparkjet.core.model import StageCount
 from sparkjet.core.planner import Plan
 from sparkjet.core.runtime.output import name_output, parallelize, partition_by
 from sparkjet.core.runtime.reports import SparkReports
@@ -164,8 +165,8 @@ class BatchRun:
         self._started_ms = int(time.time() * 1000)
         self._written: list[tuple[Transform, Any, Any, list[Any]]] = []
 
-    def stage_counts(self) -> dict[str, int]:
-        """Emitted items per stage so far (empty when metrics are off)."""
+    def stage_counts(self) -> dict[StageCount, int]:
+        """The per-stage counts so far (empty when metrics are off)."""
         counts = self.reports.counts
         return dict(counts.value) if counts is not None else {}
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from sparkjet.core.model import StageCount
 from sparkjet.core.state_files import StateRange
 from sparkjet.core.tasks.reports import (
     RangeReport,
@@ -32,12 +33,14 @@ __all__ = [
 
 
 class CountsParam:
-    """Accumulator of ``{stage: emitted}`` counts (PySpark AccumulatorParam protocol)."""
+    """Accumulator of ``{StageCount: n}`` counts (PySpark AccumulatorParam protocol)."""
 
-    def zero(self, value: dict[str, int]) -> dict[str, int]:
+    def zero(self, value: dict[StageCount, int]) -> dict[StageCount, int]:
         return {}
 
-    def addInPlace(self, left: dict[str, int], right: dict[str, int]) -> dict[str, int]:
+    def addInPlace(
+        self, left: dict[StageCount, int], right: dict[StageCount, int]
+    ) -> dict[StageCount, int]:
         return merge_counts(left, right)
 
 
@@ -117,8 +120,8 @@ class SparkReports:
         """Whether counts are collected."""
         return self.counts is not None
 
-    def count(self, counts: dict[str, int]) -> None:
-        """Add ``{stage or counter: n}`` to the counts accumulator."""
+    def count(self, counts: dict[StageCount, int]) -> None:
+        """Add ``{StageCount: n}`` to the counts accumulator."""
         if self.counts is not None:
             self.counts.add(counts)
 

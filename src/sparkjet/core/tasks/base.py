@@ -10,9 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from sparkjet.core.dead_letters import dead_counter
-from sparkjet.core.event_time import late_counter
 from sparkjet.core.fusion import FusedPass, StageFailure
+from sparkjet.core.model import StageCount
 from sparkjet.core.tasks.reports import Reports
 
 __all__ = ["SourceReader", "Task"]
@@ -63,18 +62,22 @@ class Task:
         """``exc`` as a StageFailure of the stage it belongs to."""
         return _fail(self.stage, self.fused, exc)
 
-    def count(self, emitted: dict[str, int]) -> None:
-        """Add ``{stage: emitted}`` (and other named counts) to the job's counts."""
+    def count(self, counts: dict[StageCount, int]) -> None:
+        """Add ``counts`` (emitted items, dead letters, late items by stage) to the job's counts."""
         reports = self.reports
-        if reports is not None and emitted:
-            reports.count(emitted)
+        if reports is not None and counts:
+            reports.count(counts)
+
+    def count_items(self, emitted: int) -> None:
+        """Add the items this task's stage emitted to the job's counts."""
+        self.count({StageCount(self.stage, "items"): emitted})
 
     def count_pass(self, raw: dict[str, int]) -> None:
         """Add what each stage of the fused pass emitted, from its raw counters."""
         reports = self.reports
         if reports is not None and reports.counting and self.fused is not None:
             stages = self.fused.stage_counts(raw)
-            self.count({stage: out for stage, (_, out) in stages.items()})
+            self.count({StageCount(stage, "items"): out for stage, (_, out) in stages.items()})
 
     def report_time(self, pidx: int, state: dict[str, Any]) -> None:
         """Report the partition's highest timestamp and late items the pass left in ``state``."""
@@ -89,7 +92,7 @@ class Task:
             reports.event_time({(stamp.stage, pidx): highest})
         late = state.get("late")
         if late:
-            self.count({late_counter(self.stage): late})
+            self.count({StageCount(self.stage, "late"): late})
 
     #: The source the pass reads itself, if any (a :class:`~sparkjet.core.tasks.read.ReadTask`).
     reader: SourceReader | None = None
@@ -109,10 +112,10 @@ class Task:
         descriptor = _MISSING_DESCRIPTOR
         if reader is not None and descriptors is not None and len(descriptors) == 1:
             descriptor = descriptors[0]
-        counted: dict[str, int] = {}
+        counted: dict[StageCount, int] = {}
         reported = {}
         for seq, letter in enumerate(letters):
-            counter = dead_counter(letter["stage"])
+            counter = StageCount(letter["stage"], "dead")
             counted[counter] = counted.get(counter, 0) + 1
             where: dict[str, Any] = {"source": None, "partition": None, "offset": None,
                                      "index": None}

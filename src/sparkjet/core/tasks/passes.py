@@ -68,7 +68,7 @@ class ReduceTask(Task):
             for out in reduce_batch(self.fold, records):
                 n += 1
                 yield out
-        self.count({self.stage: n})
+        self.count_items(n)
 
 
 class SortTask(Task):
@@ -83,7 +83,7 @@ class SortTask(Task):
     def __call__(self, pairs: Iterator[tuple[Any, Any]]) -> Iterator[Any]:
         with self.attributing():
             ordered = sorted(pairs, key=_first)
-        self.count({self.stage: len(ordered)})
+        self.count_items(len(ordered))
         for _, item in ordered:
             yield item
 

@@ -31,7 +31,7 @@ class ReadTask(Task):
             with self.attributing():
                 items = self.source.read(wanted[0], self._context(pidx))
             if isinstance(items, list | tuple):
-                self.count({self.stage: len(items)})
+                self.count_items(len(items))
                 return items
             return self._counted(pidx, [], items)
         return self._counted(pidx, wanted, None)
@@ -50,4 +50,4 @@ class ReadTask(Task):
                 for item in self.source.read(descriptor, self._context(pidx)):
                     n += 1
                     yield item
-        self.count({self.stage: n})
+        self.count_items(n)

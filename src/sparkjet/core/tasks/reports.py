@@ -3,9 +3,8 @@
 A task reports four things, each once per partition (never per item, so the
 fused pass's loop stays the hot loop):
 
-- counts: ``{stage: emitted}``, plus the named counters of dead letters
-  (:func:`~sparkjet.core.dead_letters.dead_counter`) and late items
-  (:func:`~sparkjet.core.event_time.late_counter`); summed;
+- counts: ``{StageCount(stage, kind): n}``, a stage's emitted items, dead
+  letters and late items (:class:`~sparkjet.core.model.StageCount`); summed;
 - event times: ``{(source stage, partition index): highest timestamp}``; the
   highest wins;
 - dead letters: ``{(stage, partition index, seq): letter}``; keyed by
@@ -24,6 +23,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
+from sparkjet.core.model import StageCount
 from sparkjet.core.state_files import StateRange
 
 __all__ = [
@@ -49,7 +49,9 @@ class RangeReport(NamedTuple):
     file: str
 
 
-def merge_counts(left: dict[str, int], right: dict[str, int]) -> dict[str, int]:
+def merge_counts(
+    left: dict[StageCount, int], right: dict[StageCount, int]
+) -> dict[StageCount, int]:
     """Add the counts of ``right`` to ``left`` (in place); returns ``left``."""
     for key, value in right.items():
         left[key] = left.get(key, 0) + value
@@ -93,7 +95,7 @@ def merge_state_ranges(
 class Reported:
     """What the tasks of a run reported so far (copies)."""
 
-    counts: dict[str, int] = field(default_factory=dict)
+    counts: dict[StageCount, int] = field(default_factory=dict)
     event_times: dict[tuple[str, int], Any] = field(default_factory=dict)
     dead_letters: dict[tuple[str, int, int], Any] = field(default_factory=dict)
     state_ranges: dict[StateRange, RangeReport] = field(default_factory=dict)
@@ -111,8 +113,8 @@ class Reports(Protocol):
         """Whether counts are collected (a task need not work them out otherwise)."""
         ...
 
-    def count(self, counts: dict[str, int]) -> None:
-        """Add ``{stage or counter: n}``."""
+    def count(self, counts: dict[StageCount, int]) -> None:
+        """Add ``{StageCount: n}``."""
         ...
 
     def event_time(self, times: dict[tuple[str, int], Any]) -> None:
@@ -143,7 +145,7 @@ class Counters:
         self._counting = counting
         self._timing = timing
         self._lock = threading.Lock()
-        self._counts: dict[str, int] = {}
+        self._counts: dict[StageCount, int] = {}
         self._event_times: dict[tuple[str, int], Any] = {}
         self._dead: dict[tuple[str, int, int], Any] = {}
         self._ranges: dict[StateRange, RangeReport] = {}
@@ -153,8 +155,8 @@ class Counters:
         """Whether counts are collected."""
         return self._counting
 
-    def count(self, counts: dict[str, int]) -> None:
-        """Add ``{stage or counter: n}`` (dropped when not counting)."""
+    def count(self, counts: dict[StageCount, int]) -> None:
+        """Add ``{StageCount: n}`` (dropped when not counting)."""
         if self._counting:
             with self._lock:
                 merge_counts(self._counts, counts)

@@ -63,7 +63,7 @@ class StateTask(Task):
                     f"(more cores; at most key_groups) or give the workers more memory "
                     f"(spark.executor.pyspark.memory)"
                 ) from None
-        self.count({self.stage: len(outputs)})
+        self.count_items(len(outputs))
         if self.reports is not None:
             self.reports.state_range(
                 {StateRange(self.stage, lo, hi): RangeReport(keys, size, written)})
