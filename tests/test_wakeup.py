@@ -93,7 +93,8 @@ def test_an_append_that_left_the_folder_mtime_as_it_was_is_found(tmp_path: Path)
     """A create in the same tick of the kernel's coarse clock leaves the mtime: a listing finds it.
 
     The tick is made certain by putting the folder's mtime back after an
-    append that, as another process's would, wakes nobody here.
+    append that, as another process's would, wakes nobody here (a batch's
+    chunk not yet registered).
     """
     log = _stream(str(tmp_path / "store"), partitions=1)
     folder = log.paths.partition(0)
@@ -101,7 +102,7 @@ def test_an_append_that_left_the_folder_mtime_as_it_was_is_found(tmp_path: Path)
     now = time.time_ns() + 5_000_000  # the listing below comes within a tick of it
     os.utime(folder, ns=(now, now))
     ends = log.end_offsets()
-    log.append(0, ["b"], wake=False)
+    log.append(0, ["b"], "@unregistered")  # a batch's chunk: it wakes nobody until registered
     os.utime(folder, ns=(now, now))
     began = time.monotonic()
     assert log.wait_for_append(ends, LONG) is True

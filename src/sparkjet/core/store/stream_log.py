@@ -272,14 +272,14 @@ class StreamLog:
     # --- writing --------------------------------------------------------------
 
     def append(self, partition: int, items: list[Any], token: str = "",
-               payload: bytes | None = None, *, wake: bool = True) -> int:
+               payload: bytes | None = None) -> int:
         """Append ``items`` as one chunk; returns its first offset.
 
         ``token`` names an exactly-once writer's batch (see :meth:`find_token`);
         without one the chunk gets a random token of its own. ``payload`` is
-        ``items`` pickled already (see :meth:`publish_all`). ``wake``: wake
-        this process's waiters (:meth:`wait_for_append`) once the chunk landed;
-        a batch's append wakes them after its registration instead.
+        ``items`` pickled already (see :meth:`publish_all`). This process's
+        waiters (:meth:`wait_for_append`) wake once the chunk landed; for a
+        batch's chunk (:meth:`append_batch`) once it is registered instead.
         """
         if not items:
             return self.end_offset(partition)
@@ -291,7 +291,7 @@ class StreamLog:
             start = self.end_offset(partition)
             path = self.paths.chunk(partition, start)
             if self.store.create_exclusive(path, data):
-                if wake:
+                if not token.startswith(_BATCH):
                     notify.signal(self.paths.folder)
                 return start
             # Another publisher took this offset: look again.
@@ -483,7 +483,7 @@ class StreamLog:
                 continue
             offset = landed[partition]
             if offset is None:
-                offset = self.append(partition, bucket, _BATCH + token, wake=False)
+                offset = self.append(partition, bucket, _BATCH + token)
             self.register(partition, token, offset)  # no-op where it stands already
             # Woken now, a reader finds the chunk registered (it would wait for that).
             notify.signal(self.paths.folder)
