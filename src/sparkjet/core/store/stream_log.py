@@ -66,7 +66,7 @@ _MAX_PARTITIONS = 4096
 REMOTE_POLL_SECONDS = 0.05
 #: On a local store, how often a waiter stats the partition folders for
 #: appends by other processes (a chunk's create changes its folder's mtime).
-LOCAL_STAT_SECONDS = 0.004
+LOCAL_STAT_SECONDS = 0.005
 #: A folder's mtime is the kernel's coarse clock: a change within this long of
 #: it may leave it as it was, so a waiter that saw one this recent lists again
 #: once this much time has passed.
