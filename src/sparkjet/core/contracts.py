@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import logging
+import time
 import uuid
 import warnings
 from abc import ABC, abstractmethod
@@ -239,6 +240,16 @@ class StreamLogAccess(Protocol):
         """A sink's commit: :meth:`append_batch` with a ``token``, plain appends without one.
 
         ``token`` is :attr:`JobContext.commit_token` (None outside micro-batches).
+        """
+
+    def wait_for_append(self, ends: Sequence[int], timeout: float) -> bool:
+        """Wait until items may be past the end offsets ``ends`` (True), at most ``timeout`` s.
+
+        False when ``timeout`` passed with nothing new. True means "may be
+        there" (it can be spurious): list with :meth:`end_offsets` to see.
+        Appends in this process wake it at once; on a local store appends by
+        other processes within milliseconds; on an object store it returns
+        True after its poll interval. Never spins.
         """
 
 
@@ -535,6 +546,25 @@ class Source(_Participant):
         partition.
         """
         return ["0"]
+
+    def wait_for_data(self, offsets: Any, timeout: float, context: JobContext) -> bool:
+        """Runs on the driver: wait until data may be past ``offsets``, at most ``timeout`` s.
+
+        An idle streaming job calls it between looks at :meth:`latest_offsets`
+        (``offsets`` is what that returned last, where the next micro-batch
+        starts). Return True as soon as data may be there (a True may be
+        spurious: the job then calls :meth:`latest_offsets` to see), False
+        when ``timeout`` passed without any. Never spin: block in the client
+        (a consumer's poll, a condition) or sleep. The job asks again after
+        each return, with timeouts of at most 50 ms, so it still sees cancel
+        and suspend requests in time.
+
+        The default sleeps ``timeout`` and returns True: the job looks at
+        :meth:`latest_offsets` every 50 ms, as it did before this hook. The
+        stream source overrides it to wake within milliseconds of an append.
+        """
+        time.sleep(max(timeout, 0.0))
+        return True
 
 
 class Sink(_Participant):

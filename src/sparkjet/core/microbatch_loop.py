@@ -18,13 +18,14 @@ from __future__ import annotations
 import enum
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sparkjet.core.checkpoint import KEEP_LOG, BatchPlan, Checkpoint, CommitRecord
-from sparkjet.core.contracts import JobContext
+from sparkjet.core.contracts import JobContext, Source
 from sparkjet.core.engine import BatchResult, Engine, MicroBatchSpec
 from sparkjet.core.errors import SourceOffsetsError
 from sparkjet.core.event_time import NO_WATERMARK, EventTime, WindowClock, stage_watermark
@@ -35,8 +36,20 @@ from sparkjet.core.state_cache import CacheOwner
 
 log = logging.getLogger("sparkjet.streaming")
 
-#: How long an idle job waits before looking for new data again.
+#: The longest an idle job waits before it looks at its sources and the
+#: host's stop requests again (a source that can tell wakes it sooner).
 IDLE_POLL_SECONDS = 0.05
+#: With several sources that can tell when data comes, each is asked in
+#: turn for at most this long.
+WAIT_SLICE_SECONDS = 0.005
+#: While every source says no data came, the loop still looks at their
+#: offsets this often (in case one's wait missed an append).
+RELIST_SECONDS = 1.0
+
+
+def waits_for_data(source: Any) -> bool:
+    """Whether ``source`` overrides :meth:`Source.wait_for_data` (it can tell when data comes)."""
+    return getattr(type(source), "wait_for_data", None) is not Source.wait_for_data
 
 
 def initial_offsets(plan: Plan, job_context: Callable[[Transform], JobContext]) -> dict[str, Any]:
@@ -232,6 +245,65 @@ class StreamLoop:
                         if isinstance(n.spec, WindowSpec)}
         #: Event time as of the last committed batch.
         self.event_time = EventTime()
+        #: Set by :meth:`wake`: ends a pause between batches early.
+        self._woken = threading.Event()
+
+    def wake(self) -> None:
+        """Cut short the loop's current pause (a trigger interval or an idle wait).
+
+        For a host that was asked to stop: the loop then asks it at once
+        rather than at its next look (at most :data:`IDLE_POLL_SECONDS` on).
+        """
+        self._woken.set()
+
+    def _pause(self, seconds: float) -> None:
+        """Sleep ``seconds`` unless :meth:`wake` is called first."""
+        if self._woken.wait(max(seconds, 0.0)):
+            self._woken.clear()
+
+    def _wait_cap(self, now_ms: int) -> float:
+        """How long an idle wait may last: until the next early-results period turns, 50 ms at most.
+
+        Every wait ends within :data:`IDLE_POLL_SECONDS`, so stop requests,
+        cluster checks and idle-partition timeouts are seen as often as before.
+        """
+        cap = IDLE_POLL_SECONDS
+        for definition in self.windows.values():
+            period = definition.early_period
+            if period:
+                cap = min(cap, (period - now_ms % period) / 1000)
+        return max(cap, 0.001)
+
+    def _wait_for_data(self, ends: dict[str, Any], now_ms: int) -> bool:
+        """Wait until a source may have data past ``ends``, or the cap (:meth:`_wait_cap`).
+
+        Sources that can tell (:func:`waits_for_data`) are asked: one for the
+        whole wait; several in turn, :data:`WAIT_SLICE_SECONDS` each. Without
+        any, the loop sleeps the cap. Nothing spins. False when every source
+        can tell and each said nothing came (the loop need not list them).
+        """
+        cap = self._wait_cap(now_ms)
+        telling = [n for n, spec in self.sources.items() if waits_for_data(spec.source)]
+        if not telling:
+            self._pause(cap)
+            return True
+        silent = len(telling) == len(self.sources)
+        deadline = time.monotonic() + cap
+        if len(telling) == 1:
+            node = telling[0]
+            came = self.sources[node].source.wait_for_data(
+                ends.get(self.plan.name(node)), cap, self.job_context(node))
+            return bool(came) or not silent
+        while True:
+            for node in telling:
+                rest = deadline - time.monotonic()
+                if rest <= 0 or self._woken.is_set():
+                    self._woken.clear()
+                    return not silent
+                if self.sources[node].source.wait_for_data(
+                        ends.get(self.plan.name(node)), min(rest, WAIT_SLICE_SECONDS),
+                        self.job_context(node)):
+                    return True
 
     def _check_forward(self, ends: dict[str, Any], latest: dict[str, Any]) -> None:
         """Fail naming the source whose data now ends before the offsets the batch starts at."""
@@ -315,6 +387,8 @@ class StreamLoop:
         counted = self.checkpoint.counted()
         state = self.checkpoint.state(groups)
         batch = committed + 1
+        quiet_until = 0.0  # till then the sources said nothing came: no need to list them
+        listed = 0.0  # when the loop last listed the sources' offsets
         while True:
             reason = self._stop_asked()
             if reason is not None:
@@ -322,11 +396,18 @@ class StreamLoop:
             started = time.monotonic()
             planned = self.checkpoint.planned(batch)
             if planned is None:
-                latest = {
-                    self.plan.name(n): latest_offsets(self.sources[n].source, self.job_context(n),
-                                                      ends.get(self.plan.name(n)))
-                    for n in self.sources
-                }
+                if time.monotonic() < quiet_until:
+                    latest = {self.plan.name(n): ends.get(self.plan.name(n))
+                              for n in self.sources}
+                else:
+                    latest = {
+                        self.plan.name(n): latest_offsets(
+                            self.sources[n].source, self.job_context(n),
+                            ends.get(self.plan.name(n)))
+                        for n in self.sources
+                    }
+                    listed = time.monotonic()
+                quiet_until = 0.0
                 self._check_forward(ends, latest)
                 now_ms = int(time.time() * 1000)
                 self._know_partitions(latest, now_ms)
@@ -335,7 +416,8 @@ class StreamLoop:
                     if behind is not None:
                         self.progress.lag[stage] = behind
                 if latest == ends and not self._time_due(now_ms):
-                    time.sleep(IDLE_POLL_SECONDS)
+                    if not self._wait_for_data(ends, now_ms):
+                        quiet_until = listed + RELIST_SECONDS
                     continue
                 # As many state tasks as the cluster runs at once, at most one
                 # per key group; the plan fixes it so a replay runs the same.
@@ -390,7 +472,7 @@ class StreamLoop:
             trigger = self.settings.trigger_seconds
             rest = trigger - (time.monotonic() - started)
             while rest > 0 and self._stop_asked() is None:
-                time.sleep(min(rest, IDLE_POLL_SECONDS))
+                self._pause(min(rest, IDLE_POLL_SECONDS))
                 rest = trigger - (time.monotonic() - started)
 
     def _record(self, result: BatchResult, batch: int, duration_ms: int) -> None:

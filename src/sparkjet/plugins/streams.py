@@ -59,6 +59,14 @@ class StreamSource(Source):
         """Runs on the driver: the end offset of every partition."""
         return self._log(context).end_offsets()
 
+    def wait_for_data(self, offsets: Any, timeout: float, context: JobContext) -> bool:
+        """Runs on the driver: wake on an append past ``offsets`` (the stream log's wait).
+
+        Within a millisecond for a publisher in the driver's process, a few
+        for another process on a local store, the poll interval on S3 or GCS.
+        """
+        return self._log(context).wait_for_append(offsets, timeout)
+
     def plan_range(self, start: Any, end: Any, context: JobContext) -> Sequence[Any]:
         """Runs on the driver: ``(partition, start, end)`` for each partition with new items."""
         return [(p, s, e) for p, (s, e) in enumerate(zip(start, end, strict=True)) if e > s]

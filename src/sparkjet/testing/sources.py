@@ -28,6 +28,9 @@ what it gave:
 - lag is honest: after N new items ``source_lag`` over the source's offsets
   says N, or the offsets are uncountable (None) and the harness says so
   (``test_lag_is_honest``);
+- ``wait_for_data`` returns within its timeout (plus slack) and says True
+  once items came
+  (``test_wait_for_data_returns_in_time_and_wakes_on_new_items``);
 - partitions added while a job runs are read (``test_partitions_added_while_running_are_read``);
 - a trimmed or compacted range is reported, never skipped: the job fails
   naming the stage (``test_a_trimmed_range_is_reported_not_skipped``).
@@ -699,6 +702,31 @@ class SourceConformance:
         _wait(honest, lambda: f"source_lag to say {new}; it said {lags[-5:]}")
         assert all(lag is not None and lag <= new for lag in lags), (
             f"source_lag said more than the {new} new items: {lags}")
+
+    def test_wait_for_data_returns_in_time_and_wakes_on_new_items(
+        self, run: _Run, source_harness: SourceHarness
+    ) -> None:
+        """``wait_for_data`` returns within its timeout (plus slack), and True once items came."""
+        self._streaming_only(source_harness)
+        first = run.add(self.ROUND)
+        source = source_harness.new_source(capped=False)
+        ctx = run.context(source)
+        start, _ = run.drain(source, source.initial_offsets(ctx), len(first))
+        at = latest_offsets(source, ctx, start)
+        slack = 2.0  # a loaded machine's scheduling, not the source's doing
+        for timeout in (0.0, 0.2):
+            began = time.monotonic()
+            said = source.wait_for_data(at, timeout, ctx)
+            took = time.monotonic() - began
+            assert isinstance(said, bool), f"wait_for_data returned {said!r}, not a bool"
+            assert took < timeout + slack, (
+                f"wait_for_data(timeout={timeout}) took {took:.2f} s with nothing new")
+        run.add(3)
+        began = time.monotonic()
+        said = source.wait_for_data(at, 1.0, ctx)
+        took = time.monotonic() - began
+        assert said is True, "wait_for_data said no data may be there after items were added"
+        assert took < 1.0 + slack, f"wait_for_data(timeout=1.0) took {took:.2f} s"
 
     def test_partitions_added_while_running_are_read(
         self, run: _Run, source_harness: SourceHarness

@@ -39,16 +39,18 @@ when it has none.
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import random
 import secrets
 import struct
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from sparkjet.core.errors import StoreError
 from sparkjet.core.naming import PICKLE_PROTOCOL, json_loads
+from sparkjet.core.store import notify
 from sparkjet.core.store.files import StoreFiles
 
 _HEADER = struct.Struct(">QH")
@@ -58,6 +60,17 @@ _BATCH = "@"
 #: How long a reader waits for a batch chunk's registration before making it.
 PENDING_WAIT_SECONDS = 30.0
 _MAX_PARTITIONS = 4096
+#: On an object store (S3, GCS), how long :meth:`StreamLog.wait_for_append`
+#: waits before saying data may be there (other processes' appends are seen
+#: only by listing). A constant for now, not a setting.
+REMOTE_POLL_SECONDS = 0.05
+#: On a local store, how often a waiter stats the partition folders for
+#: appends by other processes (a chunk's create changes its folder's mtime).
+LOCAL_STAT_SECONDS = 0.005
+#: A folder's mtime is the kernel's coarse clock: a change within this long of
+#: it may leave it as it was, so a waiter that saw one this recent lists again
+#: once this much time has passed.
+_MTIME_SETTLE_NS = 20_000_000
 
 
 def _partitions_of(meta: Any) -> None:
@@ -160,9 +173,15 @@ class StreamLog:
         read (a marker carries the end offset then).
         """
         while True:
+            folder = self.paths.partition(partition)
+            seen = notify.generation(self.paths.folder)  # before listing: see wait_for_append
+            at = time.time_ns()
+            stamp = _stamp(folder) if self._where() == "local" else None
             starts, marks = self._listing(partition)
             try:
-                return starts, marks, self._end(partition, starts, marks)
+                end = self._end(partition, starts, marks)
+                _LISTED[folder] = (end, seen, stamp, at)
+                return starts, marks, end
             except FileNotFoundError:
                 if self._listing(partition) == (starts, marks):
                     raise  # not a trim: the chunk is missing
@@ -258,7 +277,9 @@ class StreamLog:
 
         ``token`` names an exactly-once writer's batch (see :meth:`find_token`);
         without one the chunk gets a random token of its own. ``payload`` is
-        ``items`` pickled already (see :meth:`publish_all`).
+        ``items`` pickled already (see :meth:`publish_all`). This process's
+        waiters (:meth:`wait_for_append`) wake once the chunk landed; for a
+        batch's chunk (:meth:`append_batch`) once it is registered instead.
         """
         if not items:
             return self.end_offset(partition)
@@ -270,6 +291,8 @@ class StreamLog:
             start = self.end_offset(partition)
             path = self.paths.chunk(partition, start)
             if self.store.create_exclusive(path, data):
+                if not token.startswith(_BATCH):
+                    notify.signal(self.paths.folder)
                 return start
             # Another publisher took this offset: look again.
 
@@ -396,14 +419,16 @@ class StreamLog:
     def _counts(self, partition: int, token: str, start: int) -> bool:
         """Whether the batch chunk of ``token`` at ``start`` is the one that counts."""
         waited = 0.0
+        nap = 0.002  # its writer registers right after appending: look again soon
         while (standing := self.registered(partition, token)) is None:
             if waited >= PENDING_WAIT_SECONDS:
                 # Its writer died between appending and registering (a replay
                 # would register the first chunk it finds, this one).
                 standing = self.register(partition, token, start)
                 break
-            time.sleep(0.05)
-            waited += 0.05
+            time.sleep(nap)
+            waited += nap
+            nap = min(nap * 2, 0.05)
         return standing == start
 
     def append_buckets(self, buckets: list[list[Any]], writer: str, token: str | None) -> None:
@@ -460,12 +485,85 @@ class StreamLog:
             if offset is None:
                 offset = self.append(partition, bucket, _BATCH + token)
             self.register(partition, token, offset)  # no-op where it stands already
+            # Woken now, a reader finds the chunk registered (it would wait for that).
+            notify.signal(self.paths.folder)
         self.store.remove(pending)
 
     def _pending(self, path: str) -> list[list[Any]]:
         buckets: list[list[Any]] = self.store.read_pickle(
             path, f"stream {self.name!r}: pending batch")
         return buckets
+
+    # --- waiting for data -----------------------------------------------------
+
+    def wait_for_append(self, ends: Sequence[int], timeout: float) -> bool:
+        """Wait until items may be past ``ends`` (True) or ``timeout`` seconds pass (False).
+
+        ``ends``: the end offsets the caller knows, one per partition. True
+        means "may be there": the caller lists (:meth:`end_offsets`) to see.
+        Appends in this process wake it at once (:mod:`.notify`). Appends by
+        other processes: on a local store it stats the partition folders every
+        :data:`LOCAL_STAT_SECONDS` (a few microseconds each); on an object
+        store it returns True after :data:`REMOTE_POLL_SECONDS` (or at
+        ``timeout`` if sooner), as it cannot tell without a listing. Never spins.
+
+        What this process saw when it last listed a partition (its end offset,
+        the generation of the stream's wake-ups, the folder's stamp, all taken
+        before the listing) is the baseline where it matches ``ends``;
+        otherwise the wait takes a baseline and lists once.
+        """
+        deadline = time.monotonic() + max(timeout, 0.0)
+        key = self.paths.folder
+        kind = self._where()
+        folders = [self.paths.partition(p) for p in range(len(ends))]
+        known = [_LISTED.get(folder) for folder in folders]
+        if folders and all(k is not None and k[0] == end
+                           for k, end in zip(known, ends, strict=True)):
+            seen = min(k[1] for k in known if k is not None)
+            stamps = [k[2] for k in known if k is not None]
+            relist = _relist_at([(k[2], k[3]) for k in known if k is not None])
+            fresh = False
+        else:
+            seen = notify.generation(key)
+            at = time.time_ns()
+            stamps = [_stamp(f) for f in folders] if kind == "local" else [None] * len(folders)
+            relist = _relist_at([(stamp, at) for stamp in stamps])
+            fresh = True
+        with notify.Waiter(key, seen) as waiter:
+            if kind == "remote":
+                waiter.wait(min(timeout, REMOTE_POLL_SECONDS))
+                return True
+            if fresh and self._past(ends):
+                return True
+            if kind == "memory":  # every writer is in this process, so every append signals
+                return waiter.wait(deadline - time.monotonic())
+            while True:
+                rest = deadline - time.monotonic()
+                if rest <= 0:
+                    return False
+                if waiter.wait(min(rest, LOCAL_STAT_SECONDS)):
+                    return True
+                if [_stamp(f) for f in folders] != stamps:
+                    return True
+                if relist is not None and time.monotonic() >= relist:
+                    relist = None
+                    if self._past(ends):
+                        return True
+
+    def _past(self, ends: Sequence[int]) -> bool:
+        """Whether the stream's end offsets are other than ``ends`` now (one listing)."""
+        return self.end_offsets() != list(ends)
+
+    def _where(self) -> str:
+        """``"local"`` (a folder here), ``"memory"`` (this process's) or ``"remote"``."""
+        fs = getattr(self.store, "fs", None)
+        protocol = getattr(fs, "protocol", None)
+        protocols = protocol if isinstance(protocol, tuple) else (protocol,)
+        if "file" in protocols or "local" in protocols:
+            return "local"
+        if "memory" in protocols:
+            return "memory"
+        return "remote"
 
     # --- reading --------------------------------------------------------------
 
@@ -563,6 +661,38 @@ class StreamLog:
                 f"partition {partition} starts at {next_start}: {gap}"
             )
         return items, raw[_HEADER.size : _HEADER.size + token_len].decode("utf-8", "replace")
+
+
+#: What this process saw when it last listed a partition folder: its end
+#: offset, and, taken before the listing, the stream's wake-up generation,
+#: the folder's stamp and the wall time (see :meth:`StreamLog.wait_for_append`).
+_LISTED: dict[str, tuple[int, int, tuple[int, int] | None, int]] = {}
+
+
+def _relist_at(stamps: list[tuple[tuple[int, int] | None, int]]) -> float | None:
+    """When (monotonic) to list again because a folder's stamp cannot be trusted, or None.
+
+    ``stamps``: each folder's stamp and the wall time (ns) it was taken. A
+    folder's mtime comes from the kernel's coarse clock: a create in the same
+    tick as the one that set it leaves it as it was. A stamp taken that close
+    to its mtime may hide a create that came after the look; once the tick
+    has passed any create changes it, so one listing then closes the gap.
+    """
+    close = [stamp[0] for stamp, at in stamps
+             if stamp is not None and at - stamp[0] < _MTIME_SETTLE_NS]
+    if not close:
+        return None
+    settled = max(close) + _MTIME_SETTLE_NS - time.time_ns()
+    return time.monotonic() + max(settled, 0) / 1e9
+
+
+def _stamp(folder: str) -> tuple[int, int] | None:
+    """A local folder's mtime and inode (a chunk created in it changes them); None if absent."""
+    try:
+        st = os.stat(folder)
+    except FileNotFoundError:
+        return None
+    return st.st_mtime_ns, st.st_ino
 
 
 def _first(starts: list[int], marks: list[int]) -> int:
