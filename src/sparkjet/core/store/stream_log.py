@@ -44,6 +44,7 @@ import pickle
 import random
 import secrets
 import struct
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -504,8 +505,9 @@ class StreamLog:
         Appends in this process wake it at once (:mod:`.notify`). Appends by
         other processes: on a local store it stats the partition folders every
         :data:`LOCAL_STAT_SECONDS` (a few microseconds each); on an object
-        store it returns True after :data:`REMOTE_POLL_SECONDS` (or at
-        ``timeout`` if sooner), as it cannot tell without a listing. Never spins.
+        store it cannot tell without a listing, so it returns True once
+        :data:`REMOTE_POLL_SECONDS` have passed since it last did for this
+        caller (thread), False at an earlier ``timeout``. Never spins.
 
         What this process saw when it last listed a partition (its end offset,
         the generation of the stream's wake-ups, the folder's stamp, all taken
@@ -531,7 +533,16 @@ class StreamLog:
             fresh = True
         with notify.Waiter(key, seen) as waiter:
             if kind == "remote":
-                waiter.wait(min(timeout, REMOTE_POLL_SECONDS))
+                # Due a poll interval after this caller's last "may be there"
+                # (a caller is a thread: a job's loop): one waiting in short
+                # slices (a loop asking several sources in turn) lists once per
+                # interval, not once per slice.
+                caller = (key, threading.get_ident())
+                now = time.monotonic()
+                due = _POLLED.setdefault(caller, now) + REMOTE_POLL_SECONDS
+                if not waiter.wait(min(deadline, due) - now) and time.monotonic() < due:
+                    return False
+                _POLLED[caller] = time.monotonic()
                 return True
             if fresh and self._past(ends):
                 return True
@@ -667,6 +678,9 @@ class StreamLog:
 #: offset, and, taken before the listing, the stream's wake-up generation,
 #: the folder's stamp and the wall time (see :meth:`StreamLog.wait_for_append`).
 _LISTED: dict[str, tuple[int, int, tuple[int, int] | None, int]] = {}
+#: On an object store, when (monotonic) each caller (stream folder, thread)
+#: was last told data may be there: its next poll is due an interval later.
+_POLLED: dict[tuple[str, int], float] = {}
 
 
 def _relist_at(stamps: list[tuple[tuple[int, int] | None, int]]) -> float | None:
