@@ -333,6 +333,7 @@ class JobRunner:
 
     def cancel(self) -> None:
         self.cancel_requested.set()
+        self.stream.ask_stop(None)
         self._future_work_cancelled = self.services.engine.cancel(self.job.id)
         with self._park_lock:
             end_now = self._parked and not self.done.is_set()
@@ -351,11 +352,11 @@ class JobRunner:
 
     def suspend(self) -> None:
         self._check(Action.SUSPEND)
-        self.stream.stop_request = StopReason.SUSPEND
+        self.stream.ask_stop(StopReason.SUSPEND)
 
     def restart(self) -> None:
         self._check(Action.RESTART)
-        self.stream.stop_request = StopReason.RESTART
+        self.stream.ask_stop(StopReason.RESTART)
 
     def resume(self) -> None:
         self._check(Action.RESUME)

@@ -124,6 +124,16 @@ class StreamRun:
             raise JobCancelledError(f"job {self.job.label} was cancelled")
         return reason
 
+    def ask_stop(self, reason: StopReason | None) -> None:
+        """Ask the loop to stop before its next batch (None: a cancel, seen through the flag).
+
+        The loop's pause between batches ends at once, so it looks now.
+        """
+        if reason is not None:
+            self.stop_request = reason
+        if self._loop is not None:
+            self._loop.wake()
+
     def take_stop_cause(self) -> str | None:
         """After a suspend: why the job suspended itself (the cluster's cause), None if asked.
 
