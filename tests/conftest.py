@@ -46,9 +46,18 @@ def _isolated_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.chdir(workdir)
 
 
-@pytest.fixture(params=["driver-reduce", "shuffle-reduce"])
+#: The partitions the in-process engine spreads a run over: the test session's.
+TEST_PARALLELISM = 2
+
+
+@pytest.fixture(params=["driver-reduce", "shuffle-reduce", "in-process"])
 def reduce_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run a test through both ways keyed stages reduce: on the driver, or shuffled."""
+    """Run a test through each way a job's work runs.
+
+    On Spark, keyed stages reduce on the driver or shuffled; ``in-process``:
+    the :func:`client` fixture's jobs run on the in-process engine, the very
+    same tasks without Spark.
+    """
     from sparkjet.core.runtime import batch
 
     if request.param == "shuffle-reduce":
@@ -61,9 +70,34 @@ def store_url(tmp_path: Path) -> str:
     return str(tmp_path / "store")
 
 
+@pytest.fixture(params=["spark", "in-process"])
+def engine_kind(request: pytest.FixtureRequest) -> str:
+    """Run a test on each engine: Spark, and in-process (the :func:`client` fixture's)."""
+    return str(request.param)
+
+
+def _in_process(request: pytest.FixtureRequest) -> bool:
+    """Whether the test asked for the in-process engine (``reduce_path``, ``engine_kind``)."""
+    return any(
+        name in request.fixturenames and request.getfixturevalue(name) == "in-process"
+        for name in ("reduce_path", "engine_kind")
+    )
+
+
 @pytest.fixture
-def client(store_url: str) -> sparkjet.Client:
-    """A client on a fresh store; Spark is the process-wide test session."""
+def client(store_url: str, request: pytest.FixtureRequest) -> sparkjet.Client:
+    """A client on a fresh store; Spark is the process-wide test session.
+
+    Where the test runs through :func:`reduce_path`'s or :func:`engine_kind`'s
+    ``in-process`` path, the client's jobs run on the in-process engine instead.
+    """
+    if _in_process(request):
+        from sparkjet.core.client import Client
+        from sparkjet.core.config import load_config
+        from sparkjet.core.inprocess.engine import InProcessEngine
+
+        config = load_config({"store": {"url": store_url}, "spark": TEST_SPARK})
+        return Client(config, engine=InProcessEngine(TEST_PARALLELISM))
     return sparkjet.connect(store={"url": store_url}, spark=TEST_SPARK)
 
 

@@ -154,6 +154,7 @@ def letters_of(client: sparkjet.Client, stream: str) -> list[dict[str, Any]]:
     return [letter for p in range(len(log.end_offsets())) for letter in log.read(p)]
 
 
+@pytest.mark.usefixtures("engine_kind")
 def test_a_batch_job_writes_its_dead_letters_and_counts_them(client: sparkjet.Client) -> None:
     p = Pipeline.create()
     (p.read_from(Pipeline.from_list("raw", ["1", "2", "x", "4", "y", "6"]))
@@ -180,6 +181,7 @@ def test_a_batch_job_writes_its_dead_letters_and_counts_them(client: sparkjet.Cl
     assert "in tenth" in by_item[2]["traceback"]
 
 
+@pytest.mark.usefixtures("engine_kind")
 def test_the_branches_of_a_merge_keep_all_their_letters(client: sparkjet.Client) -> None:
     """Both branches' passes run under the merge's name, on the same partition numbers."""
     p = Pipeline.create()
@@ -194,6 +196,7 @@ def test_the_branches_of_a_merge_keep_all_their_letters(client: sparkjet.Client)
         ("l", "x"), ("r", "y"), ("r", "z")]
 
 
+@pytest.mark.usefixtures("engine_kind")
 def test_a_stage_that_says_fail_fails_the_job_under_a_dead_letter_default(
     client: sparkjet.Client,
 ) -> None:
@@ -208,6 +211,7 @@ def test_a_stage_that_says_fail_fails_the_job_under_a_dead_letter_default(
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("engine_kind")
 def test_a_replayed_micro_batch_writes_its_dead_letters_once(
     client: sparkjet.Client, tmp_path: Path, cancel_at_end: list[Job]
 ) -> None:
@@ -251,6 +255,7 @@ def test_a_replayed_micro_batch_writes_its_dead_letters_once(
                "the stage's count")
 
 
+@pytest.mark.usefixtures("engine_kind")
 def test_a_window_with_the_dead_letter_policy_sets_its_late_items_aside(
     client: sparkjet.Client, cancel_at_end: list[Job]
 ) -> None:

@@ -546,7 +546,7 @@ import resource, sys
 from sparkjet.aggregate import counting
 from sparkjet.core.graph import AggregateSpec
 from sparkjet.core.keyed import keyed_fold
-from sparkjet.core.runtime.microbatch import StateTask
+from sparkjet.core.tasks.state import StateTask
 from sparkjet.core.state_files import RangeState, StatePaths
 from sparkjet.core.store.fs import Store
 

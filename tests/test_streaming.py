@@ -47,6 +47,7 @@ def stop(job) -> None:  # type: ignore[no-untyped-def]
             job.join(timeout=60)
 
 
+@pytest.mark.usefixtures("engine_kind")
 def test_rolling_aggregate_matches_oracle_across_batches(client) -> None:  # type: ignore[no-untyped-def]
     stream = client.get_stream("events", partitions=2)
     p = Pipeline.create()
@@ -85,6 +86,7 @@ def test_rolling_aggregate_matches_oracle_across_batches(client) -> None:  # typ
         stop(job)
 
 
+@pytest.mark.usefixtures("engine_kind")
 def test_order_sensitive_fold_without_combiner(client) -> None:  # type: ignore[no-untyped-def]
     stream = client.get_stream("one", partitions=1)  # one partition: publish order is order
     p = Pipeline.create()
@@ -119,6 +121,7 @@ class _WallClock:
         return getattr(time, name)
 
 
+@pytest.mark.usefixtures("engine_kind")
 def test_distinct_by_value_with_ttl(client, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     # A batch's clock is its plan's wall-clock time. The test moves that clock
     # past the TTL instead of sleeping, so a slow batch cannot outlive the TTL.
@@ -145,6 +148,7 @@ def test_distinct_by_value_with_ttl(client, monkeypatch) -> None:  # type: ignor
         stop(job)
 
 
+@pytest.mark.usefixtures("engine_kind")
 def test_map_stateful_keeps_per_key_state(client) -> None:  # type: ignore[no-untyped-def]
     stream = client.get_stream("ms", partitions=2)
 
@@ -195,6 +199,7 @@ class _Plugin:
         register(Dedup)
 
 
+@pytest.mark.usefixtures("engine_kind")
 def test_plugin_stateful_transform_in_a_stream(client) -> None:  # type: ignore[no-untyped-def]
     client.register_plugin(_Plugin(), "records")
     stream = client.get_stream("h", partitions=1)
@@ -375,6 +380,7 @@ def test_state_carries_over_when_the_cluster_grows_and_shrinks(  # type: ignore[
         stop(job)
 
 
+@pytest.mark.usefixtures("engine_kind")
 def test_commit_records_name_the_state_files_that_count(client) -> None:  # type: ignore[no-untyped-def]
     """Another attempt's file of a committed batch (sorting first by name) is never read."""
     import cloudpickle

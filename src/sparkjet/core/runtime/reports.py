@@ -140,6 +140,10 @@ class SparkReports:
         if self.state_ranges is not None:
             self.state_ranges.add(ranges)
 
+    def stage_counts(self) -> dict[StageCount, int]:
+        """A copy of the counts so far (empty when not counting)."""
+        return _value(self.counts)
+
     def snapshot(self) -> Reported:
         """Copies of the accumulators' values (on the driver)."""
         return Reported(_value(self.counts), _value(self.event_times),

@@ -13,8 +13,8 @@ from sparkjet.core.config import Config
 from sparkjet.core.engine import BatchSpec, MicroBatchSpec
 from sparkjet.core.plugin_manager import PluginHost
 from sparkjet.core.runtime import session
-from sparkjet.core.runtime.batch import BatchRun
-from sparkjet.core.runtime.microbatch import MicroBatch
+from sparkjet.core.runtime.batch import spark_batch, spark_micro_batch
+from sparkjet.core.tasks.plan import MicroBatchRun, PlanRun
 
 
 class SparkEngine:
@@ -50,8 +50,8 @@ class SparkEngine:
     def cancel(self, job_id: str) -> bool:
         return session.cancel_job_group(job_id)
 
-    def batch(self, spec: BatchSpec) -> BatchRun:
-        return BatchRun(self._sc, spec)
+    def batch(self, spec: BatchSpec) -> PlanRun:
+        return spark_batch(self._sc, spec)
 
-    def micro_batch(self, spec: MicroBatchSpec) -> MicroBatch:
-        return MicroBatch(self._sc, spec)
+    def micro_batch(self, spec: MicroBatchSpec) -> MicroBatchRun:
+        return spark_micro_batch(self._sc, spec)

@@ -177,6 +177,11 @@ class Counters:
         with self._lock:
             merge_state_ranges(self._ranges, ranges)
 
+    def stage_counts(self) -> dict[StageCount, int]:
+        """A copy of the counts so far."""
+        with self._lock:
+            return dict(self._counts)
+
     def snapshot(self) -> Reported:
         """Copies of what was reported so far."""
         with self._lock:
