@@ -233,6 +233,26 @@ def test_submit_calls_a_pipeline_function_without_parameters(
     assert sorted(client.get_list("w").get_all()) == ["a", "b"]
 
 
+def test_submit_no_adaptive_reaches_the_job_config_and_its_record(
+    capsys: pytest.CaptureFixture[str], config_file: Path, client: sparkjet.Client
+) -> None:
+    write_file("copy.py", """
+        from sparkjet.pipeline import Pipeline
+
+        pipeline = Pipeline.create()
+        pipeline.read_from(Pipeline.from_list("few", [1, 2])).write_to(Pipeline.to_list("c"))
+    """)
+    assert main(["submit", "-n", "spark-only", "--no-adaptive", "copy.py"]) == 0
+    assert "finished: COMPLETED" in capsys.readouterr().out
+    job = client.get_jet().get_job_by_name("spark-only")
+    assert job is not None
+    assert job.config.adaptive_micro_batches is False
+    other = sparkjet.connect(store={"url": client.config.store_url})  # reads the record
+    seen = other.get_jet().get_job(job.id)
+    assert seen is not None and seen.config.adaptive_micro_batches is False
+    assert JobConfig().adaptive_micro_batches is None  # without the flag: the TOML decides
+
+
 def test_submit_prints_the_logger_sink_on_stderr(
     capsys: pytest.CaptureFixture[str], config_file: Path
 ) -> None:

@@ -160,6 +160,8 @@ def test_apply_reads_a_pipeline_url_and_refuses_a_snapshot_of_a_completed_job(
          "jobs.toml: [[job]] 'a': state: expected 'running' or 'suspended', got 'paused'"),
         ('[[job]]\nname = "a"\npipeline = "p.py"\nerror_policy = "skip"\n',
          "jobs.toml: [[job]] 'a': error_policy: expected 'fail' or 'dead-letter', got 'skip'"),
+        ('[[job]]\nname = "a"\npipeline = "p.py"\nadaptive_micro_batches = "no"\n',
+         "jobs.toml: [[job]] 'a': adaptive_micro_batches: expected a bool, got 'no'"),
         ('[[job]]\nname = "a"\npipeline = "p.py"\n[[job]]\nname = "a"\npipeline = "p.py"\n',
          "jobs.toml: [[job]] 'a': name: duplicate job name 'a'"),
         ('[[job]]\npipeline = "p.py"\n', "jobs.toml: [[job]] #1: missing key 'name'"),
@@ -182,6 +184,19 @@ def test_apply_refuses_bad_input_naming_file_table_and_key(
     assert captured.out == ""
     assert captured.err.startswith(f"ERROR: {message}")
     assert client.get_jet().get_jobs() == []
+
+
+def test_apply_adaptive_micro_batches_reaches_the_job_config() -> None:
+    from sparkjet.cli.apply import _config, parse
+
+    write_file("p.py", BATCH_PIPELINE)
+    jobs = Path("jobs.toml")
+    jobs.write_text('[[job]]\nname = "a"\npipeline = "p.py"\nadaptive_micro_batches = false\n'
+                    '[[job]]\nname = "b"\npipeline = "p.py"\nadaptive_micro_batches = true\n'
+                    '[[job]]\nname = "c"\npipeline = "p.py"\n', encoding="utf-8")
+    specs, _ = parse(jobs)
+    assert [s.adaptive_micro_batches for s in specs] == [False, True, None]
+    assert [_config(s).adaptive_micro_batches for s in specs] == [False, True, None]
 
 
 def test_apply_credentials_name_a_buckets_table(

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import sparkjet
-from sparkjet.core.config import DEFAULT_STORE_URL, Config, load_config
+from sparkjet.core.config import DEFAULT_STORE_URL, Config, EngineSettings, load_config
 from sparkjet.errors import ConfigError
 
 SECRET = "hunter2-Zq9-very-secret"
@@ -498,3 +498,95 @@ def test_spark_conf_booleans_from_overrides() -> None:
     config = load_config({"spark": {"conf": {"spark.ui.enabled": False, "spark.x": True}}})
 
     assert config.spark_conf == {"spark.ui.enabled": "false", "spark.x": "true"}
+
+
+# --- [engine]: where a micro-batch runs -------------------------------------------
+
+
+def test_engine_defaults() -> None:
+    engine = load_config().engine
+
+    assert engine == EngineSettings()
+    assert engine.adaptive is True
+    assert engine.local_max_items == 5000
+    assert engine.local_max_bytes == 4 * 1024 * 1024
+    assert engine.driver_state_bytes == 256 * 1024 * 1024
+    assert engine.cold_state_bytes == 32 * 1024 * 1024
+    with pytest.raises(AttributeError):
+        engine.adaptive = False  # type: ignore[misc]  # frozen: one client's settings
+
+
+def test_engine_table_and_overrides_key_by_key() -> None:
+    write(
+        Path("sparkjet.toml"),
+        """
+[engine]
+adaptive = false
+local_max_items = 20_000
+cold_state_bytes = 0
+""",
+    )
+
+    from_file = load_config().engine
+    assert from_file == EngineSettings(
+        adaptive=False, local_max_items=20_000, cold_state_bytes=0)
+
+    config = load_config({"engine": {"adaptive": True, "local_max_bytes": 1024}})
+    assert config.engine == EngineSettings(
+        adaptive=True, local_max_items=20_000, local_max_bytes=1024, cold_state_bytes=0)
+
+    client = sparkjet.connect(engine={"driver_state_bytes": 7})
+    assert client.config.engine.driver_state_bytes == 7
+    assert client.config.engine.local_max_items == 20_000  # the file's, kept
+
+
+@pytest.mark.parametrize(
+    ("toml", "key", "expected", "got"),
+    [
+        ('[engine]\nadaptive = "yes"\n', "[engine] adaptive", "true or false", "'yes' (str)"),
+        ("[engine]\nadaptive = 1\n", "[engine] adaptive", "true or false", "1 (int)"),
+        ("[engine]\nlocal_max_items = -1\n", "[engine] local_max_items",
+         "a whole number of items, 0 or more", "-1 (int)"),
+        ("[engine]\nlocal_max_items = 2.5\n", "[engine] local_max_items",
+         "a whole number of items, 0 or more", "2.5 (float)"),
+        ("[engine]\nlocal_max_items = true\n", "[engine] local_max_items",
+         "a whole number of items, 0 or more", "a bool"),
+        ('[engine]\nlocal_max_bytes = "4MiB"\n', "[engine] local_max_bytes",
+         "a whole number of bytes, 0 or more", "'4MiB' (str)"),
+        ("[engine]\ndriver_state_bytes = -5\n", "[engine] driver_state_bytes",
+         "a whole number of bytes, 0 or more", "-5 (int)"),
+        ("[engine]\ncold_state_bytes = [1]\n", "[engine] cold_state_bytes",
+         "a whole number of bytes, 0 or more", "[1] (list)"),
+        ('engine = "local"\n', "[engine]", "must be a table", "'local' (str)"),
+    ],
+)
+def test_bad_engine_values_name_file_key_and_expected(
+    toml: str, key: str, expected: str, got: str
+) -> None:
+    path = write(Path("sparkjet.toml"), toml)
+
+    with pytest.raises(ConfigError) as info:
+        load_config()
+
+    message = str(info.value)
+    assert message.startswith(f"{path}: {key}"), message
+    assert expected in message
+    assert got in message
+
+
+def test_unknown_engine_key_is_refused_naming_the_known_ones() -> None:
+    path = write(Path("sparkjet.toml"), "[engine]\nlocal_max_item = 10\n")
+
+    with pytest.raises(ConfigError) as info:
+        load_config()
+
+    assert str(info.value) == (
+        f"{path}: unknown key 'local_max_item' in [engine] (expected one of: adaptive, "
+        "cold_state_bytes, driver_state_bytes, local_max_bytes, local_max_items)"
+    )
+
+
+def test_bad_engine_value_in_connect_arguments() -> None:
+    with pytest.raises(ConfigError, match=r"^connect\(\) arguments: \[engine\] "
+                       r"local_max_bytes: expected a whole number of bytes, 0 or more, got -1"):
+        sparkjet.connect(engine={"local_max_bytes": -1})

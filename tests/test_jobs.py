@@ -58,6 +58,8 @@ def test_job_config_defaults_follow_jet() -> None:
         ("auto_scaling_enabled", "yes", "a bool"),
         ("name", "", "non-empty string"),
         ("arguments", [object()], "JSON-serialisable"),
+        ("adaptive_micro_batches", "no", "a bool or None"),
+        ("adaptive_micro_batches", 0, "a bool or None"),
     ],
 )
 def test_job_config_is_validated(field: str, value: object, message: str) -> None:
@@ -66,6 +68,16 @@ def test_job_config_is_validated(field: str, value: object, message: str) -> Non
     config = JobConfig()
     with pytest.raises(ConfigError):
         setattr(config, field, value)
+
+
+def test_adaptive_micro_batches_defaults_to_the_configuration_and_round_trips() -> None:
+    assert JobConfig().adaptive_micro_batches is None  # None: [engine] adaptive decides
+    config = JobConfig(adaptive_micro_batches=False)
+    assert config.to_dict()["adaptive_micro_batches"] is False
+    assert JobConfig.from_dict(config.to_dict()) == config
+    older = config.to_dict()
+    del older["adaptive_micro_batches"]  # a job record written before the field
+    assert JobConfig.from_dict(older).adaptive_micro_batches is None
 
 
 def test_guarantee_parses_jet_spellings() -> None:

@@ -52,7 +52,7 @@ _JOB_KEYS = (
     "name", "pipeline", "state", "initial_snapshot", "credentials", "arguments",
     "processing_guarantee", "snapshot_interval_millis", "suspend_on_failure",
     "error_policy", "dead_letter_stream", "allow_dropped_state", "allow_changed_state",
-    "renames", "source_starts", "state_cache_bytes",
+    "renames", "source_starts", "state_cache_bytes", "adaptive_micro_batches",
 )
 _SNAPSHOT_KEYS = ("name", "job", "cancel_job")
 
@@ -80,6 +80,8 @@ class JobSpec:
     source_starts: dict[str, str] = field(default_factory=dict)
     #: ``JobConfig.state_cache_bytes`` (None: its default).
     state_cache_bytes: int | None = None
+    #: ``JobConfig.adaptive_micro_batches`` (None: the configuration's ``[engine] adaptive``).
+    adaptive_micro_batches: bool | None = None
 
 
 @dataclass
@@ -185,6 +187,7 @@ def parse(path: Path) -> tuple[list[JobSpec], list[SnapshotSpec]]:
         spec.error_policy = policy
         spec.dead_letter_stream = _get(table, where, "dead_letter_stream", str)
         spec.state_cache_bytes = _size_of(table, where, "state_cache_bytes")
+        spec.adaptive_micro_batches = _get(table, where, "adaptive_micro_batches", bool)
         _parse_upgrade_options(spec, table, where)
         if not _is_url(spec.pipeline):
             file = path.parent / spec.pipeline
@@ -285,7 +288,8 @@ def _config(spec: JobSpec, snapshot: str | None = None) -> JobConfig:
                         spec.snapshot_interval_millis, spec.suspend_on_failure,
                         snapshot or spec.initial_snapshot, error_policy=spec.error_policy,
                         dead_letter_stream=spec.dead_letter_stream,
-                        state_cache_bytes=spec.state_cache_bytes)
+                        state_cache_bytes=spec.state_cache_bytes,
+                        adaptive_micro_batches=spec.adaptive_micro_batches)
     config.allow_dropped_state = spec.allow_dropped_state
     config.allow_changed_state = spec.allow_changed_state
     config.stage_renames = dict(spec.renames)

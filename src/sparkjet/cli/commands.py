@@ -37,7 +37,8 @@ def submit(args: argparse.Namespace, client: Client) -> int:
     config = job_config(args.name, job_args, args.guarantee, args.snapshot_interval,
                         args.suspend_on_failure, args.snapshot, error_policy=args.on_error,
                         dead_letter_stream=args.dead_letter_stream, upgrade=upgrade,
-                        state_cache_bytes=args.state_cache)
+                        state_cache_bytes=args.state_cache,
+                        adaptive_micro_batches=args.adaptive)
     job = client.get_jet().submit(pipeline, config)
     out(f"Submitted job {job.id}, name: {job.name or 'N/A'}")
     restore = job.get_metrics().get("snapshotRestore") if args.snapshot is not None else None
@@ -64,6 +65,7 @@ def job_config(
     dead_letter_stream: str | None = None,
     upgrade: JobConfig | None = None,
     state_cache_bytes: int | None = None,
+    adaptive_micro_batches: bool | None = None,
 ) -> JobConfig:
     """The JobConfig of a job started from the command line (``submit``, ``apply``).
 
@@ -89,6 +91,8 @@ def job_config(
             setattr(config, field, getattr(upgrade, field))
     if state_cache_bytes is not None:
         config.state_cache_bytes = state_cache_bytes
+    if adaptive_micro_batches is not None:
+        config.adaptive_micro_batches = adaptive_micro_batches
     return config
 
 

@@ -387,6 +387,12 @@ def build_parser() -> argparse.ArgumentParser:
         "keeps none: every batch reads its state from the checkpoint)",
     )
     submit.add_argument(
+        "--no-adaptive", dest="adaptive", action="store_const", const=False, default=None,
+        help="JobConfig.adaptive_micro_batches=False: run every micro-batch as a Spark job, "
+        "even a small one (by default the configuration's [engine] adaptive decides; on "
+        "unless turned off there)",
+    )
+    submit.add_argument(
         "-s", "--snapshot", metavar="NAME",
         help="JobConfig.initial_snapshot_name: start the job from this exported snapshot "
         "(state matched by stage name; refused if it is missing, corrupt or incompatible)",

@@ -17,7 +17,7 @@ import os
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -57,6 +57,14 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], str]]] = {
     "buckets": {},
     # [streams.<name>]: the stream's retention (see _STREAM_KEYS).
     "streams": {},
+    # [engine]: where a micro-batch runs (EngineSettings); the numbers are 0 or more.
+    "engine": {
+        "adaptive": ((bool,), "true or false"),
+        "local_max_items": ((int,), "a whole number of items, 0 or more"),
+        "local_max_bytes": ((int,), "a whole number of bytes, 0 or more"),
+        "driver_state_bytes": ((int,), "a whole number of bytes, 0 or more"),
+        "cold_state_bytes": ((int,), "a whole number of bytes, 0 or more"),
+    },
 }
 
 #: The keys of a ``[streams.<name>]`` table: stream retention limits.
@@ -65,6 +73,39 @@ _STREAM_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
     "keep_seconds": ((int, float), "a number of seconds, 0 or more"),
     "keep_bytes": ((int,), "a whole number of bytes, 0 or more"),
 }
+
+
+#: ``[engine]`` defaults: a micro-batch of at most this many items and bytes in
+#: all may run on the driver (the sizes the sources plan, before it runs).
+DEFAULT_LOCAL_MAX_ITEMS = 5000
+DEFAULT_LOCAL_MAX_BYTES = 4 << 20
+#: ``[engine]`` defaults: the most bytes of a job's keyed state a micro-batch on the
+#: driver may touch while the driver holds some of it loaded, and while it holds none
+#: (then each range is read from the checkpoint first, which costs time per byte).
+DEFAULT_DRIVER_STATE_BYTES = 256 << 20
+DEFAULT_COLD_STATE_BYTES = 32 << 20
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The ``[engine]`` table: when a micro-batch runs on the driver instead of on Spark.
+
+    With ``adaptive`` on (a job may turn it off with
+    ``JobConfig.adaptive_micro_batches``), a micro-batch whose planned input is
+    known and small, at most ``local_max_items`` items and ``local_max_bytes``
+    bytes over all its sources, runs in the driver process; so does a batch
+    job over such an input. The job's keyed state must be small enough too:
+    at most ``driver_state_bytes`` while the driver holds some of the job's
+    state loaded, at most ``cold_state_bytes`` while it holds none (all of
+    it would be read from the checkpoint first). See
+    :func:`sparkjet.core.adaptive.choose_local`.
+    """
+
+    adaptive: bool = True
+    local_max_items: int = DEFAULT_LOCAL_MAX_ITEMS
+    local_max_bytes: int = DEFAULT_LOCAL_MAX_BYTES
+    driver_state_bytes: int = DEFAULT_DRIVER_STATE_BYTES
+    cold_state_bytes: int = DEFAULT_COLD_STATE_BYTES
 
 
 @dataclass
@@ -88,6 +129,8 @@ class Config:
     buckets: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: ``[streams.<name>]`` tables: each stream's retention limits (``keep_items``, ...).
     streams: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: ``[engine]``: when a micro-batch runs on the driver instead of on Spark.
+    engine: EngineSettings = field(default_factory=EngineSettings)
     #: Where the file part came from (for messages), or None.
     source: str | None = None
     #: Where :attr:`store_url` came from: ``default``, the file, ``SPARKJET_STORE``
@@ -229,6 +272,10 @@ def _check(data: Mapping[str, Any], where: str) -> None:
                 raise ConfigError(
                     f"{where}: [{section}] {key}: expected {expected}, got {_kind(value)}"
                 )
+            if section == "engine" and key != "adaptive" and cast(int, value) < 0:
+                raise ConfigError(
+                    f"{where}: [{section}] {key}: expected {expected}, got {_kind(value)}"
+                )
             if section == "spark" and key == "conf":
                 for ck, cv in _flatten(cast(Mapping[str, Any], value)).items():
                     if not isinstance(cv, _SCALAR):
@@ -344,3 +391,5 @@ def _apply(config: Config, data: Mapping[str, Any], where: str) -> None:
         config.buckets.setdefault(key, {}).update(table)
     for key, table in data.get("streams", {}).items():
         config.streams.setdefault(key, {}).update(table)
+    if data.get("engine"):
+        config.engine = replace(config.engine, **data["engine"])

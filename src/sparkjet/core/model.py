@@ -163,6 +163,12 @@ class JobConfig:
     #: micro-batches (estimated; 0: keep none). Past it, the least recently used key-group
     #: ranges are dropped and reload from the checkpoint when next needed.
     state_cache_bytes: int = DEFAULT_STATE_CACHE_BYTES
+    #: Whether a streaming job's small micro-batches (and a batch job over a small
+    #: input) may run on the driver instead of as a Spark job: ``None`` follows the
+    #: configuration's ``[engine] adaptive`` (on by default), ``False`` always uses
+    #: Spark, ``True`` turns it on even when the configuration turns it off. What counts
+    #: as small is the configuration's ``[engine]`` table; results are the same either way.
+    adaptive_micro_batches: bool | None = None
 
     def __setattr__(self, key: str, value: Any) -> None:
         object.__setattr__(self, key, _validate(key, value))
@@ -203,6 +209,9 @@ def _validate(key: str, value: Any) -> Any:
             1 <= value <= MAX_KEY_GROUPS
         ):
             raise bad(f"an int from 1 to {MAX_KEY_GROUPS}")
+    elif key == "adaptive_micro_batches":
+        if value is not None and not isinstance(value, bool):
+            raise bad("a bool or None (None: the configuration's [engine] adaptive)")
     elif key == "state_cache_bytes":
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise bad("an int of bytes, 0 or more")
