@@ -225,6 +225,15 @@ class StreamLogAccess(Protocol):
     def read(self, partition: int, start: int, end: int) -> list[Any]:
         """The items of ``partition`` at offsets ``[start, end)``, in order."""
 
+    def range_bytes(self, starts: Sequence[int], ends: Sequence[int]) -> int | None:
+        """The bytes reading offsets ``[starts[p], ends[p])`` of each partition fetches; no read.
+
+        The sizes of the chunks holding them, from what this process saw when
+        it last listed the partitions (:meth:`end_offsets` lists them all).
+        None where that does not tell and finding out would cost a request
+        (on S3 or GCS), or for offsets trimmed since or of another shape.
+        """
+
     def append(self, partition: int, items: list[Any]) -> int:
         """Append ``items`` to ``partition`` at once; returns the new end offset."""
 
