@@ -42,6 +42,7 @@ import fsspec
 
 from sparkjet.plugin import (
     ALL_GUARANTEES,
+    InputSize,
     JobContext,
     Sink,
     Source,
@@ -402,6 +403,36 @@ class FileSource(Source):
                 "with the checkpoint"
             )
         return self._pack([tuple(b) for b in end["batch"]], context)
+
+    def range_size(self, start: Any, end: Any, context: JobContext) -> InputSize | None:
+        """Runs on the driver: the bytes of the micro-batch's file ranges (items unknown).
+
+        From the offsets alone (the listing that planned them knew the
+        files' sizes): the bytes of each planned range, whole files for CSV
+        and Parquet. A JSON-lines range also reads on to the end of its last
+        line. None for offsets this source did not plan from ``start``.
+        """
+        if not isinstance(start, dict) or not isinstance(end, dict):
+            return None
+        try:
+            if end.get("after") != _fingerprint(start):
+                return None
+            total = sum(int(stop) - int(begin) for _, begin, stop in end["batch"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        return InputSize(None, total)
+
+    def estimated_size(self, context: JobContext) -> InputSize | None:
+        """Runs on the driver (batch jobs): the matching files' bytes, from one listing.
+
+        Items unknown; None when the folder does not exist (reading it fails
+        and says so).
+        """
+        try:
+            listing = self._list(missing_ok=False)
+        except FileNotFoundError:
+            return None
+        return InputSize(None, sum(size for _, _, size in listing))
 
     def partitions(self, context: JobContext) -> Sequence[Any]:
         """Runs on the driver (batch jobs): every matching file, as it is now."""

@@ -15,7 +15,7 @@ import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 from sparkjet.core.model import ProcessingGuarantee
 from sparkjet.core.store.fs import Store
@@ -224,6 +224,15 @@ class StreamLogAccess(Protocol):
 
     def read(self, partition: int, start: int, end: int) -> list[Any]:
         """The items of ``partition`` at offsets ``[start, end)``, in order."""
+
+    def range_bytes(self, starts: Sequence[int], ends: Sequence[int]) -> int | None:
+        """The bytes reading offsets ``[starts[p], ends[p])`` of each partition fetches; no read.
+
+        The sizes of the chunks holding them, from what this process saw when
+        it last listed the partitions (:meth:`end_offsets` lists them all).
+        None where that does not tell and finding out would cost a request
+        (on S3 or GCS), or for offsets trimmed since or of another shape.
+        """
 
     def append(self, partition: int, items: list[Any]) -> int:
         """Append ``items`` to ``partition`` at once; returns the new end offset."""
@@ -434,6 +443,48 @@ class TaskContext:
         object.__setattr__(self, "store", plugin_store(self.store))
 
 
+class InputSize(NamedTuple):
+    """How big a source's planned read is, as far as the source knows without reading it.
+
+    Either field may be None: unknown. :meth:`Source.range_size` and
+    :meth:`Source.estimated_size` return one (or None when nothing is known).
+    """
+
+    #: How many items the read yields; None: unknown. Never fewer than it
+    #: yields; more only where offsets count positions a reader skips (Kafka's
+    #: transaction markers and compacted records, a stream's duplicate batch chunk).
+    items: int | None
+    #: How many bytes the read fetches from storage (what the source's files or
+    #: chunks hold, before decoding); None: unknown.
+    bytes: int | None
+
+
+def source_lag(read: Any, available: Any) -> int | None:
+    """How many items ``available`` offsets are past ``read`` ones; None if not countable.
+
+    Offsets that are a number, a list of numbers (one per partition, as a
+    stream's or Kafka's) or a dict of numbers count; a partition missing from
+    ``read`` counts from 0. Any other shape of offsets has no lag to show.
+    """
+    if isinstance(available, bool):
+        return None
+    if isinstance(available, int):
+        if isinstance(read, bool) or not isinstance(read, int):
+            return None
+        return max(available - read, 0)
+    if isinstance(available, list):
+        before = read if isinstance(read, list) else []
+        pairs = [(before[i] if i < len(before) else 0, a) for i, a in enumerate(available)]
+    elif isinstance(available, dict):
+        before_map = read if isinstance(read, dict) else {}
+        pairs = [(before_map.get(k, 0), a) for k, a in available.items()]
+    else:
+        return None
+    if not all(type(r) is int and type(a) is int for r, a in pairs):
+        return None
+    return sum(max(int(a) - int(r), 0) for r, a in pairs)
+
+
 class _Participant(ABC):
     #: Registered name: unique among all plugins of the same category.
     kind: ClassVar[str]
@@ -565,6 +616,37 @@ class Source(_Participant):
         """
         time.sleep(max(timeout, 0.0))
         return True
+
+    def range_size(self, start: Any, end: Any, context: JobContext) -> InputSize | None:
+        """Runs on the driver: how big the micro-batch ``[start, end)`` is, or None if unknown.
+
+        ``start`` and ``end`` are offsets :meth:`latest_offsets` returned (what
+        :meth:`plan_range` gets); the answer is about what reading every
+        descriptor of ``plan_range(start, end, context)`` yields: its item
+        count and the bytes those reads fetch, either None where unknown.
+        sparkjet may run a small micro-batch in the driver's process instead
+        of as a Spark job; a size it cannot tell runs on Spark, as always.
+
+        Must be cheap: never read the data (use what the offsets and the
+        source's listings already tell). A number must be right, not a
+        guess (see :class:`InputSize`): say None for what is unknown. The
+        default counts items from offsets shaped as a number, or a list or
+        dict of numbers, one per partition (:func:`source_lag`); bytes
+        unknown; None for other shapes.
+        """
+        items = source_lag(start, end)
+        return None if items is None else InputSize(items, None)
+
+    def estimated_size(self, context: JobContext) -> InputSize | None:
+        """Runs on the driver, for a batch source: how big the whole read is, or None if unknown.
+
+        About what reading every descriptor of :meth:`partitions` yields:
+        items and bytes fetched, either None where unknown. sparkjet may run
+        a small batch job in the driver's process instead of as Spark jobs.
+        Must be cheap: never read the data (at most what the source has in
+        memory or its listings hold). The default: None (unknown).
+        """
+        return None
 
 
 class Sink(_Participant):

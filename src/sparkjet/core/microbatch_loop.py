@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from sparkjet.core.checkpoint import KEEP_LOG, BatchPlan, Checkpoint, CommitRecord
 from sparkjet.core.contracts import JobContext, Source
+from sparkjet.core.contracts import source_lag as source_lag  # moved; still importable here
 from sparkjet.core.engine import BatchResult, Engine, MicroBatchSpec
 from sparkjet.core.errors import SourceOffsetsError
 from sparkjet.core.event_time import NO_WATERMARK, EventTime, WindowClock, stage_watermark
@@ -97,30 +98,6 @@ def offsets_behind(start: Any, latest: Any) -> str | None:
     if not all(number(v) for v in values):
         return None  # not one number per partition: the source's own shape
     return next((p for p, s, a in pairs if a < s), None)
-
-
-def source_lag(read: Any, available: Any) -> int | None:
-    """How many items ``available`` offsets are past ``read`` ones; None if not countable.
-
-    Offsets that are a number, a list of numbers (one per partition, as a
-    stream's or Kafka's) or a dict of numbers count; a partition missing from
-    ``read`` counts from 0. Any other shape of offsets has no lag to show.
-    """
-    if isinstance(available, bool):
-        return None
-    if isinstance(available, int):
-        return max(available - int(read), 0) if isinstance(read, int) else None
-    if isinstance(available, list):
-        before = read if isinstance(read, list) else []
-        pairs = [(before[i] if i < len(before) else 0, a) for i, a in enumerate(available)]
-    elif isinstance(available, dict):
-        before_map = read if isinstance(read, dict) else {}
-        pairs = [(before_map.get(k, 0), a) for k, a in available.items()]
-    else:
-        return None
-    if not all(type(r) is int and type(a) is int for r, a in pairs):
-        return None
-    return sum(max(int(a) - int(r), 0) for r, a in pairs)
 
 
 @dataclass

@@ -10,6 +10,7 @@ from sparkjet.plugin import (
     BatchedItems,
     CommitLogAccess,
     CommitLogSink,
+    InputSize,
     JobContext,
     Source,
     StoreAccess,
@@ -45,6 +46,23 @@ class ListSource(Source):
         for record in log.live_records():
             parts.extend(record.parts)
         return parts
+
+    def estimated_size(self, context: JobContext) -> InputSize | None:
+        """Runs on the driver: how many items the list holds (bytes unknown).
+
+        Inline items are counted; a stored list is counted from its commit
+        log's records, which carry small batches inline: a list with a part
+        in a segment file (counted only by reading it) is None (unknown).
+        """
+        if self.items is not None:
+            return InputSize(len(self.items), None)
+        count = 0
+        for record in context.store.list_log(self.name).live_records():
+            for kind, value in record.parts:
+                if kind != "items":
+                    return None
+                count += len(value)
+        return InputSize(count, None)
 
     def read(self, partition: Any, context: TaskContext) -> Iterable[Any]:
         """Runs on an executor: the items of one part."""

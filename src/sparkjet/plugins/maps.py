@@ -9,6 +9,7 @@ from sparkjet.plugin import (
     ALL_GUARANTEES,
     CommitLogAccess,
     CommitLogSink,
+    InputSize,
     JobContext,
     KeyedWindowResult,
     LogRecord,
@@ -41,6 +42,22 @@ class MapSource(Source):
         pairs = list(entries.items())
         size = max(_CHUNK, -(-len(pairs) // max(1, context.parallelism)))
         return [pairs[i : i + size] for i in range(0, len(pairs), size)]
+
+    def estimated_size(self, context: JobContext) -> InputSize | None:
+        """Runs on the driver: how many entries the map holds (bytes unknown).
+
+        Counted from the commit log's records, replaying their keys; a map
+        with a part in a segment file (known only by reading it) is None.
+        """
+        keys: set[Any] = set()
+        for record in context.store.map_log(self.name).live_records():
+            if any(kind != "items" for kind, _ in record.parts):
+                return None
+            if record.op == "put":
+                keys.update(key for part in record.parts for key, _ in part[1])
+            elif record.op == "remove":
+                keys.difference_update(key for part in record.parts for key in part[1])
+        return InputSize(len(keys), None)
 
     def read(self, partition: Any, context: TaskContext) -> Iterable[Any]:
         """Runs on an executor: one chunk of entries."""

@@ -7,6 +7,7 @@ from typing import Any
 
 from sparkjet.plugin import (
     ALL_GUARANTEES,
+    InputSize,
     JobContext,
     Sink,
     Source,
@@ -70,6 +71,22 @@ class StreamSource(Source):
     def plan_range(self, start: Any, end: Any, context: JobContext) -> Sequence[Any]:
         """Runs on the driver: ``(partition, start, end)`` for each partition with new items."""
         return [(p, s, e) for p, (s, e) in enumerate(zip(start, end, strict=True)) if e > s]
+
+    def range_size(self, start: Any, end: Any, context: JobContext) -> InputSize | None:
+        """Runs on the driver: the items between the offsets, and the bytes of their chunks.
+
+        Items count as offsets do (a batch's second chunk, appended by a
+        fenced-off driver, counts though readers skip it). Bytes come from
+        the listing :meth:`latest_offsets` made (see
+        :meth:`~sparkjet.plugin.StreamLogAccess.range_bytes`): None where it
+        does not tell without another request.
+        """
+        if not (isinstance(start, list) and isinstance(end, list) and len(start) == len(end)):
+            return None  # not this source's offsets (plan_range would refuse them)
+        size = super().range_size(start, end, context)
+        if size is None or not size.items:
+            return None if size is None else InputSize(0, 0)
+        return InputSize(size.items, self._log(context).range_bytes(start, end))
 
     def watermark_partition(self, descriptor: Any) -> str:
         """The stream partition a descriptor ``(partition, start, end)`` reads."""

@@ -28,6 +28,10 @@ what it gave:
 - lag is honest: after N new items ``source_lag`` over the source's offsets
   says N, or the offsets are uncountable (None) and the harness says so
   (``test_lag_is_honest``);
+- sizes are honest: ``range_size`` of a planned range (``estimated_size`` of
+  a bounded source) is None or an ``InputSize`` of non-negative ints, and its
+  ``items``, when known, is what planning and reading give
+  (``test_range_size_is_honest``);
 - ``wait_for_data`` returns within its timeout (plus slack) and says True
   once items came
   (``test_wait_for_data_returns_in_time_and_wakes_on_new_items``);
@@ -110,8 +114,8 @@ import pytest
 
 from sparkjet.core.checkpoint import BatchPlan, Checkpoint
 from sparkjet.core.client import Client
-from sparkjet.core.contracts import JobContext, Source, TaskContext
-from sparkjet.core.microbatch_loop import latest_offsets, source_lag
+from sparkjet.core.contracts import InputSize, JobContext, Source, TaskContext, source_lag
+from sparkjet.core.microbatch_loop import latest_offsets
 from sparkjet.job import Job, JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.pipeline import Pipeline
 
@@ -396,6 +400,19 @@ def _plans(client: Client, job: Job) -> list[BatchPlan]:
     return plans
 
 
+def check_size(size: Any, items: int, what: str) -> None:
+    """Fail unless ``size`` is None or an honest :class:`InputSize` of a read of ``items`` items."""
+    if size is None:
+        return
+    if not isinstance(size, InputSize):
+        pytest.fail(f"{what} returned {size!r}, not an InputSize or None")
+    for field_name, value in zip(size._fields, size, strict=True):
+        if value is not None and (type(value) is not int or value < 0):
+            pytest.fail(f"{what}: {field_name} is {value!r}, not None or a non-negative int")
+    if size.items is not None and size.items != items:
+        pytest.fail(f"{what} says {size.items} items, but planning and reading gave {items}")
+
+
 def _skip_unless(harness: SourceHarness, capability: str, declared: bool, what: str) -> None:
     """Skip, naming the harness's declaration, when it declares it cannot do ``capability``."""
     if not declared:
@@ -511,6 +528,34 @@ class SourceConformance:
             f"offsets {start!r} to {end!r} read other items the second time: "
             f"{describe_multiset(again, given)}")
         assert run.read_range(source, start, end, ctx) == first
+
+    def test_range_size_is_honest(self, run: _Run, source_harness: SourceHarness) -> None:
+        """``range_size`` (``estimated_size``) is None or an InputSize whose items are right."""
+        if not source_harness.streaming:
+            run.add(self.ROUND)
+            source = source_harness.new_source()
+            check_size(source.estimated_size(run.context(source)), len(run.read_batch(source)),
+                       "estimated_size")
+            return
+        given = run.add(self.ROUND)
+        source = source_harness.new_source(capped=False)
+        ctx = run.context(source)
+        start = source.initial_offsets(ctx)
+        sizes: list[Any] = []
+
+        def honest(begin: Any, end: Any, seqs: list[int]) -> None:
+            sizes.append(source.range_size(begin, end, ctx))
+            check_size(sizes[-1], len(seqs), f"range_size({begin!r}, {end!r})")
+
+        end, _ = run.drain(source, start, len(given), honest)
+        check_size(source.range_size(end, end, ctx), 0, f"range_size({end!r}, {end!r})")
+        more = run.add(7)
+        _wait(lambda: latest_offsets(source, ctx, end) != end, "the new items")
+        run.drain(source, end, len(more), honest)
+        if source_harness.lag_countable:
+            assert any(size is not None and size.items is not None for size in sizes), (
+                f"{type(source_harness).__name__} declares countable offsets, but range_size "
+                f"never knew how many items a range holds: {sizes}")
 
     # --- streaming checks ---------------------------------------------------------------
 

@@ -38,6 +38,7 @@ when it has none.
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import pickle
@@ -139,13 +140,34 @@ class StreamLog:
 
     def _listing(self, partition: int) -> tuple[list[int], list[int]]:
         """``partition``'s chunk starts and start markers, each in order, from one listing."""
+        starts, marks, _ = self._sized_listing(partition)
+        return starts, marks
+
+    def _sized_listing(
+        self, partition: int
+    ) -> tuple[list[int], list[int], dict[int, int] | None]:
+        """:meth:`_listing`, with the chunks' sizes where the listing has them at no cost.
+
+        An object store's listing (S3, GCS) and an in-memory one carry every
+        file's size in the same request; a local one would stat every chunk,
+        so it lists names only (sizes None).
+        """
+        folder = self.paths.partition(partition)
+        if self._where() == "local":
+            names: Iterable[str] = self.store.listdir(folder)
+            sizes: dict[int, int] | None = None
+        else:
+            entries = self.store.entries(folder)
+            names, sizes = entries, {}
         starts, marks = [], []
-        for entry in self.store.listdir(self.paths.partition(partition)):
+        for entry in names:
             if (start := self.paths.chunk_start(entry)) is not None:
                 starts.append(start)
+                if sizes is not None:
+                    sizes[start] = entries[entry].size
             elif (mark := self.paths.start_mark_offset(entry)) is not None:
                 marks.append(mark)
-        return sorted(starts), sorted(marks)
+        return sorted(starts), sorted(marks), sizes
 
     def _corrupt(self, path: str, why: str) -> StoreError:
         return StoreError(self.store.redact(f"stream {self.name!r}: chunk {path!r} {why}"))
@@ -178,10 +200,11 @@ class StreamLog:
             seen = notify.generation(self.paths.folder)  # before listing: see wait_for_append
             at = time.time_ns()
             stamp = _stamp(folder) if self._where() == "local" else None
-            starts, marks = self._listing(partition)
+            starts, marks, sizes = self._sized_listing(partition)
             try:
                 end = self._end(partition, starts, marks)
                 _LISTED[folder] = (end, seen, stamp, at)
+                _remember_chunks(folder, starts, sizes, end)
                 return starts, marks, end
             except FileNotFoundError:
                 if self._listing(partition) == (starts, marks):
@@ -203,6 +226,53 @@ class StreamLog:
     def size(self) -> int:
         """How many items were appended, over every partition."""
         return sum(self.end_offsets())
+
+    def range_bytes(self, starts: Sequence[int], ends: Sequence[int]) -> int | None:
+        """The bytes reading offsets ``[starts[p], ends[p])`` of every partition ``p`` fetches.
+
+        The sizes of the chunks holding those offsets (a read fetches whole
+        chunks), from what this process saw when it last listed each
+        partition (:meth:`end_offsets` lists every one). On S3 or GCS that
+        listing carries the sizes, and nothing more is asked: None when it
+        does not cover a range (listed before the range's end, or never in
+        this process), since finding out would cost a request per partition.
+        On a local store a chunk's size is stat'ed once (chunks never change),
+        and a partition not listed yet is listed. None also for offsets of
+        another shape than one int per partition, or offsets trimmed since.
+        """
+        if (len(starts) != len(ends)
+                or not all(type(o) is int for o in (*starts, *ends))):
+            return None
+        remote = self._where() == "remote"
+        total = 0
+        for partition, (start, end) in enumerate(zip(starts, ends, strict=True)):
+            if end <= start:
+                continue
+            folder = self.paths.partition(partition)
+            known = _CHUNKS.get(folder)
+            if (known is None or known[2] < end) and not remote:
+                self._listed_with_end(partition)
+                known = _CHUNKS.get(folder)
+            if known is None:
+                return None
+            chunks, sizes, listed_end = known
+            first = bisect.bisect_right(chunks, start) - 1  # the chunk holding ``start``
+            if listed_end < end or first < 0:
+                return None  # not listed up to the end yet, or trimmed below ``start``
+            for chunk in chunks[first:]:
+                if chunk >= end:
+                    break
+                size = sizes.get(chunk)
+                if size is None:
+                    if remote:
+                        return None
+                    try:
+                        size = int(self.store.info(self.paths.chunk(partition, chunk))["size"])
+                    except FileNotFoundError:
+                        return None  # trimmed since the listing
+                    sizes[chunk] = size
+                total += size
+        return total
 
     def start_offset(self, partition: int) -> int:
         """The first offset ``partition`` still holds (0 until it was trimmed)."""
@@ -678,6 +748,28 @@ class StreamLog:
 #: offset, and, taken before the listing, the stream's wake-up generation,
 #: the folder's stamp and the wall time (see :meth:`StreamLog.wait_for_append`).
 _LISTED: dict[str, tuple[int, int, tuple[int, int] | None, int]] = {}
+#: The chunks this process saw when it last listed a partition folder (with
+#: its end offset): their starts, in order, their sizes in bytes where known,
+#: and the end offset. A chunk never changes once written (create-only, and
+#: offsets are never handed out twice), so a size once seen stays right.
+_CHUNKS: dict[str, tuple[list[int], dict[int, int], int]] = {}
+
+
+def _remember_chunks(
+    folder: str, starts: list[int], sizes: dict[int, int] | None, end: int
+) -> None:
+    """Keep a listing's chunks for :meth:`StreamLog.range_bytes`.
+
+    ``sizes`` None (a local listing): the sizes stat'ed before for chunks
+    still listed are kept.
+    """
+    if sizes is None:
+        before = _CHUNKS.get(folder)
+        known = before[1] if before is not None else {}
+        sizes = {start: known[start] for start in starts if start in known}
+    _CHUNKS[folder] = (starts, sizes, end)
+
+
 #: On an object store, when (monotonic) each caller (stream folder, thread)
 #: was last told data may be there: its next poll is due an interval later.
 _POLLED: dict[tuple[str, int], float] = {}
