@@ -88,8 +88,10 @@ def _in_process(request: pytest.FixtureRequest) -> bool:
 def client(store_url: str, request: pytest.FixtureRequest) -> sparkjet.Client:
     """A client on a fresh store; Spark is the process-wide test session.
 
-    Where the test runs through :func:`reduce_path`'s or :func:`engine_kind`'s
-    ``in-process`` path, the client's jobs run on the in-process engine instead.
+    Its jobs run small micro-batches on the driver (adaptive, the default),
+    large ones on Spark. Where the test runs through :func:`reduce_path` or
+    :func:`engine_kind`, they run on the one engine asked for: the in-process
+    engine, or Spark with adaptive micro-batches off.
     """
     if _in_process(request):
         from sparkjet.core.client import Client
@@ -98,6 +100,10 @@ def client(store_url: str, request: pytest.FixtureRequest) -> sparkjet.Client:
 
         config = load_config({"store": {"url": store_url}, "spark": TEST_SPARK})
         return Client(config, engine=InProcessEngine(TEST_PARALLELISM))
+    if any(name in request.fixturenames for name in ("reduce_path", "engine_kind")):
+        # Spark's paths: every batch on Spark, none adaptively on the driver.
+        return sparkjet.connect(store={"url": store_url}, spark=TEST_SPARK,
+                                engine={"adaptive": False})
     return sparkjet.connect(store={"url": store_url}, spark=TEST_SPARK)
 
 

@@ -206,6 +206,10 @@ class CommitRecord:
     #: here after a suspend, a restart or another driver. None in records of older
     #: versions (the counts start again).
     totals: dict[StageCount, int] | None = None
+    #: Where the batch ran: ``"local"`` (the driver, a small batch) or ``"spark"``;
+    #: for metrics and post-mortems only (a replay may run on either). None in
+    #: records of older versions.
+    engine: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The record as ``commits/<batch>.json`` holds it."""
@@ -220,6 +224,8 @@ class CommitRecord:
             data["event_time"] = self.event_time.to_json()
         if self.totals is not None:
             data["totals"] = {_count_name(key): n for key, n in self.totals.items()}
+        if self.engine is not None:
+            data["engine"] = self.engine
         return data
 
     @classmethod
@@ -234,6 +240,7 @@ class CommitRecord:
                          str(restored["job_id"])) if isinstance(restored, dict) else None,
             EventTime.from_json(data["event_time"]) if "event_time" in data else None,
             _totals_from_json(data.get("totals")),
+            str(data["engine"]) if isinstance(data.get("engine"), str) else None,
         )
 
 

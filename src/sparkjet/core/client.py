@@ -47,6 +47,9 @@ class Client:
         self.store = Store(config.store_url, config.store_options, config.redact)
         self.plugins = PluginHost(config.plugins_disable)
         self._engine = engine
+        #: Where small micro-batches run: in this process, beside Spark (None: not
+        #: made yet, or the client runs its jobs on an engine it was given).
+        self._local_engine: Engine | None = None
         self._jet: JetService | None = None
         self._snapshots: SnapshotStore | None = None
 
@@ -78,6 +81,23 @@ class Client:
 
             self._engine = SparkEngine(self.config, self.plugins)
         return self._engine
+
+    @property
+    def local_engine(self) -> Engine | None:
+        """The in-process engine small micro-batches run on beside Spark.
+
+        None when the client was built with an engine of its own: every batch
+        runs there.
+        """
+        if self._local_engine is None:
+            from sparkjet.core.inprocess.engine import InProcessEngine
+            from sparkjet.core.runtime.spark_engine import SparkEngine
+
+            spark = self.engine
+            if not isinstance(spark, SparkEngine):
+                return None
+            self._local_engine = InProcessEngine(spark.parallelism)
+        return self._local_engine
 
     @property
     def snapshots(self) -> SnapshotStore:
@@ -145,6 +165,8 @@ class Client:
                 redact=self.config.redact,
                 plugin_options=self.config.plugin_options,
                 snapshots=lambda: self.snapshots,
+                local_engine=self.local_engine,
+                engine_settings=self.config.engine,
             ))
         return self._jet
 

@@ -24,16 +24,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from sparkjet.core.adaptive import choose_local
 from sparkjet.core.checkpoint import KEEP_LOG, BatchPlan, Checkpoint, CommitRecord
+from sparkjet.core.config import EngineSettings
 from sparkjet.core.contracts import JobContext, Source
 from sparkjet.core.contracts import source_lag as source_lag  # moved; still importable here
 from sparkjet.core.engine import BatchResult, Engine, MicroBatchSpec
 from sparkjet.core.errors import SourceOffsetsError
 from sparkjet.core.event_time import NO_WATERMARK, EventTime, WindowClock, stage_watermark
-from sparkjet.core.graph import Transform, WindowSpec
+from sparkjet.core.graph import KeyedSpec, Transform, WindowSpec
 from sparkjet.core.model import DEFAULT_KEY_GROUPS, StageCount
 from sparkjet.core.planner import Plan
-from sparkjet.core.state_cache import CacheOwner
+from sparkjet.core.state_cache import CACHE, CacheOwner
 
 log = logging.getLogger("sparkjet.streaming")
 
@@ -120,6 +122,9 @@ class StreamProgress:
     #: Per source stage, how many items its source had that the job had not read
     #: when it last looked (sources whose offsets are numbers; see :func:`source_lag`).
     lag: dict[str, int] = field(default_factory=dict)
+    #: Micro-batches run here on the driver (small ones, adaptive) and on Spark.
+    local_batches: int = 0
+    spark_batches: int = 0
 
     def as_metrics(self) -> dict[str, Any]:
         """Jet-style names: rates are items per second of the last micro-batch.
@@ -139,6 +144,8 @@ class StreamProgress:
             "processingRate": (last_rows * 1000 / last_ms) if last_ms else 0.0,
             "inputRate": (last_rows * 1000 / span)
             if self.previous_batch_end_ms > 0 and span > 0 else 0.0,
+            "localBatches": self.local_batches,
+            "sparkBatches": self.spark_batches,
         }
 
 
@@ -191,6 +198,23 @@ class LoopSettings:
     #: The job whose state the workers keep loaded between batches, and their budget
     #: (None: reloaded from the checkpoint every batch).
     cache_owner: CacheOwner | None = None
+    #: Small micro-batches run on the driver (None: every batch on the engine).
+    adaptive: Adaptive | None = None
+
+
+@dataclass(frozen=True)
+class Adaptive:
+    """Adaptive micro-batches: the engine a small one runs on, and what small is.
+
+    Which engine runs a batch is decided once its plan is known (written
+    ahead, or a replay's), from the sizes the sources say the planned ranges
+    have and the state the job holds (:func:`sparkjet.core.adaptive.choose_local`).
+    The plan does not name the engine: a replay may run on either.
+    """
+
+    #: The engine small batches run on: the in-process one.
+    engine: Engine
+    settings: EngineSettings
 
 
 class StreamLoop:
@@ -224,6 +248,11 @@ class StreamLoop:
         self.event_time = EventTime()
         #: Set by :meth:`wake`: ends a pause between batches early.
         self._woken = threading.Event()
+        #: Whether the job keeps keyed state.
+        self._stateful = any(isinstance(n.spec, KeyedSpec) for n in plan.nodes)
+        #: Whether :attr:`progress` knows the size of the job's keyed state (once
+        #: a batch ran here, or from the start for a new checkpoint).
+        self._state_known = not self._stateful
 
     def wake(self) -> None:
         """Cut short the loop's current pause (a trigger interval or an idle wait).
@@ -338,6 +367,42 @@ class StreamLoop:
                                    stage in planned.early)
                 for stage in self.windows}
 
+    def _engine_for(self, planned: BatchPlan) -> tuple[Engine, bool]:
+        """The engine to run ``planned`` on, and whether it is the local one.
+
+        A pure function of the plan, the sources' sizes and the state the job
+        holds: the local engine when adaptive micro-batches are on and the
+        batch is small (:func:`~sparkjet.core.adaptive.choose_local`). While
+        this run has not yet seen how big the job's keyed state is (its first
+        batch here, after a restart or a take-over), a stateful job's batch
+        goes to Spark.
+        """
+        adaptive = self.settings.adaptive
+        if adaptive is None:
+            return self.engine, False
+        if not self._state_known:
+            local, reason = False, "the size of the job's state is not known yet"
+        else:
+            ranges = planned.source_ranges()
+            sizes: dict[str, Any] = {}
+            for node, spec in self.sources.items():
+                name = self.plan.name(node)
+                start, end = ranges[name]
+                try:
+                    sizes[name] = spec.source.range_size(start, end, self.job_context(node))
+                except Exception as exc:  # a source that cannot say: Spark
+                    log.warning("source %r: range_size failed (%s: %s); the micro-batch "
+                                "runs on Spark", name, type(exc).__name__, exc)
+                    sizes[name] = None
+            owner = self.settings.cache_owner
+            holds = owner is not None and owner.job_id in CACHE.jobs()
+            local, reason = choose_local(
+                sizes, state_bytes=sum(size for _, size in self.progress.state.values()),
+                driver_holds_state=holds, settings=adaptive.settings, enabled=True)
+        log.debug("micro-batch %d runs %s: %s", planned.batch,
+                  "on the driver" if local else "on Spark", reason)
+        return (adaptive.engine, True) if local else (self.engine, False)
+
     def _stop_asked(self) -> StopReason | None:
         self.host.between_batches()
         return self.host.stop_reason()
@@ -348,6 +413,7 @@ class StreamLoop:
         groups = self.checkpoint.key_groups(self.settings.key_groups,
                                             list(self.plan.names.values()))
         committed = self.checkpoint.last_commit()
+        self._state_known = not self._stateful or committed < 0
         if committed >= 0:
             record = self.checkpoint.commit_record(committed)
             ends = record.ends
@@ -407,7 +473,8 @@ class StreamLoop:
             else:
                 log.info("replaying micro-batch %d with its recorded offsets", batch)
             clocks = self._clocks(planned)
-            result = self.engine.micro_batch(MicroBatchSpec(
+            engine, local = self._engine_for(planned)
+            result = engine.micro_batch(MicroBatchSpec(
                 self.plan, self.job_context, metrics=self.settings.metrics,
                 cancelled=host.cancelled, batch=batch, committed=batch - 1,
                 source_ranges=planned.source_ranges(),
@@ -428,7 +495,8 @@ class StreamLoop:
             host.check_fence()
             if not self.checkpoint.write_commit(
                 CommitRecord(batch, planned.ends, int(time.time() * 1000), duration_ms, files,
-                             event_time=event_time, totals=totals),
+                             event_time=event_time, totals=totals,
+                             engine="local" if local else "spark"),
                 state.with_counted(counted),
             ):
                 host.check_fence()  # committed by another driver: this one was replaced
@@ -442,6 +510,11 @@ class StreamLoop:
             for old in [b for b in counted if b <= batch - 2 * KEEP_LOG]:
                 del counted[old]  # its record is gone, and the files that did not count
             self._record(result, batch, duration_ms)
+            self._state_known = True
+            if local:
+                self.progress.local_batches += 1
+            else:
+                self.progress.spark_batches += 1
             ends = planned.ends
             self.ends = ends
             batch += 1

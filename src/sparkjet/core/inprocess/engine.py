@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from sparkjet.core.engine import BatchSpec, MicroBatchSpec
@@ -31,20 +32,23 @@ class InProcessEngine:
     """Runs batch plans and micro-batches in this process; see the module docstring.
 
     ``parallelism``: the partitions a run spreads over, as Spark's default
-    parallelism (give Spark's when both engines serve one job, so the plan's
-    state tasks are the same whichever runs a batch). ``pickle_items`` False
+    parallelism, or a function asked for it (Spark's, when both engines serve
+    one job: the parallelism a job sees does not depend on the engine). ``pickle_items`` False
     skips pickling items where Spark would (benchmarks only).
     """
 
-    def __init__(self, parallelism: int, *, pickle_items: bool = True) -> None:
-        self._parallelism = max(1, parallelism)
+    def __init__(
+        self, parallelism: int | Callable[[], int], *, pickle_items: bool = True
+    ) -> None:
+        self._parallelism = parallelism
         self._pickle_items = pickle_items
         self._lock = threading.Lock()
         #: Plans whose tasks were pickled once (as Spark would), by id.
         self._checked: dict[int, weakref.ref[Plan]] = {}
 
     def parallelism(self) -> int:
-        return self._parallelism
+        parallelism = self._parallelism
+        return max(1, parallelism if isinstance(parallelism, int) else parallelism())
 
     def version(self) -> str:
         return "in-process"
@@ -67,7 +71,7 @@ class InProcessEngine:
         return MicroBatchRun(self._datasets(spec.plan, spec.cancelled), spec)
 
     def _datasets(self, plan: Plan, cancelled: Any) -> LocalDatasets:
-        return LocalDatasets(self._parallelism, cancelled, check_tasks=self._first_run(plan),
+        return LocalDatasets(self.parallelism(), cancelled, check_tasks=self._first_run(plan),
                              pickle_items=self._pickle_items)
 
     def _first_run(self, plan: Plan) -> bool:

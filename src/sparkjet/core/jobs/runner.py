@@ -30,10 +30,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from sparkjet.core.adaptive import choose_local, resolve_adaptive
 from sparkjet.core.checkpoint import Checkpoint
+from sparkjet.core.config import EngineSettings
 from sparkjet.core.contracts import JobContext
 from sparkjet.core.engine import BatchSpec, Engine, Execution
 from sparkjet.core.errors import (
@@ -42,7 +44,7 @@ from sparkjet.core.errors import (
     JobFencedError,
     JobStateError,
 )
-from sparkjet.core.graph import Transform
+from sparkjet.core.graph import SourceSpec, Transform
 from sparkjet.core.jobs.control import ControlDesk
 from sparkjet.core.jobs.exporting import Exporter, ExportRequest
 from sparkjet.core.jobs.lifecycle import (
@@ -95,6 +97,10 @@ class Services:
     plugin_options: Mapping[str, Mapping[str, Any]]
     #: The configured snapshot store (made on first use).
     snapshots: Callable[[], SnapshotStore]
+    #: The engine small micro-batches run on, in this process (None: none; every
+    #: batch runs on :attr:`engine`), and the ``[engine]`` settings saying when.
+    local_engine: Engine | None = None
+    engine_settings: EngineSettings = field(default_factory=EngineSettings)
 
 
 class JobRunner:
@@ -131,7 +137,8 @@ class JobRunner:
         #: A streaming job's micro-batch loop and its host (unused by a batch job).
         self.stream = StreamRun(job, self.plan, services.engine, services.store, self.lease,
                                 self.cancel_requested, self.exporter, self.context_factory,
-                                self._checkpoint)
+                                self._checkpoint, services.local_engine,
+                                services.engine_settings)
         #: Requests from other processes, taken by the watcher thread.
         self.control = ControlDesk(services.records, self.lease, job.label, services.redact,
                                    self.act, self.export_snapshot)
@@ -450,14 +457,38 @@ class JobRunner:
         self.done.set()
 
     def _run_batch(self) -> None:
-        self.execution = self.services.engine.batch(BatchSpec(
+        contexts = self.context_factory()
+        self.execution = self._batch_engine(contexts).batch(BatchSpec(
             self.plan,
-            self.context_factory(),
+            contexts,
             metrics=self.job.config.metrics_enabled,
             cancelled=self.cancel_requested.is_set,
             on_commit=lambda: self.set_status(JobStatus.COMPLETING),
         ))
         self.execution.run()
+
+    def _batch_engine(self, contexts: Callable[[Transform], JobContext]) -> Engine:
+        """Where a batch job runs: on the driver when its input is known and small (adaptive)."""
+        services = self.services
+        local = services.local_engine
+        if local is None or not resolve_adaptive(self.job.config.adaptive_micro_batches,
+                                                 services.engine_settings):
+            return services.engine
+        sizes: dict[str, Any] = {}
+        for node in self.plan.nodes:
+            if isinstance(node.spec, SourceSpec):
+                name = self.plan.name(node)
+                try:
+                    sizes[name] = node.spec.source.estimated_size(contexts(node))
+                except Exception as exc:  # a source that cannot say: Spark
+                    log.warning("job %s: source %r could not estimate its size (%s: %s)",
+                                self.job.label, name, type(exc).__name__, exc)
+                    sizes[name] = None
+        small, reason = choose_local(sizes, state_bytes=0, driver_holds_state=False,
+                                     settings=services.engine_settings, enabled=True)
+        log.debug("job %s runs %s: %s", self.job.label, "on the driver" if small else "on Spark",
+                  reason)
+        return local if small else services.engine
 
     def _checkpoint(self, record_now: bool = True) -> Checkpoint:
         """The job's checkpoint; a new one is named in the record (written now, or staged)."""

@@ -25,7 +25,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from sparkjet.core.adaptive import resolve_adaptive
 from sparkjet.core.checkpoint import Checkpoint
+from sparkjet.core.config import EngineSettings
 from sparkjet.core.contracts import JobContext
 from sparkjet.core.engine import Engine
 from sparkjet.core.errors import JobCancelledError
@@ -36,6 +38,7 @@ from sparkjet.core.jobs.metrics import progress_metrics
 from sparkjet.core.jobs.policy import ClusterWatch
 from sparkjet.core.jobs.record import Change, Lease
 from sparkjet.core.microbatch_loop import (
+    Adaptive,
     LoopSettings,
     StopReason,
     StreamLoop,
@@ -66,11 +69,15 @@ class StreamRun:
         cancel_requested: threading.Event, exporter: Exporter,
         context_factory: Callable[[], Callable[[Transform], JobContext]],
         checkpoint: Callable[[], Checkpoint],
+        local_engine: Engine | None = None,
+        engine_settings: EngineSettings | None = None,
     ) -> None:
         """``context_factory`` and ``checkpoint`` are the runner's.
 
         ``checkpoint`` gives the job's checkpoint, naming a new one in the
-        record if it has none.
+        record if it has none. ``local_engine``: where small micro-batches run
+        when adaptive micro-batches are on (``engine_settings`` and the job's
+        config say); None: every batch runs on ``engine``.
         """
         self.job, self.plan = job, plan
         self._engine, self._store, self._lease = engine, store, lease
@@ -78,6 +85,8 @@ class StreamRun:
         self._exporter = exporter
         self._context_factory = context_factory
         self._checkpoint = checkpoint
+        self._local_engine = local_engine
+        self._engine_settings = engine_settings or EngineSettings()
         #: What the loop reports, for the metrics and the record's ``progress``.
         self.progress = StreamProgress()
         #: The executors seen, for the auto-scaling and split-brain rules.
@@ -88,6 +97,14 @@ class StreamRun:
         self._last_cluster_check = 0.0
         #: The micro-batch loop running (or last run) here.
         self._loop: StreamLoop | None = None
+
+    def _adaptive(self) -> Adaptive | None:
+        """Where small micro-batches run, if adaptive micro-batches are on for the job."""
+        settings = self._engine_settings
+        if self._local_engine is None or not resolve_adaptive(
+                self.job.config.adaptive_micro_batches, settings):
+            return None
+        return Adaptive(self._local_engine, settings)
 
     def run(self, checkpoint: Checkpoint) -> StopReason:
         """Run the loop on ``checkpoint`` until it stops; serve or refuse the exports left.
@@ -105,7 +122,8 @@ class StreamRun:
             self._context_factory(),
             checkpoint,
             LoopSettings(config.metrics_enabled, trigger, config.key_groups,
-                         CacheOwner(self._store, self.job.id, config.state_cache_bytes)),
+                         CacheOwner(self._store, self.job.id, config.state_cache_bytes),
+                         self._adaptive()),
             self,  # the loop's host
             self.progress,
         )
