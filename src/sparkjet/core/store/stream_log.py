@@ -237,8 +237,9 @@ class StreamLog:
         does not cover a range (listed before the range's end, or never in
         this process), since finding out would cost a request per partition.
         On a local or in-memory store a chunk's size is stat'ed once (chunks
-        never change), and a partition not listed yet is listed. None also for offsets of
-        another shape than one int per partition, or offsets trimmed since.
+        never change), and a partition not listed up to the range's end is
+        listed. None also for offsets of another shape than one int per
+        partition, or offsets trimmed before the listing.
         """
         if (len(starts) != len(ends)
                 or not all(type(o) is int for o in (*starts, *ends))):
@@ -761,8 +762,8 @@ def _remember_chunks(
 ) -> None:
     """Keep a listing's chunks for :meth:`StreamLog.range_bytes`.
 
-    ``sizes`` None (a local or in-memory listing): the sizes stat'ed before for chunks
-    still listed are kept.
+    ``sizes`` None (a local or in-memory listing): the sizes stat'ed before,
+    of chunks still listed, are kept.
     """
     if sizes is None:
         before = _CHUNKS.get(folder)
