@@ -145,17 +145,33 @@ def test_a_stream_range_counts_its_items_and_its_chunks_bytes_in_memory() -> Non
 
 @pytest.mark.storage
 def test_on_s3_bytes_come_from_the_offsets_listing_and_are_unknown_without_one(
-        s3_location: StoreLocation) -> None:
+        s3_location: StoreLocation, monkeypatch: pytest.MonkeyPatch) -> None:
     source, ctx, log = _stream_case(s3_location.fresh().store())
     _check_stream(source, ctx, log)
     end = source.latest_offsets(ctx)
     log.append(1, ["late"])
+    asked: list[str] = []
+
+    def counting(method: str) -> Any:
+        real = getattr(Store, method)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            asked.append(method)
+            return real(*args, **kwargs)
+        return counted
+
+    for method in ("listdir", "entries", "info", "read_range", "read_bytes", "exists"):
+        monkeypatch.setattr(Store, method, counting(method))
     # Planned from a listing this process has not made: asking would cost a request.
     later = [end[0], end[1] + 1]
     assert source.range_size(end, later, ctx) == InputSize(1, None)
+    assert source.range_size([0, 0], end, ctx) == InputSize(sum(end), _chunk_bytes(
+        log, 0, 0, end[0]) + _chunk_bytes(log, 1, 0, end[1]))
     source.latest_offsets(ctx)
     late = _chunk_bytes(log, 1, end[1], later[1])
+    asked.clear()
     assert late > 0 and source.range_size(end, later, ctx) == InputSize(1, late)
+    assert asked == [], f"range_size asked the store: {asked}"
 
 
 def test_stream_offsets_of_another_shape_give_none(tmp_path: Path) -> None:

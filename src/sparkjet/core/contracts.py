@@ -231,7 +231,8 @@ class StreamLogAccess(Protocol):
         The sizes of the chunks holding them, from what this process saw when
         it last listed the partitions (:meth:`end_offsets` lists them all).
         None where that does not tell and finding out would cost a request
-        (on S3 or GCS), or for offsets trimmed since or of another shape.
+        (on S3 or GCS), or for offsets trimmed before or of another shape.
+        On a local or in-memory store a chunk not seen yet is stat'ed.
         """
 
     def append(self, partition: int, items: list[Any]) -> int:
