@@ -1,13 +1,21 @@
-"""Shared harness: one Spark session, timed runs, a ratio table.
+"""Shared harness: one Spark session, timed runs, a ratio table, streaming contenders.
 
 Every benchmark runs sparkjet, hand-written PySpark and plain Python on the
 same data in the same process, and prints the best of ``--repeat`` runs (after
 one warm-up run each) with the ratios against the baselines.
+
+The streaming benchmarks (``latency.py``, ``stream_rolling.py``,
+``windows.py``) run each contender as one long-lived query: a
+:class:`JobContender` (a sparkjet job fed through a sparkjet stream) or a
+:class:`NativeContender` (hand-written Structured Streaming fed JSON-lines
+files). The script's subclass builds the query and reads its sink; starting,
+publishing, checking for failure and stopping are here.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -15,7 +23,8 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 
@@ -89,3 +98,153 @@ class JsonLinesFolder:
 
     def remove(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (nearest rank, rounded down)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@contextlib.contextmanager
+def s3_client(master: str) -> Iterator[Any]:
+    """A sparkjet client whose store is on moto's S3 server on 127.0.0.1, as the tests use."""
+    import sparkjet
+    from sparkjet.testing import moto_s3_server
+
+    with tempfile.TemporaryDirectory() as workdir, moto_s3_server(Path(workdir)) as location:
+        yield sparkjet.connect(store=location.fresh().connect_overrides(),
+                               spark={"master": master})
+
+
+class Contender:
+    """One long-lived streaming query: publish events to it, read its sink, stop it.
+
+    The script's subclass adds ``start`` (its own query, with its own
+    parameters) and the reads of its sink.
+    """
+
+    label = ""
+    sink: Any = None
+
+    def encode(self, events: list[Any]) -> Any:
+        """What the producer hands to :meth:`publish` (done outside the timers)."""
+        return events
+
+    def publish(self, payload: Any) -> None:
+        raise NotImplementedError
+
+    def batches(self) -> int:
+        """Micro-batches completed so far."""
+        raise NotImplementedError
+
+    def check(self) -> None:
+        """Raise if the query has failed."""
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+
+class JobContender(Contender):
+    """A sparkjet job reading a sparkjet stream; the subclass's ``start`` calls :meth:`submit`."""
+
+    def __init__(self, client: Any, label: str, stream: Any) -> None:
+        self.client = client
+        self.label = label
+        self.stream = stream
+        self.job: Any = None
+
+    def submit(self, pipeline: Any, config: Any) -> None:
+        """Submit the job and wait until it runs; raise if it ends or has not started in 60 s."""
+        from sparkjet.job import JobStatus
+
+        self.job = self.client.get_jet().submit(pipeline, config)
+        deadline = time.monotonic() + 60
+        while self.job.status is not JobStatus.RUNNING:
+            if self.job.is_terminal() or time.monotonic() > deadline:
+                self.job.join(0)
+                raise RuntimeError(f"{self.label}: job is {self.job.status.value}")
+            time.sleep(0.01)
+
+    def publish(self, payload: Any) -> None:
+        self.stream.publish_all(payload)  # pickles: counted in any timer around it
+
+    def batches(self) -> int:
+        return int(self.job.get_metrics()["lastCommittedBatch"]) + 1
+
+    def batch_millis(self) -> list[int]:
+        """Durations of recent micro-batches (offsets to sink commit)."""
+        return list(self.job.get_metrics()["batchDurationsMillis"])
+
+    def check(self) -> None:
+        if self.job.is_terminal():
+            self.job.join(0)  # raises the failure
+            raise RuntimeError(f"{self.label}: the job ended")
+
+    def stop(self) -> None:
+        from sparkjet.errors import JobCancelledError
+
+        if self.job is None or self.job.is_terminal():
+            return
+        self.job.cancel()
+        with contextlib.suppress(JobCancelledError):
+            self.job.join(60)
+
+
+class NativeContender(Contender):
+    """Hand-written Structured Streaming reading a :class:`JsonLinesFolder`.
+
+    The subclass's ``start`` sets :attr:`query` (checkpointed in :attr:`checkpoint`)
+    and counts its foreachBatch calls in :attr:`calls`.
+    """
+
+    label = "native structured streaming"
+
+    def __init__(self, client: Any, prefix: str) -> None:
+        self.spark = client.spark
+        self.input = JsonLinesFolder(prefix)
+        self.checkpoint = os.path.join(self.input.root, "checkpoint")
+        self.calls = 0  # micro-batches that reached the sink
+        self.query: Any = None
+
+    def shuffle_per_core(self) -> None:
+        """As many state partitions as sparkjet's state shards (defaultParallelism)."""
+        shards = max(1, int(self.spark.sparkContext.defaultParallelism))
+        self.spark.conf.set("spark.sql.shuffle.partitions", str(shards))
+
+    def encode(self, events: list[Any]) -> Any:
+        return self.input.encode(events)
+
+    def publish(self, payload: Any) -> None:
+        self.input.publish(payload)
+
+    def batches(self) -> int:
+        return self.calls
+
+    def check(self) -> None:
+        if self.query.exception() is not None:
+            raise RuntimeError(f"native query failed: {self.query.exception()}")
+
+    def stop(self) -> None:
+        if self.query is not None:
+            self.query.stop()
+        self.input.remove()
+
+
+def wait_for(contender: Contender, condition: Callable[[], bool], what: str, *,
+             timeout: float, pause: float = 0.01,
+             sample: Callable[[], None] | None = None) -> float:
+    """Wait until ``condition()`` holds, checking the contender, ``pause`` s apart.
+
+    ``sample`` runs before each check. Returns :func:`time.perf_counter` when
+    the condition held; raises :class:`TimeoutError` after ``timeout`` s.
+    """
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if sample is not None:
+            sample()
+        contender.check()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{contender.label}: timed out waiting for {what}")
+        time.sleep(pause)
+    return time.perf_counter()

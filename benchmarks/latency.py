@@ -40,19 +40,16 @@ import argparse
 import contextlib
 import os
 import statistics
-import tempfile
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
-from _harness import JsonLinesFolder, connect
+from _harness import JobContender, NativeContender, connect, percentile, s3_client
 
 from sparkjet.aggregate import counting
-from sparkjet.errors import JobCancelledError
-from sparkjet.job import JobConfig, JobStatus, ProcessingGuarantee
+from sparkjet.job import JobConfig, ProcessingGuarantee
 from sparkjet.pipeline import Pipeline, StreamSource, WindowDefinition
 
 QUERIES = ("rolling", "tumbling")
@@ -88,11 +85,6 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 class SparkJobs:
     """The Spark jobs the session ran, from its status store (kept with the UI off too)."""
 
@@ -121,60 +113,28 @@ def spark_jobs(batches: int, spark_ms: list[int]) -> str:
             f"{statistics.median(spark_ms):.0f} ms (submitted to done)")
 
 
-class Contender:
-    """One long-lived query: publish events, read its sink."""
-
-    label = ""
-
-    def start(self) -> None:
-        raise NotImplementedError
-
-    def encode(self, events: list[dict[str, Any]]) -> Any:
-        return events
-
-    def publish(self, payload: Any) -> None:
-        raise NotImplementedError
-
-    def counts(self) -> dict[str, int]:
-        """rolling: the count per user in the sink."""
-        raise NotImplementedError
-
-    def windows(self) -> list[tuple[int, str, int]]:
-        """tumbling: ``(end, user, count)`` of every window result in the sink."""
-        raise NotImplementedError
-
-    def batches(self) -> int:
-        """Micro-batches completed so far."""
-        raise NotImplementedError
-
-    def breakdown(self, batches: int, spark_ms: list[int]) -> str:
-        """Where a micro-batch's time went over the last ``batches`` batches."""
-        return ""
-
-    def check(self) -> None:
-        """Raise if the query has failed."""
-
-    def stop(self) -> None:
-        raise NotImplementedError
+def open_sink(client: Any, query: str, name: str) -> Any:
+    """The query's sink: rolling counts into a map, tumbling windows into a list."""
+    return client.get_map(name) if query == "rolling" else client.get_list(name)
 
 
-class SparkjetQuery(Contender):
-    """sparkjet EXACTLY_ONCE, a micro-batch as soon as there is input."""
+class SparkjetQuery(JobContender):
+    """sparkjet EXACTLY_ONCE, a micro-batch as soon as there is input.
 
-    def __init__(self, client: Any, query: str, store: str, label: str,
-                 config: dict[str, Any]) -> None:
-        self.client = client
-        self.query = query
-        self.label = label
-        self.config = config
-        tag = f"{label.split()[0]}-{query}-{store}"
+    ``tag`` names its stream and sink (one pair per contender, query and store);
+    ``options`` are added to its :class:`JobConfig`.
+    """
+
+    def __init__(self, client: Any, query: str, tag: str, label: str,
+                 options: dict[str, Any]) -> None:
         # One partition for the window: a job's watermark is the lowest of its
         # partitions', so with two a single event would not move it.
-        self.stream = client.get_stream(f"events-{tag}",
-                                        partitions=2 if query == "rolling" else 1)
+        super().__init__(client, label, client.get_stream(
+            f"events-{tag}", partitions=2 if query == "rolling" else 1))
+        self.query = query
+        self.options = options
         self.name = f"out-{tag}"
-        self.sink = client.get_map(self.name) if query == "rolling" else client.get_list(self.name)
-        self.job: Any = None
+        self.sink = open_sink(client, query, self.name)
 
     def start(self) -> None:
         p = Pipeline.create()
@@ -186,70 +146,41 @@ class SparkjetQuery(Contender):
             (stage.with_timestamps(lambda e: e["ts"], allowed_lag_ms=0)
              .window(WindowDefinition.tumbling(WINDOW_MS)).group_by(lambda e: e["user"])
              .aggregate(counting()).set_name("count").write_to(Pipeline.to_list(self.name)))
-        config = JobConfig(name=f"latency-{self.name}",
-                           processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
-                           snapshot_interval_millis=INTERVAL_MS, **self.config)
-        self.job = self.client.get_jet().submit(p, config)
-        deadline = time.monotonic() + 60
-        while self.job.status is not JobStatus.RUNNING:
-            if self.job.is_terminal() or time.monotonic() > deadline:
-                self.job.join(0)
-                raise RuntimeError(f"{self.label}: job is {self.job.status.value}")
-            time.sleep(0.01)
-
-    def publish(self, payload: Any) -> None:
-        self.stream.publish_all(payload)
+        self.submit(p, JobConfig(name=f"latency-{self.name}",
+                                 processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
+                                 snapshot_interval_millis=INTERVAL_MS, **self.options))
 
     def counts(self) -> dict[str, int]:
+        """rolling: the count per user in the sink."""
         return dict(self.sink.entry_set())
 
     def windows(self) -> list[tuple[int, str, int]]:
+        """tumbling: ``(end, user, count)`` of every window result in the sink."""
         return [(r.end, r.key, r.result) for r in self.sink.get_all()]
 
-    def batches(self) -> int:
-        return int(self.job.get_metrics()["lastCommittedBatch"]) + 1
-
     def breakdown(self, batches: int, spark_ms: list[int]) -> str:
-        durations = list(self.job.get_metrics()["batchDurationsMillis"])[-batches:]
+        """Where a micro-batch's time went over the last ``batches`` batches."""
+        durations = self.batch_millis()[-batches:]
         if not durations:
             return ""
         batch = statistics.median(durations)
         return (f"{batches} micro-batches, median {batch:.0f} ms (offsets to sink commit); "
                 + spark_jobs(batches, spark_ms))
 
-    def check(self) -> None:
-        if self.job.is_terminal():
-            self.job.join(0)  # raises the failure
-            raise RuntimeError(f"{self.label}: the job ended")
 
-    def stop(self) -> None:
-        if not self.job.is_terminal():
-            self.job.cancel()
-            with contextlib.suppress(JobCancelledError):
-                self.job.join(60)
-
-
-class NativeQuery(Contender):
+class NativeQuery(NativeContender):
     """Structured Streaming over JSON-lines files, foreachBatch into a sparkjet map or list."""
 
-    label = "native structured streaming"
-
     def __init__(self, client: Any, query: str) -> None:
-        self.spark = client.spark
+        super().__init__(client, "sparkjet-bench-latency-")
         self.query_name = query
-        self.sink = (client.get_map(f"native-{query}") if query == "rolling"
-                     else client.get_list(f"native-{query}"))
-        self._writer = (client.get_map(f"native-{query}") if query == "rolling"
-                        else client.get_list(f"native-{query}"))  # foreachBatch's thread
-        self.input = JsonLinesFolder("sparkjet-bench-latency-")
-        self.calls = 0
-        self.query: Any = None
+        self.sink = open_sink(client, query, f"native-{query}")
+        self._writer = open_sink(client, query, f"native-{query}")  # foreachBatch's thread
 
     def start(self) -> None:
         from pyspark.sql import functions as F
 
-        self.spark.conf.set("spark.sql.shuffle.partitions",
-                            str(max(1, int(self.spark.sparkContext.defaultParallelism))))
+        self.shuffle_per_core()
         writer = self._writer
         events = self.spark.readStream.schema("user STRING, ts LONG").json(self.input.folder)
         if self.query_name == "rolling":
@@ -271,23 +202,13 @@ class NativeQuery(Contender):
                      .withWatermark("et", "0 milliseconds"))
             counts = timed.groupBy(F.window("et", f"{WINDOW_MS} milliseconds"), "user").count()
             out = counts.writeStream.outputMode("append").foreachBatch(append)
-        self.query = out.option("checkpointLocation",
-                                os.path.join(self.input.root, "checkpoint")).start()
-
-    def encode(self, events: list[Any]) -> Any:
-        return self.input.encode(events)
-
-    def publish(self, payload: Any) -> None:
-        self.input.publish(payload)
+        self.query = out.option("checkpointLocation", self.checkpoint).start()
 
     def counts(self) -> dict[str, int]:
         return dict(self.sink.entry_set())
 
     def windows(self) -> list[tuple[int, str, int]]:
         return [tuple(r) for r in self.sink.get_all()]  # type: ignore[misc]
-
-    def batches(self) -> int:
-        return self.calls
 
     def breakdown(self, batches: int, spark_ms: list[int]) -> str:
         recent = [p["durationMs"] for p in self.query.recentProgress][-batches:]
@@ -298,24 +219,26 @@ class NativeQuery(Contender):
         return (f"{batches} micro-batches, median {total:.0f} ms (triggerExecution), "
                 f"addBatch {add:.0f} ms; " + spark_jobs(batches, spark_ms))
 
-    def check(self) -> None:
-        if self.query.exception() is not None:
-            raise RuntimeError(f"native query failed: {self.query.exception()}")
 
-    def stop(self) -> None:
-        self.query.stop()
-        self.input.remove()
+Contender = SparkjetQuery | NativeQuery
+
+# The contenders, by --contenders name: each makes its query for (name, client,
+# query, store), or None on a store it does not run on.
+Factory = Callable[[str, Any, str, str], Contender | None]
 
 
-# The contenders, by --contenders name: each makes its query for (client, query,
-# store), or None on a store it does not run on. An "adaptive" contender (sparkjet
-# with its in-process engine for small micro-batches, issue 25) goes here once the
-# engine exists: SparkjetQuery with the job option that turns it on.
-Factory = Callable[[Any, str, str], Contender | None]
+def sparkjet_query(label: str, **options: Any) -> Factory:
+    """A sparkjet contender: :class:`SparkjetQuery` with ``options`` in its job config."""
+    return lambda name, client, query, store: SparkjetQuery(
+        client, query, f"{name}-{query}-{store}", label, options)
+
+
+# An "adaptive" contender (sparkjet with its in-process engine for small
+# micro-batches, issue 25) is one more entry once the engine exists:
+# sparkjet_query(<its label>, <the job option that turns it on>).
 CONTENDERS: dict[str, Factory] = {
-    "spark": lambda client, query, store: SparkjetQuery(
-        client, query, store, "sparkjet (Spark engine)", {}),
-    "native": lambda client, query, store: (
+    "spark": sparkjet_query("sparkjet (Spark engine)"),
+    "native": lambda name, client, query, store: (
         NativeQuery(client, query) if store == "local" else None),
 }
 
@@ -502,21 +425,9 @@ def verify(contender: Contender, query: str, feed: Feed, reader: Reader) -> None
 @contextlib.contextmanager
 def stores(args: argparse.Namespace, local: Any) -> Iterator[list[tuple[str, Any]]]:
     """(name, client) per store asked for; the S3 one on moto's server."""
-    chosen = args.stores.split(",")
     with contextlib.ExitStack() as stack:
-        out = []
-        for name in chosen:
-            if name == "local":
-                out.append((name, local))
-            else:
-                import sparkjet
-                from sparkjet.testing import moto_s3_server
-
-                workdir = stack.enter_context(tempfile.TemporaryDirectory())
-                location = stack.enter_context(moto_s3_server(Path(workdir)))
-                out.append((name, sparkjet.connect(store=location.fresh().connect_overrides(),
-                                                   spark={"master": args.master})))
-        yield out
+        yield [(name, local if name == "local" else stack.enter_context(s3_client(args.master)))
+               for name in args.stores.split(",")]
 
 
 def main() -> None:
@@ -533,7 +444,7 @@ def main() -> None:
             print(f"\n=== store {store} ===")
             for query in args.queries.split(","):
                 for name in args.contenders.split(","):
-                    contender = CONTENDERS[name](store_client, query, store)
+                    contender = CONTENDERS[name](name, store_client, query, store)
                     if contender is None:
                         continue
                     for rate, row in run(contender, query, rates, args, jobs).items():

@@ -24,21 +24,15 @@ favours native) and each file is written and moved in inside it.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import random
 import statistics
-import tempfile
 import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from _harness import JsonLinesFolder, connect
+from _harness import JobContender, NativeContender, connect, percentile, s3_client, wait_for
 
 from sparkjet.aggregate import counting
-from sparkjet.errors import JobCancelledError
-from sparkjet.job import JobConfig, JobStatus, ProcessingGuarantee
+from sparkjet.job import JobConfig, ProcessingGuarantee
 from sparkjet.pipeline import Pipeline, StreamSource
 
 TARGET_RATE = 300_000  # events/s, sparkjet
@@ -68,114 +62,39 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-class Contender:
-    """One long-lived streaming query: publish events, read its map sink."""
-
-    label = ""
-
-    def start(self) -> None:
-        raise NotImplementedError
-
-    def encode(self, events: list[dict[str, str]]) -> Any:
-        """What the producer hands to :meth:`publish` (done outside the throughput timer)."""
-        return events
-
-    def publish(self, payload: Any) -> None:
-        raise NotImplementedError
-
-    def batches(self) -> int:
-        """Micro-batches completed so far."""
-        raise NotImplementedError
-
-    def batch_millis(self) -> list[int]:
-        """Durations of recent micro-batches."""
-        raise NotImplementedError
-
-    def breakdown(self, batches: int) -> list[str]:
-        """Where a micro-batch's time goes, when the engine says."""
-        return []
-
-    def check(self) -> None:
-        """Raise if the query has failed."""
-
-    def stop(self) -> None:
-        raise NotImplementedError
-
-    sink: Any = None
-
-
-class SparkjetQuery(Contender):
+class SparkjetQuery(JobContender):
     def __init__(self, client: Any, guarantee: ProcessingGuarantee, interval_ms: int) -> None:
         tag = guarantee.value.lower()
-        self.client = client
+        super().__init__(client, f"sparkjet {guarantee.value}",
+                         client.get_stream(f"events-{tag}", partitions=2))
         self.guarantee = guarantee
         self.interval_ms = interval_ms
-        self.label = f"sparkjet {guarantee.value}"
-        self.stream = client.get_stream(f"events-{tag}", partitions=2)
         self.sink = client.get_map(f"counts-{tag}")
         self.map_name = f"counts-{tag}"
-        self.job: Any = None
 
     def start(self) -> None:
         p = Pipeline.create()
         (p.read_from(StreamSource(self.stream.name))
          .group_by(lambda e: e["user"]).aggregate(counting())
          .set_name("per-user").write_to(Pipeline.to_map(self.map_name)))
-        config = JobConfig(name=f"rolling-{self.guarantee.value}",
-                           processing_guarantee=self.guarantee,
-                           snapshot_interval_millis=self.interval_ms)
-        self.job = self.client.get_jet().submit(p, config)
-        deadline = time.monotonic() + 60
-        while self.job.status is not JobStatus.RUNNING:
-            if self.job.is_terminal() or time.monotonic() > deadline:
-                self.job.join(0)
-                raise RuntimeError(f"{self.label}: job is {self.job.status.value}")
-            time.sleep(0.01)
+        self.submit(p, JobConfig(name=f"rolling-{self.guarantee.value}",
+                                 processing_guarantee=self.guarantee,
+                                 snapshot_interval_millis=self.interval_ms))
 
-    def publish(self, payload: Any) -> None:
-        self.stream.publish_all(payload)  # pickles: counted in the throughput time
-
-    def batches(self) -> int:
-        return int(self.job.get_metrics()["lastCommittedBatch"]) + 1
-
-    def batch_millis(self) -> list[int]:
-        return list(self.job.get_metrics()["batchDurationsMillis"])
-
-    def check(self) -> None:
-        if self.job.is_terminal():
-            self.job.join(0)  # raises the failure
-            raise RuntimeError(f"{self.label}: the job ended")
-
-    def stop(self) -> None:
-        if self.job.is_terminal():
-            return
-        self.job.cancel()
-        with contextlib.suppress(JobCancelledError):
-            self.job.join(60)
+    def breakdown(self, batches: int) -> list[str]:
+        """Where a micro-batch's time goes: the job does not say."""
+        return []
 
 
-class NativeQuery(Contender):
+class NativeQuery(NativeContender):
     def __init__(self, client: Any, interval_ms: int) -> None:
-        self.client = client
-        self.spark = client.spark
+        super().__init__(client, "sparkjet-bench-native-")
         self.interval_ms = interval_ms
-        self.label = "native structured streaming"
         self.sink = client.get_map("native-counts")
         self._writer = client.get_map("native-counts")  # used by foreachBatch's thread
-        self.input = JsonLinesFolder("sparkjet-bench-native-")
-        self.checkpoint = os.path.join(self.input.root, "checkpoint")
-        self.calls = 0  # micro-batches that reached the sink
-        self.query: Any = None
 
     def start(self) -> None:
-        # As many state partitions as sparkjet's state shards (defaultParallelism).
-        shards = max(1, int(self.spark.sparkContext.defaultParallelism))
-        self.spark.conf.set("spark.sql.shuffle.partitions", str(shards))
+        self.shuffle_per_core()
         writer = self._writer
 
         def upsert(batch: Any, batch_id: int) -> None:
@@ -187,15 +106,6 @@ class NativeQuery(Contender):
         self.query = (counts.writeStream.outputMode("update").foreachBatch(upsert)
                       .trigger(processingTime=f"{self.interval_ms} milliseconds")
                       .option("checkpointLocation", self.checkpoint).start())
-
-    def encode(self, events: list[Any]) -> Any:
-        return self.input.encode(events)
-
-    def publish(self, payload: Any) -> None:
-        self.input.publish(payload)
-
-    def batches(self) -> int:
-        return self.calls
 
     def batch_millis(self) -> list[int]:
         return [int(p["durationMs"]["triggerExecution"]) for p in self.query.recentProgress
@@ -211,25 +121,8 @@ class NativeQuery(Contender):
         shards = sum(int(op["numShufflePartitions"]) for op in states)
         return [*out, f"(state partitions: {shards})"]
 
-    def check(self) -> None:
-        if self.query.exception() is not None:
-            raise RuntimeError(f"native query failed: {self.query.exception()}")
 
-    def stop(self) -> None:
-        self.query.stop()
-        self.input.remove()
-
-
-def wait_for(
-    contender: Contender, condition: Callable[[], bool], poll: float, what: str
-) -> float:
-    deadline = time.monotonic() + TIMEOUT
-    while not condition():
-        contender.check()
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(poll)
-    return time.perf_counter()
+Contender = SparkjetQuery | NativeQuery
 
 
 def expected(k: int, *sizes: int) -> int:
@@ -255,7 +148,8 @@ def run(contender: Contender, args: argparse.Namespace) -> dict[str, Any]:
         for half in (warm[: WARMUP // 2], warm[WARMUP // 2 :]):
             seen = total(sink) + len(half)
             contender.publish(contender.encode(half))
-            wait_for(contender, lambda seen=seen: total(sink) == seen, poll, "the warm-up")
+            wait_for(contender, lambda seen=seen: total(sink) == seen, "the warm-up",
+                     timeout=TIMEOUT, pause=poll)
         print(f"  warm-up ({WARMUP:,} events)       {time.perf_counter() - started:7.3f} s",
               flush=True)
 
@@ -268,7 +162,8 @@ def run(contender: Contender, args: argparse.Namespace) -> dict[str, Any]:
         for chunk in chunks:
             contender.publish(chunk)
         published = time.perf_counter()
-        done = wait_for(contender, lambda: total(sink) == WARMUP + args.n, poll, "all events")
+        done = wait_for(contender, lambda: total(sink) == WARMUP + args.n, "all events",
+                        timeout=TIMEOUT, pause=poll)
         seconds = done - started
         batches = contender.batches() - batches_before
         rate = args.n / seconds
@@ -325,13 +220,7 @@ def run(contender: Contender, args: argparse.Namespace) -> dict[str, Any]:
 
 def run_on_s3(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """sparkjet EXACTLY_ONCE again, its store (stream, checkpoint, sink) on moto's S3 server."""
-    import sparkjet
-    from sparkjet.testing import moto_s3_server
-
-    with tempfile.TemporaryDirectory() as workdir, \
-            moto_s3_server(Path(workdir)) as location:
-        client = sparkjet.connect(store=location.fresh().connect_overrides(),
-                                  spark={"master": args.master})
+    with s3_client(args.master) as client:
         contender = SparkjetQuery(client, ProcessingGuarantee.EXACTLY_ONCE, args.interval_ms)
         contender.label += " (store on S3)"
         return {contender.label: run(contender, args)}

@@ -41,9 +41,7 @@ per-key cost the index adds).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
-import os
 import random
 import statistics
 import time
@@ -51,11 +49,10 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from _harness import JsonLinesFolder, connect
+from _harness import JobContender, NativeContender, connect, wait_for
 
 from sparkjet.aggregate import counting
-from sparkjet.errors import JobCancelledError
-from sparkjet.job import JobConfig, JobStatus, ProcessingGuarantee
+from sparkjet.job import JobConfig, ProcessingGuarantee
 from sparkjet.pipeline import Pipeline, StreamSource, WindowDefinition
 
 TIMEOUT = 300.0
@@ -110,43 +107,14 @@ def expected_windows(events: list[dict[str, int]], size: int, slide: int, until:
     return out
 
 
-class Contender:
-    label = ""
-    sink: Any = None
-
-    def start(self, size: int, slide: int, lag: int) -> None:
-        raise NotImplementedError
-
-    def encode(self, events: list[dict[str, int]]) -> Any:
-        return events
-
-    def publish(self, payload: Any) -> None:
-        raise NotImplementedError
-
-    def windows(self) -> list[tuple[int, int, int]]:
-        """``(end, auction, count)`` of every window result in the sink."""
-        raise NotImplementedError
-
-    def state(self) -> tuple[int, int]:
-        raise NotImplementedError
-
-    def check(self) -> None:
-        pass
-
-    def stop(self) -> None:
-        raise NotImplementedError
-
-
-class Sparkjet(Contender):
+class Sparkjet(JobContender):
     def __init__(self, client: Any, interval_ms: int, query: str) -> None:
-        self.client = client
+        super().__init__(client, "sparkjet EXACTLY_ONCE",
+                         client.get_stream(f"bids-{query}", partitions=2))
         self.interval_ms = interval_ms
-        self.label = "sparkjet EXACTLY_ONCE"
-        self.stream = client.get_stream(f"bids-{query}", partitions=2)
         self.sink = client.get_list(f"windows-{query}")
         self.sink.clear()
         self.query = query
-        self.job: Any = None
 
     def start(self, size: int, slide: int, lag: int) -> None:
         p = Pipeline.create()
@@ -155,54 +123,31 @@ class Sparkjet(Contender):
          .window(WindowDefinition.sliding(size, slide)).group_by(lambda b: b["auction"])
          .aggregate(counting()).set_name("bids-per-auction")
          .write_to(Pipeline.to_list(self.sink.name)))
-        self.job = self.client.get_jet().submit(p, JobConfig(
+        self.submit(p, JobConfig(
             name=f"windows-{self.query}", processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
             snapshot_interval_millis=self.interval_ms))
-        deadline = time.monotonic() + 60
-        while self.job.status is not JobStatus.RUNNING:
-            if self.job.is_terminal() or time.monotonic() > deadline:
-                self.job.join(0)
-                raise RuntimeError(f"{self.label}: job is {self.job.status.value}")
-            time.sleep(0.01)
-
-    def publish(self, payload: Any) -> None:
-        self.stream.publish_all(payload)
 
     def windows(self) -> list[tuple[int, int, int]]:
+        """``(end, auction, count)`` of every window result in the sink."""
         return [(r.end, r.key, r.result) for r in self.sink.get_all()]
 
     def state(self) -> tuple[int, int]:
         stage = self.job.get_metrics()["stages"]["bids-per-auction"]
         return stage.get("snapshotKeys", 0), stage.get("snapshotBytes", 0)
 
-    def check(self) -> None:
-        if self.job.is_terminal():
-            self.job.join(0)
-            raise RuntimeError(f"{self.label}: the job ended")
 
-    def stop(self) -> None:
-        if not self.job.is_terminal():
-            self.job.cancel()
-            with contextlib.suppress(JobCancelledError):
-                self.job.join(60)
-
-
-class Native(Contender):
+class Native(NativeContender):
     def __init__(self, client: Any, interval_ms: int, query: str) -> None:
-        self.spark = client.spark
+        super().__init__(client, "sparkjet-bench-windows-")
         self.interval_ms = interval_ms
-        self.label = "native structured streaming"
         self.sink = client.get_list(f"native-windows-{query}")
         self.sink.clear()
         self._writer = client.get_list(f"native-windows-{query}")
-        self.input = JsonLinesFolder("sparkjet-bench-windows-")
-        self.query: Any = None
 
     def start(self, size: int, slide: int, lag: int) -> None:
         from pyspark.sql import functions as F
 
-        self.spark.conf.set("spark.sql.shuffle.partitions",
-                            str(max(1, int(self.spark.sparkContext.defaultParallelism))))
+        self.shuffle_per_core()
         self.spark.conf.set("spark.sql.streaming.stateStore.providerClass",
                             "org.apache.spark.sql.execution.streaming.state."
                             "RocksDBStateStoreProvider")
@@ -222,13 +167,7 @@ class Native(Contender):
                                 "auction").count()
         self.query = (counts.writeStream.outputMode("append").foreachBatch(append)
                       .trigger(processingTime=f"{self.interval_ms} milliseconds")
-                      .option("checkpointLocation", os.path.join(self.input.root, "cp")).start())
-
-    def encode(self, events: list[Any]) -> Any:
-        return self.input.encode(events)
-
-    def publish(self, payload: Any) -> None:
-        self.input.publish(payload)
+                      .option("checkpointLocation", self.checkpoint).start())
 
     def windows(self) -> list[tuple[int, int, int]]:
         return [tuple(r) for r in self.sink.get_all()]  # type: ignore[misc]
@@ -238,26 +177,8 @@ class Native(Contender):
         return (sum(int(op["numRowsTotal"]) for op in ops),
                 sum(int(op["memoryUsedBytes"]) for op in ops))
 
-    def check(self) -> None:
-        if self.query.exception() is not None:
-            raise RuntimeError(f"native query failed: {self.query.exception()}")
 
-    def stop(self) -> None:
-        self.query.stop()
-        self.input.remove()
-
-
-def wait_for(contender: Contender, condition: Callable[[], bool], what: str,
-             poll: Callable[[], None] | None = None) -> float:
-    deadline = time.monotonic() + TIMEOUT
-    while not condition():
-        if poll is not None:
-            poll()
-        contender.check()
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{contender.label}: timed out waiting for {what}")
-        time.sleep(0.01)
-    return time.perf_counter()
+Contender = Sparkjet | Native
 
 
 def run(contender: Contender, args: argparse.Namespace, size: int, slide: int
@@ -271,7 +192,8 @@ def run(contender: Contender, args: argparse.Namespace, size: int, slide: int
         contender.publish(contender.encode(warm))
         close = [{"auction": 0, "price": 1, "ts": 3 * size}] * 2
         contender.publish(contender.encode(close))
-        wait_for(contender, lambda: len(contender.windows()) > 0, "the warm-up's windows")
+        wait_for(contender, lambda: len(contender.windows()) > 0, "the warm-up's windows",
+                 timeout=TIMEOUT)
         before = len(contender.windows())
 
         # Throughput: event time from 10 windows on, n bids, then a closing bid per partition.
@@ -294,7 +216,7 @@ def run(contender: Contender, args: argparse.Namespace, size: int, slide: int
             peak[0], peak[1] = max(peak[0], keys), max(peak[1], size)
 
         done = wait_for(contender, lambda: len(contender.windows()) >= before + len(want),
-                        f"{len(want)} windows", sample)
+                        f"{len(want)} windows", timeout=TIMEOUT, sample=sample)
         seconds = done - started
         got = Counter({(end, a): c for end, a, c in contender.windows()[before:] if end >= start})
         assert got == want, f"{contender.label}: wrong windows ({len(got)} vs {len(want)})"
@@ -324,7 +246,8 @@ def run(contender: Contender, args: argparse.Namespace, size: int, slide: int
             contender.publish(contender.encode(probe))
             if holds_bids and end > event_time - SECOND - lag:
                 arrived = wait_for(contender, lambda e=end, c=count_before: any(
-                    w[0] == e for w in contender.windows()[c:]), "a probe's window")
+                    w[0] == e for w in contender.windows()[c:]), "a probe's window",
+                    timeout=TIMEOUT)
                 latencies.append(arrived - sent)
             time.sleep(max(0.0, args.probe_every_ms / 1000 - (time.perf_counter() - sent)))
         median = statistics.median(latencies) * 1000 if latencies else float("nan")
