@@ -411,3 +411,13 @@ def test_stable_hash_is_pinned(key: object, expected: int) -> None:
     # Keys were assigned to key groups with these values; a change would lose state.
     assert stable_hash(key) == expected
     assert key_group(key, 128) == expected % 128
+
+
+def test_a_commit_record_notes_where_its_batch_ran_and_older_ones_say_nothing() -> None:
+    record = CommitRecord(3, {"s": 7}, 1, 2, engine="local")
+    data = record.to_json()
+    assert data["engine"] == "local"
+    assert CommitRecord.from_json(3, data) == record
+    del data["engine"]  # a record written before adaptive micro-batches
+    assert CommitRecord.from_json(3, data).engine is None
+    assert "engine" not in CommitRecord(3, {"s": 7}).to_json()
