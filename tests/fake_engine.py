@@ -18,13 +18,12 @@ Knobs a test turns:
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from sparkjet.core.client import Client
 from sparkjet.core.config import load_config
-from sparkjet.core.engine import BatchResult, BatchSpec, Engine, MicroBatchSpec
+from sparkjet.core.engine import BatchResult, BatchWork, Engine, JobRun, RunHooks
 from sparkjet.core.errors import JobFailedError
 from sparkjet.core.model import StageCount
 from sparkjet.pipeline import Pipeline, StreamSource
@@ -42,21 +41,18 @@ class Call:
 
 
 class FakeExecution:
+    """One execution on the fake engine: waits at the gate, records the call, calls the hooks."""
+
     def __init__(
-        self,
-        engine: FakeEngine,
-        call: Call,
-        cancelled: Callable[[], bool],
-        on_commit: Callable[[], None] | None,
-        counts: dict[StageCount, int],
+        self, engine: FakeEngine, call: Call, hooks: RunHooks, counts: dict[StageCount, int]
     ) -> None:
-        self.engine, self.call, self.cancelled, self.on_commit = engine, call, cancelled, on_commit
+        self.engine, self.call, self.hooks = engine, call, hooks
         self.counts = counts
 
     def run(self) -> BatchResult:
         engine = self.engine
         while not engine.gate.wait(0.01):
-            if self.cancelled():
+            if self.hooks.cancelled():
                 raise JobFailedError("cancelled while running on the fake engine")
         with engine.lock:
             failure, engine.fail_with = engine.fail_with, None
@@ -64,8 +60,8 @@ class FakeExecution:
                 engine.calls.append(self.call)  # only executions that succeeded
         if failure is not None:
             raise failure
-        if self.on_commit is not None:
-            self.on_commit()
+        if self.hooks.before_commit is not None:
+            self.hooks.before_commit()
         return BatchResult(items=dict(self.counts))  # the fake engine keeps no keyed state
 
     def stage_counts(self) -> dict[StageCount, int]:
@@ -102,21 +98,21 @@ class FakeEngine:
         self.cancelled_jobs.append(job_id)
         return True
 
-    def batch(self, spec: BatchSpec) -> FakeExecution:
-        plan = spec.plan
-        job_id = spec.job_context(plan.nodes[0]).job_id
-        counts = {StageCount(plan.name(n), "items"): 0 for n in plan.nodes} if spec.metrics else {}
-        return FakeExecution(self, Call("batch", job_id), spec.cancelled, spec.on_commit, counts)
+    def batch(self, job: JobRun, hooks: RunHooks) -> FakeExecution:
+        plan = job.plan
+        job_id = job.job_context(plan.nodes[0]).job_id
+        counts = {StageCount(plan.name(n), "items"): 0 for n in plan.nodes} if job.metrics else {}
+        return FakeExecution(self, Call("batch", job_id), hooks, counts)
 
-    def micro_batch(self, spec: MicroBatchSpec) -> FakeExecution:
-        job_id = spec.job_context(spec.plan.nodes[0]).job_id
+    def micro_batch(self, job: JobRun, work: BatchWork, hooks: RunHooks) -> FakeExecution:
+        job_id = job.job_context(job.plan.nodes[0]).job_id
         # What a source stage "emitted": the items in its planned range.
         counts = {
             StageCount(name, "items"): sum(e - s for s, e in zip(start, end, strict=True))
-            for name, (start, end) in spec.source_ranges.items()
-        } if spec.metrics else {}
-        call = Call("micro_batch", job_id, spec.batch, spec.committed, dict(spec.source_ranges))
-        return FakeExecution(self, call, spec.cancelled, spec.on_commit, counts)
+            for name, (start, end) in work.source_ranges.items()
+        } if job.metrics else {}
+        call = Call("micro_batch", job_id, work.batch, work.committed, dict(work.source_ranges))
+        return FakeExecution(self, call, hooks, counts)
 
     def micro_batches(self, job_id: str) -> list[Call]:
         with self.lock:

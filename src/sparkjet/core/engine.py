@@ -1,17 +1,18 @@
 """The engine boundary: what the job services ask of the engine that runs the work.
 
 The services (:mod:`sparkjet.core.jobs`, :mod:`sparkjet.core.microbatch_loop`) talk
-to Spark only through :class:`Engine`: they describe the work with a
-:class:`BatchSpec` or a :class:`MicroBatchSpec` and get a
-:class:`BatchResult` back. The Spark implementation lives in
+to Spark only through :class:`Engine`. They hand it the job (:class:`JobRun`,
+made once per run), for a micro-batch that batch's work (:class:`BatchWork`),
+and the runner's callbacks (:class:`RunHooks`); they get an :class:`Execution`
+whose run returns a :class:`BatchResult`. The Spark implementation lives in
 :mod:`sparkjet.core.runtime` and is chosen by the client, the composition
 root. Nothing here imports Spark, so the job lifecycle, the control protocol,
 take-over and the cluster policy run against an in-process engine in the
 tests, in milliseconds and without a JVM.
 
 The Spark engine conforms structurally (the runtime imports only this
-module's spec and result types); mypy checks that it fits where the client
-hands it to the services.
+module's job, work, hooks and result types); mypy checks that it fits where
+the client hands it to the services.
 """
 
 from __future__ import annotations
@@ -33,29 +34,35 @@ ContextFactory = Callable[[Transform], JobContext]
 
 
 @dataclass(frozen=True)
-class BatchSpec:
-    """A batch job's whole plan, as :meth:`Engine.batch` runs it."""
+class JobRun:
+    """What stays the same across a job's executions: the plan and how its stages run.
+
+    Made once per run of a job: once per batch job, once per run of a
+    stream's micro-batch loop (every micro-batch of that run shares it).
+    """
 
     plan: Plan
+    #: Builds each stage's driver-side :class:`~sparkjet.core.contracts.JobContext`.
     job_context: ContextFactory
-    #: Count the items each stage emits (:meth:`Execution.stage_counts`).
+    #: Count the items each stage emits (:meth:`Execution.stage_counts`,
+    #: :attr:`BatchResult.items`).
     metrics: bool
-    #: Asked between stages and before the commit: True abandons the work.
-    cancelled: Callable[[], bool]
-    #: Called just before the sinks commit.
-    on_commit: Callable[[], None] | None
+    #: The job whose keyed state the workers keep loaded between micro-batches
+    #: (None: not kept; always None for a batch job, which keeps no state).
+    cache_owner: CacheOwner | None = None
+    #: The checkpoint a stream's batch ids count in (``JobContext.checkpoint_id``);
+    #: None for a batch job, which has none.
+    checkpoint_id: str | None = None
 
 
 @dataclass(frozen=True)
-class MicroBatchSpec:
-    """One micro-batch of a streaming plan, as :meth:`Engine.micro_batch` runs it."""
+class BatchWork:
+    """What one micro-batch does: its id, its planned ranges and where its state lives.
 
-    plan: Plan
-    job_context: ContextFactory
-    #: Count the items each stage emits (:attr:`BatchResult.items`).
-    metrics: bool
-    #: True once the job is cancelled: the micro-batch is abandoned.
-    cancelled: Callable[[], bool]
+    Everything here comes from the batch's write-ahead plan (or the loop's
+    record of the checkpoint), so a replay of the batch runs the same work.
+    """
+
     #: The micro-batch's id.
     batch: int
     #: The last committed batch: keyed state is read as of it.
@@ -66,16 +73,22 @@ class MicroBatchSpec:
     state: StatePaths
     #: How many state tasks share the key groups (the batch's plan says).
     tasks: int
-    #: The batch's planned time (TTL expiry), the same on a replay.
+    #: The batch's planned time (TTL expiry, ingestion time), the same on a replay.
     now_ms: int
-    #: The checkpoint the batch ids count in (``JobContext.checkpoint_id``).
-    checkpoint_id: str
-    #: Called just before the sinks commit (the runner's fence check).
-    on_commit: Callable[[], None] | None = None
     #: Per windowed stage, its event time in this batch (the plan's watermarks).
     windows: Mapping[str, WindowClock] = field(default_factory=dict)
-    #: The job whose state the workers keep loaded between batches (None: not kept).
-    cache_owner: CacheOwner | None = None
+
+
+@dataclass(frozen=True)
+class RunHooks:
+    """What an execution calls back into the job's runner while it runs."""
+
+    #: Asked between stages (and partitions, in process) and before the commit:
+    #: True abandons the work.
+    cancelled: Callable[[], bool]
+    #: Called just before the sinks commit: a batch job's move to COMPLETING,
+    #: a micro-batch's fence check (None: nothing to call).
+    before_commit: Callable[[], None] | None = None
 
 
 class StateSize(NamedTuple):
@@ -139,8 +152,12 @@ class Engine(Protocol):
         then cancels again until its runner has seen the request.
         """
 
-    def batch(self, spec: BatchSpec) -> Execution:
-        """A batch job's whole plan."""
+    def batch(self, job: JobRun, hooks: RunHooks) -> Execution:
+        """A batch job's whole plan, ready to :meth:`~Execution.run`."""
 
-    def micro_batch(self, spec: MicroBatchSpec) -> Execution:
-        """One micro-batch of a streaming plan."""
+    def micro_batch(self, job: JobRun, work: BatchWork, hooks: RunHooks) -> Execution:
+        """One micro-batch of a streaming plan, ready to :meth:`~Execution.run`.
+
+        ``job.checkpoint_id`` must be set: the sinks commit with the batch id
+        in that checkpoint.
+        """

@@ -29,7 +29,7 @@ from sparkjet.core.checkpoint import KEEP_LOG, BatchPlan, Checkpoint, CommitReco
 from sparkjet.core.config import EngineSettings
 from sparkjet.core.contracts import JobContext, Source
 from sparkjet.core.contracts import source_lag as source_lag  # moved; still importable here
-from sparkjet.core.engine import BatchResult, Engine, MicroBatchSpec
+from sparkjet.core.engine import BatchResult, BatchWork, Engine, JobRun, RunHooks
 from sparkjet.core.errors import SourceOffsetsError
 from sparkjet.core.event_time import NO_WATERMARK, EventTime, WindowClock, stage_watermark
 from sparkjet.core.graph import KeyedSpec, Transform, WindowSpec
@@ -430,6 +430,10 @@ class StreamLoop:
         counted = self.checkpoint.counted()
         state = self.checkpoint.state(groups)
         batch = committed + 1
+        # What every micro-batch of this run shares: the job, and the host's callbacks.
+        job = JobRun(self.plan, self.job_context, metrics=self.settings.metrics,
+                     cache_owner=self.settings.cache_owner, checkpoint_id=self.checkpoint.id)
+        hooks = RunHooks(cancelled=host.cancelled, before_commit=host.check_fence)
         quiet_until = 0.0  # till then the sources said nothing came: no need to list them
         listed = 0.0  # when the loop last listed the sources' offsets
         while True:
@@ -474,15 +478,12 @@ class StreamLoop:
                 log.info("replaying micro-batch %d with its recorded offsets", batch)
             clocks = self._clocks(planned)
             engine, local = self._engine_for(planned)
-            result = engine.micro_batch(MicroBatchSpec(
-                self.plan, self.job_context, metrics=self.settings.metrics,
-                cancelled=host.cancelled, batch=batch, committed=batch - 1,
-                source_ranges=planned.source_ranges(),
+            work = BatchWork(
+                batch=batch, committed=batch - 1, source_ranges=planned.source_ranges(),
                 state=state.with_counted(counted).with_pin(host.pinned_batch()),
-                tasks=planned.state_tasks(groups), now_ms=planned.time_ms,
-                checkpoint_id=self.checkpoint.id, on_commit=host.check_fence,
-                windows=clocks, cache_owner=self.settings.cache_owner,
-            )).run()
+                tasks=planned.state_tasks(groups), now_ms=planned.time_ms, windows=clocks,
+            )
+            result = engine.micro_batch(job, work, hooks).run()
             duration_ms = int((time.monotonic() - started) * 1000)
             files = dict(result.state_files)
             counted[batch] = files

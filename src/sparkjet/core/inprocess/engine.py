@@ -20,7 +20,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from sparkjet.core.engine import BatchSpec, MicroBatchSpec
+from sparkjet.core.engine import BatchWork, JobRun, RunHooks
 from sparkjet.core.inprocess.datasets import LocalDatasets
 from sparkjet.core.planner import Plan
 from sparkjet.core.tasks.plan import MicroBatchRun, PlanRun
@@ -64,11 +64,13 @@ class InProcessEngine:
         # running and future work alike stop there.
         return True
 
-    def batch(self, spec: BatchSpec) -> PlanRun:
-        return PlanRun(self._datasets(spec.plan, spec.cancelled), spec)
+    def batch(self, job: JobRun, hooks: RunHooks) -> PlanRun:
+        """A batch job's whole plan, run on the calling thread."""
+        return PlanRun(self._datasets(job.plan, hooks.cancelled), job, hooks)
 
-    def micro_batch(self, spec: MicroBatchSpec) -> MicroBatchRun:
-        return MicroBatchRun(self._datasets(spec.plan, spec.cancelled), spec)
+    def micro_batch(self, job: JobRun, work: BatchWork, hooks: RunHooks) -> MicroBatchRun:
+        """One micro-batch, run on the calling thread."""
+        return MicroBatchRun(self._datasets(job.plan, hooks.cancelled), job, work, hooks)
 
     def _datasets(self, plan: Plan, cancelled: Any) -> LocalDatasets:
         return LocalDatasets(self.parallelism(), cancelled, check_tasks=self._first_run(plan),

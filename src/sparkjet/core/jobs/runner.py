@@ -37,7 +37,7 @@ from sparkjet.core.adaptive import choose_local, resolve_adaptive
 from sparkjet.core.checkpoint import Checkpoint
 from sparkjet.core.config import EngineSettings
 from sparkjet.core.contracts import JobContext
-from sparkjet.core.engine import BatchSpec, Engine, Execution
+from sparkjet.core.engine import Engine, Execution, JobRun, RunHooks
 from sparkjet.core.errors import (
     JobCancelledError,
     JobFailedError,
@@ -458,13 +458,10 @@ class JobRunner:
 
     def _run_batch(self) -> None:
         contexts = self.context_factory()
-        self.execution = self._batch_engine(contexts).batch(BatchSpec(
-            self.plan,
-            contexts,
-            metrics=self.job.config.metrics_enabled,
-            cancelled=self.cancel_requested.is_set,
-            on_commit=lambda: self.set_status(JobStatus.COMPLETING),
-        ))
+        job = JobRun(self.plan, contexts, metrics=self.job.config.metrics_enabled)
+        hooks = RunHooks(cancelled=self.cancel_requested.is_set,
+                         before_commit=lambda: self.set_status(JobStatus.COMPLETING))
+        self.execution = self._batch_engine(contexts).batch(job, hooks)
         self.execution.run()
 
     def _batch_engine(self, contexts: Callable[[Transform], JobContext]) -> Engine:

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from operator import itemgetter
 from typing import Any
 
-from sparkjet.core.engine import BatchSpec, MicroBatchSpec
+from sparkjet.core.engine import BatchWork, JobRun, RunHooks
 from sparkjet.core.fusion import StageFailure
 from sparkjet.core.keygroups import KeyGroupPartition
 from sparkjet.core.runtime.output import name_output, parallelize, partition_by
@@ -204,11 +204,11 @@ class SparkDatasets:
             _restore_order, True)
 
 
-def spark_batch(sc: Any, spec: BatchSpec) -> PlanRun:
+def spark_batch(sc: Any, job: JobRun, hooks: RunHooks) -> PlanRun:
     """A batch job's run on SparkContext ``sc``."""
-    return PlanRun(SparkDatasets(sc), spec)
+    return PlanRun(SparkDatasets(sc), job, hooks)
 
 
-def spark_micro_batch(sc: Any, spec: MicroBatchSpec) -> MicroBatchRun:
+def spark_micro_batch(sc: Any, job: JobRun, work: BatchWork, hooks: RunHooks) -> MicroBatchRun:
     """One micro-batch's run on SparkContext ``sc``."""
-    return MicroBatchRun(SparkDatasets(sc), spec)
+    return MicroBatchRun(SparkDatasets(sc), job, work, hooks)

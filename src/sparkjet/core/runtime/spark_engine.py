@@ -1,7 +1,7 @@
 """The Spark engine: :class:`~sparkjet.core.engine.Engine` on the process-wide Spark session.
 
-It fits the protocol structurally (it imports only the boundary's spec and
-result types); the client hands it to the services. The session starts on
+It fits the protocol structurally (it imports only the boundary's job, work,
+hooks and result types); the client hands it to the services. The session starts on
 first use, so creating the engine costs nothing.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from sparkjet.core.config import Config
-from sparkjet.core.engine import BatchSpec, MicroBatchSpec
+from sparkjet.core.engine import BatchWork, JobRun, RunHooks
 from sparkjet.core.plugin_manager import PluginHost
 from sparkjet.core.runtime import session
 from sparkjet.core.runtime.batch import spark_batch, spark_micro_batch
@@ -50,8 +50,10 @@ class SparkEngine:
     def cancel(self, job_id: str) -> bool:
         return session.cancel_job_group(job_id)
 
-    def batch(self, spec: BatchSpec) -> PlanRun:
-        return spark_batch(self._sc, spec)
+    def batch(self, job: JobRun, hooks: RunHooks) -> PlanRun:
+        """A batch job's whole plan as Spark work."""
+        return spark_batch(self._sc, job, hooks)
 
-    def micro_batch(self, spec: MicroBatchSpec) -> MicroBatchRun:
-        return spark_micro_batch(self._sc, spec)
+    def micro_batch(self, job: JobRun, work: BatchWork, hooks: RunHooks) -> MicroBatchRun:
+        """One micro-batch as one Spark job."""
+        return spark_micro_batch(self._sc, job, work, hooks)

@@ -33,7 +33,7 @@ from typing import Any, Protocol, assert_never
 
 from sparkjet.core.contracts import JobContext, TaskContext
 from sparkjet.core.dead_letters import commit_dead_letters
-from sparkjet.core.engine import BatchResult, BatchSpec, MicroBatchSpec, StateSize
+from sparkjet.core.engine import BatchResult, BatchWork, JobRun, RunHooks, StateSize
 from sparkjet.core.errors import JobFailedError
 from sparkjet.core.fusion import (
     FusedPass,
@@ -174,24 +174,29 @@ class Flow:
 
 
 class PlanRun:
-    """Runs one batch job's plan over ``datasets``; raises JobFailedError on failure."""
+    """Runs one batch job's plan over ``datasets``; raises JobFailedError on failure.
+
+    ``job`` is the plan and how its stages run; ``hooks`` are the runner's
+    callbacks: asked whether the job was cancelled between nodes, called just
+    before the sinks commit.
+    """
 
     #: Whether tasks report event times (the watermark) and state ranges: a micro-batch's do.
     _streaming = False
 
-    def __init__(self, datasets: Datasets, spec: BatchSpec) -> None:
-        self.plan: Plan = spec.plan
+    def __init__(self, datasets: Datasets, job: JobRun, hooks: RunHooks) -> None:
+        self.plan: Plan = job.plan
         self.data = datasets
-        self.job_context = spec.job_context
-        self.metrics = spec.metrics
-        self.cancelled = spec.cancelled
-        self.on_commit = spec.on_commit
+        self.job_context = job.job_context
+        self.metrics = job.metrics
+        self.cancelled = hooks.cancelled
+        self.before_commit = hooks.before_commit
         #: Where the job's dead letters go (None: no stage sets items aside).
-        self.dead_letters = spec.plan.dead_letters
+        self.dead_letters = job.plan.dead_letters
         #: What the tasks report: counts (with metrics), dead letters (when a stage
         #: sets items aside); a micro-batch adds event times and state ranges.
         self.reports = datasets.reports(
-            counts=spec.metrics, event_times=self._streaming,
+            counts=job.metrics, event_times=self._streaming,
             dead_letters=self.dead_letters is not None, state_ranges=self._streaming)
         self.parallelism = datasets.parallelism()
         self._started_ms = int(time.time() * 1000)
@@ -385,8 +390,8 @@ class PlanRun:
     # --- commit / abort ----------------------------------------------------------
 
     def _commit_all(self) -> None:
-        if self.on_commit is not None:
-            self.on_commit()
+        if self.before_commit is not None:
+            self.before_commit()
         if self.dead_letters is not None and self.plan.nodes:
             # Before the sinks: a letter is durable by the time results show its batch.
             letters = self.reports.snapshot().dead_letters
@@ -464,25 +469,29 @@ class MicroBatchRun(PlanRun):
 
     _streaming = True
 
-    def __init__(self, datasets: Datasets, spec: MicroBatchSpec) -> None:
-        job_context = spec.job_context
+    def __init__(
+        self, datasets: Datasets, job: JobRun, work: BatchWork, hooks: RunHooks
+    ) -> None:
+        checkpoint_id = job.checkpoint_id
+        if checkpoint_id is None:
+            raise ValueError("a micro-batch needs its job's checkpoint_id (JobRun.checkpoint_id)")
+        job_context = job.job_context
 
         def with_batch(node: Transform) -> JobContext:
             return dataclasses.replace(
-                job_context(node), batch_id=spec.batch, checkpoint_id=spec.checkpoint_id
+                job_context(node), batch_id=work.batch, checkpoint_id=checkpoint_id
             )
 
-        super().__init__(datasets, BatchSpec(spec.plan, with_batch, spec.metrics, spec.cancelled,
-                                             spec.on_commit))
-        self.batch = spec.batch
-        self.committed = spec.committed
-        self.source_ranges = dict(spec.source_ranges)
-        self.state = spec.state
-        self.tasks = spec.tasks
+        super().__init__(datasets, dataclasses.replace(job, job_context=with_batch), hooks)
+        self.batch = work.batch
+        self.committed = work.committed
+        self.source_ranges = dict(work.source_ranges)
+        self.state = work.state
+        self.tasks = work.tasks
         # The batch's planned time, so a replay expires exactly what the first run did.
-        self.now_ms = spec.now_ms
-        self.cache_owner = spec.cache_owner
-        self.windows = dict(spec.windows)
+        self.now_ms = work.now_ms
+        self.cache_owner = job.cache_owner
+        self.windows = dict(work.windows)
         #: Per source stage, the partition each engine partition read (for the watermark).
         self._partitions: dict[str, list[str]] = {}
 
