@@ -47,6 +47,8 @@ class Client:
         self.store = Store(config.store_url, config.store_options, config.redact)
         self.plugins = PluginHost(config.plugins_disable)
         self._engine = engine
+        #: Whether the client was given its engine (then every batch runs there).
+        self._given_engine = engine is not None
         #: Where small micro-batches run: in this process, beside Spark (None: not
         #: made yet, or the client runs its jobs on an engine it was given).
         self._local_engine: Engine | None = None
@@ -89,14 +91,12 @@ class Client:
         None when the client was built with an engine of its own: every batch
         runs there.
         """
+        if self._given_engine:
+            return None
         if self._local_engine is None:
             from sparkjet.core.inprocess.engine import InProcessEngine
-            from sparkjet.core.runtime.spark_engine import SparkEngine
 
-            spark = self.engine
-            if not isinstance(spark, SparkEngine):
-                return None
-            self._local_engine = InProcessEngine(spark.parallelism)
+            self._local_engine = InProcessEngine(self.engine.parallelism)
         return self._local_engine
 
     @property
