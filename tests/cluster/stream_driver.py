@@ -117,6 +117,9 @@ def main() -> int:
         processing_guarantee=ProcessingGuarantee[args.guarantee],
         snapshot_interval_millis=args.interval,
         auto_scaling_enabled=args.auto_scaling == "on",
+        # The tests are about executors lost mid-task: every batch runs on them,
+        # none adaptively on the driver.
+        adaptive_micro_batches=False,
     )
     config.initial_snapshot_name = args.initial_snapshot
     job = client.get_jet().submit(build_pipeline(args.stream), config)

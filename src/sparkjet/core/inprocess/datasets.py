@@ -74,19 +74,22 @@ class LocalDatasets:
 
     def __init__(
         self,
-        parallelism: int,
+        parallelism: int | Callable[[], int],
         cancelled: Callable[[], bool],
         *,
         check_tasks: bool = True,
         pickle_items: bool = True,
     ) -> None:
-        self._parallelism = max(1, parallelism)
+        #: A number, or a function asked when a batch reduce or sort needs it (a
+        #: micro-batch never does: its plan fixes its state tasks).
+        self._parallelism = parallelism
         self._cancelled = cancelled
         self._check_tasks = check_tasks
         self._pickle_items = pickle_items
 
     def parallelism(self) -> int:
-        return self._parallelism
+        parallelism = self._parallelism
+        return max(1, parallelism if isinstance(parallelism, int) else parallelism())
 
     def reports(
         self, *, counts: bool, event_times: bool, dead_letters: bool, state_ranges: bool

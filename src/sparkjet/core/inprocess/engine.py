@@ -73,7 +73,7 @@ class InProcessEngine:
         return MicroBatchRun(self._datasets(job.plan, hooks.cancelled), job, work, hooks)
 
     def _datasets(self, plan: Plan, cancelled: Any) -> LocalDatasets:
-        return LocalDatasets(self.parallelism(), cancelled, check_tasks=self._first_run(plan),
+        return LocalDatasets(self._parallelism, cancelled, check_tasks=self._first_run(plan),
                              pickle_items=self._pickle_items)
 
     def _first_run(self, plan: Plan) -> bool:

@@ -7,6 +7,7 @@ first use, so creating the engine costs nothing.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from sparkjet.core.config import Config
@@ -16,6 +17,9 @@ from sparkjet.core.runtime import session
 from sparkjet.core.runtime.batch import spark_batch, spark_micro_batch
 from sparkjet.core.tasks.plan import MicroBatchRun, PlanRun
 
+#: How long the engine's parallelism is taken as it was last asked.
+PARALLELISM_SECONDS = 1.0
+
 
 class SparkEngine:
     """Runs batch plans and micro-batches as Spark RDD work; see the module docstring."""
@@ -24,6 +28,7 @@ class SparkEngine:
         self._config = config
         self._plugins = plugins
         self._context: Any = None
+        self._parallelism: tuple[float, int] | None = None
 
     @property
     def _sc(self) -> Any:
@@ -35,7 +40,13 @@ class SparkEngine:
         return sc
 
     def parallelism(self) -> int:
-        return max(1, int(self._sc.defaultParallelism))
+        # A JVM round trip (about 1 ms), asked for every micro-batch's plan: kept
+        # for PARALLELISM_SECONDS, so a cluster that grows is seen that much later.
+        now = time.monotonic()
+        cached = self._parallelism
+        if cached is None or now - cached[0] > PARALLELISM_SECONDS or self._sc._jsc is None:
+            cached = self._parallelism = (now, max(1, int(self._sc.defaultParallelism)))
+        return cached[1]
 
     def version(self) -> str:
         return str(self._sc.version)

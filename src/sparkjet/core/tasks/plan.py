@@ -198,9 +198,13 @@ class PlanRun:
         self.reports = datasets.reports(
             counts=job.metrics, event_times=self._streaming,
             dead_letters=self.dead_letters is not None, state_ranges=self._streaming)
-        self.parallelism = datasets.parallelism()
         self._started_ms = int(time.time() * 1000)
         self._written: list[tuple[Transform, Any, Any, list[Any]]] = []
+
+    @property
+    def parallelism(self) -> int:
+        """How many partitions a batch reduce or sort spreads over (asked when one runs)."""
+        return self.data.parallelism()
 
     def stage_counts(self) -> dict[StageCount, int]:
         """The per-stage counts so far (empty when metrics are off)."""
