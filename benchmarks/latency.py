@@ -166,11 +166,6 @@ class SparkjetQuery(JobContender):
         """tumbling: ``(end, user, count)`` of every window result in the sink."""
         return [(r.end, r.key, r.result) for r in self.sink.get_all()]
 
-    def engines(self) -> tuple[int, int]:
-        """Micro-batches run so far on the driver and on Spark (the job's metrics)."""
-        metrics = self.job.get_metrics()
-        return int(metrics["localBatches"]), int(metrics["sparkBatches"])
-
     def verify_engine(self) -> None:
         """Raise unless the micro-batches ran where this contender says they run."""
         local, spark = self.engines()
