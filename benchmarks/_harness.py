@@ -36,8 +36,11 @@ def parse_args(description: str, default_n: int) -> argparse.Namespace:
     return parser.parse_args()
 
 
-def connect(master: str) -> Any:
-    """A sparkjet client on a temporary store, and its (shared) Spark session."""
+def connect(master: str, engine: dict[str, Any] | None = None) -> Any:
+    """A sparkjet client on a temporary store, and its (shared) Spark session.
+
+    ``engine``: overrides of the ``[engine]`` table (where micro-batches run).
+    """
     import sparkjet
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -45,6 +48,7 @@ def connect(master: str) -> Any:
     client = sparkjet.connect(
         store={"url": store},
         spark={"master": master, "conf": {"spark.ui.enabled": "false"}},
+        **({"engine": engine} if engine else {}),
     )
     client.spark.sparkContext.setLogLevel("ERROR")
     return client
@@ -171,6 +175,11 @@ class JobContender(Contender):
 
     def batches(self) -> int:
         return int(self.job.get_metrics()["lastCommittedBatch"]) + 1
+
+    def engines(self) -> tuple[int, int]:
+        """Micro-batches run so far on the driver (adaptive) and on Spark (the job's metrics)."""
+        metrics = self.job.get_metrics()
+        return int(metrics["localBatches"]), int(metrics["sparkBatches"])
 
     def batch_millis(self) -> list[int]:
         """Durations of recent micro-batches (offsets to sink commit)."""

@@ -21,9 +21,14 @@ timed from its tick's call.
 
 Contenders (--contenders), each on the stores it supports (--stores):
 
-- spark: sparkjet EXACTLY_ONCE on its Spark engine, ``snapshot_interval_millis=1``
-  (the least it takes: a micro-batch as soon as there is input; at Jet's 10 s
-  default the trigger wait would be the latency);
+- adaptive: sparkjet EXACTLY_ONCE as configured by default, adaptive
+  micro-batches on (a small micro-batch runs on the driver, a large one on
+  Spark), ``snapshot_interval_millis=1`` (the least it takes: a
+  micro-batch as soon as there is input; at Jet's 10 s default the trigger
+  wait would be the latency); checked to have run micro-batches on the
+  driver (its ``localBatches`` metric), so it cannot silently measure Spark;
+- spark: the same job with ``adaptive_micro_batches=False``: every micro-batch
+  a Spark job (checked: ``sparkBatches`` is every batch);
 - native: hand-written Structured Streaming, JSON-lines files -> readStream ->
   the same query -> foreachBatch into a sparkjet map or list (the same kind of
   sink), no trigger (micro-batches back to back); local store only (it reads
@@ -122,17 +127,20 @@ class SparkjetQuery(JobContender):
     """sparkjet EXACTLY_ONCE, a micro-batch as soon as there is input.
 
     ``tag`` names its stream and sink (one pair per contender, query and store);
-    ``options`` are added to its :class:`JobConfig`.
+    ``options`` are added to its :class:`JobConfig`. ``engine`` is where its
+    micro-batches must have run, checked by :meth:`verify_engine`: ``"driver"``
+    (some of them on the in-process engine) or ``"spark"`` (all of them on Spark).
     """
 
     def __init__(self, client: Any, query: str, tag: str, label: str,
-                 options: dict[str, Any]) -> None:
+                 options: dict[str, Any], engine: str) -> None:
         # One partition for the window: a job's watermark is the lowest of its
         # partitions', so with two a single event would not move it.
         super().__init__(client, label, client.get_stream(
             f"events-{tag}", partitions=2 if query == "rolling" else 1))
         self.query = query
         self.options = options
+        self.engine = engine
         self.name = f"out-{tag}"
         self.sink = open_sink(client, query, self.name)
 
@@ -158,13 +166,30 @@ class SparkjetQuery(JobContender):
         """tumbling: ``(end, user, count)`` of every window result in the sink."""
         return [(r.end, r.key, r.result) for r in self.sink.get_all()]
 
-    def breakdown(self, batches: int, spark_ms: list[int]) -> str:
-        """Where a micro-batch's time went over the last ``batches`` batches."""
+    def verify_engine(self) -> None:
+        """Raise unless the micro-batches ran where this contender says they run."""
+        local, spark = self.engines()
+        batches = self.batches()
+        if self.engine == "driver" and local == 0:
+            raise RuntimeError(f"{self.label}: no micro-batch ran on the driver "
+                               f"({spark} of {batches} on Spark): it measured Spark")
+        if self.engine == "spark" and (local != 0 or spark != batches):
+            raise RuntimeError(f"{self.label}: {local} of {batches} micro-batches ran on the "
+                               f"driver, {spark} on Spark; all should be on Spark")
+        print(f"  engines: {local} of {batches} micro-batches on the driver, {spark} on Spark",
+              flush=True)
+
+    def breakdown(self, batches: int, spark_ms: list[int], engines: tuple[int, int]) -> str:
+        """Where a micro-batch's time went over the last ``batches`` batches.
+
+        ``engines``: how many of them ran on the driver and on Spark.
+        """
         durations = self.batch_millis()[-batches:]
         if not durations:
             return ""
         batch = statistics.median(durations)
-        return (f"{batches} micro-batches, median {batch:.0f} ms (offsets to sink commit); "
+        return (f"{batches} micro-batches ({engines[0]} on the driver, {engines[1]} on "
+                f"Spark), median {batch:.0f} ms (offsets to sink commit); "
                 + spark_jobs(batches, spark_ms))
 
 
@@ -210,7 +235,14 @@ class NativeQuery(NativeContender):
     def windows(self) -> list[tuple[int, str, int]]:
         return [tuple(r) for r in self.sink.get_all()]  # type: ignore[misc]
 
-    def breakdown(self, batches: int, spark_ms: list[int]) -> str:
+    def engines(self) -> tuple[int, int]:
+        """Every micro-batch is a Spark job: ``(0, batches)``."""
+        return 0, self.calls
+
+    def verify_engine(self) -> None:
+        """Nothing to check: Structured Streaming has one engine."""
+
+    def breakdown(self, batches: int, spark_ms: list[int], engines: tuple[int, int]) -> str:
         recent = [p["durationMs"] for p in self.query.recentProgress][-batches:]
         if not recent:
             return ""
@@ -227,17 +259,17 @@ Contender = SparkjetQuery | NativeQuery
 Factory = Callable[[str, Any, str, str], Contender | None]
 
 
-def sparkjet_query(label: str, **options: Any) -> Factory:
-    """A sparkjet contender: :class:`SparkjetQuery` with ``options`` in its job config."""
+def sparkjet_query(label: str, engine: str, **options: Any) -> Factory:
+    """A sparkjet contender: :class:`SparkjetQuery` with ``options`` in its job config,
+    whose micro-batches must have run on ``engine`` (``"driver"`` or ``"spark"``)."""
     return lambda name, client, query, store: SparkjetQuery(
-        client, query, f"{name}-{query}-{store}", label, options)
+        client, query, f"{name}-{query}-{store}", label, options, engine)
 
 
-# An "adaptive" contender (sparkjet with its in-process engine for small
-# micro-batches, issue 25) is one more entry once the engine exists:
-# sparkjet_query(<its label>, <the job option that turns it on>).
 CONTENDERS: dict[str, Factory] = {
-    "spark": sparkjet_query("sparkjet (Spark engine)"),
+    # The default: adaptive micro-batches on (the configuration's [engine] adaptive).
+    "adaptive": sparkjet_query("sparkjet (adaptive)", "driver"),
+    "spark": sparkjet_query("sparkjet (Spark engine)", "spark", adaptive_micro_batches=False),
     "native": lambda name, client, query, store: (
         NativeQuery(client, query) if store == "local" else None),
 }
@@ -384,9 +416,12 @@ def run(contender: Contender, query: str, rates: list[int], args: argparse.Names
         results = {}
         for rate in rates:
             batches = contender.batches()
+            engines = contender.engines()
             began_ms = int(time.time() * 1000)
             latencies = phase(contender, query, rate, args.seconds, args.users, feed, reader)
             batches = contender.batches() - batches
+            local, spark = contender.engines()
+            engines = (local - engines[0], spark - engines[1])
             ms = [x * 1000 for x in latencies]
             if not ms:
                 raise RuntimeError(f"{contender.label}: no {query} latency at {rate}/s")
@@ -396,7 +431,7 @@ def run(contender: Contender, query: str, rates: list[int], args: argparse.Names
             print(f"  {rate:>5}/s: {len(ms):>6} {what}: p50 {row['p50']:6.1f} ms, p90 "
                   f"{row['p90']:6.1f} ms, p99 {row['p99']:6.1f} ms", flush=True)
             if batches:
-                parts = contender.breakdown(batches, jobs.since(began_ms))
+                parts = contender.breakdown(batches, jobs.since(began_ms), engines)
                 if parts:
                     print(f"          {parts}", flush=True)
             results[rate] = row
@@ -404,6 +439,7 @@ def run(contender: Contender, query: str, rates: list[int], args: argparse.Names
         reader.join()
         reader.look()
         verify(contender, query, feed, reader)
+        contender.verify_engine()
         return results
     finally:
         reader.halt.set()

@@ -64,6 +64,12 @@ def parse_args() -> argparse.Namespace:
                              "job (empty: skip that part)")
     parser.add_argument("--cache-bytes", type=int, default=16 << 30,
                         help="JobConfig.state_cache_bytes of the windowed job (per worker)")
+    parser.add_argument("--cold-state-bytes", type=int, default=None,
+                        help="[engine] cold_state_bytes (default: the configuration's): the "
+                        "most keyed state a micro-batch may run on the driver with while the "
+                        "driver holds none of it loaded")
+    parser.add_argument("--driver-state-bytes", type=int, default=None,
+                        help="[engine] driver_state_bytes (default: the configuration's)")
     parser.add_argument("--skip-increments", action="store_true",
                         help="only the cached-state part")
     return parser.parse_args()
@@ -240,10 +246,21 @@ def event_time(e: str) -> int:
     return int(e.split("-")[1]) if e.startswith("tick-") else 1
 
 
-def watermark_steps(job: Any, stream: Any, steps: int = 5) -> float:
-    """Median seconds from publishing a tick that moves the watermark (closing no window,
-    all keys idle) to the job's watermark showing it: one micro-batch over every held key."""
+def engines(job: Any) -> tuple[int, int]:
+    """Micro-batches the job ran so far on the driver and on Spark."""
+    metrics = job.get_metrics()
+    return int(metrics["localBatches"]), int(metrics["sparkBatches"])
+
+
+def watermark_steps(job: Any, stream: Any, steps: int = 5) -> tuple[float, list[float], str]:
+    """Seconds from publishing a tick that moves the watermark (closing no window,
+    all keys idle) to the job's watermark showing it: one micro-batch over every held key.
+
+    Returns the median, every step's time, and where the steps' micro-batches ran
+    (adaptive micro-batches: on the driver if the job's state fits its budget).
+    """
     times = []
+    local, spark = engines(job)
     for step in range(1, steps + 1):
         at = step * 1000  # well inside the 1-hour window: nothing closes
         started = time.perf_counter()
@@ -252,7 +269,9 @@ def watermark_steps(job: Any, stream: Any, steps: int = 5) -> float:
              >= at,
              "the watermark to move")
         times.append(time.perf_counter() - started)
-    return statistics.median(times)
+    now_local, now_spark = engines(job)
+    where = f"{now_local - local} on the driver, {now_spark - spark} on Spark"
+    return statistics.median(times), times, where
 
 
 def cached_run(client: Any, size: int, args: argparse.Namespace) -> dict[str, float]:
@@ -279,7 +298,10 @@ def cached_run(client: Any, size: int, args: argparse.Namespace) -> dict[str, fl
         settle()
         row["during"] = trivial_job(client)
         row["mem during"] = workers_memory()
-        row["watermark step"] = watermark_steps(job, stream)
+        row["watermark step"], steps, where = watermark_steps(job, stream)
+        state = job.get_metrics()["stages"].get("per-key", {}).get("snapshotBytes")
+        print(f"  watermark steps: {', '.join(f'{t * 1000:.0f}' for t in steps)} ms; "
+              f"their micro-batches: {where}; state {state} bytes", flush=True)
     finally:
         if not job.is_terminal():
             job.cancel()
@@ -333,7 +355,10 @@ def cached_part(client: Any, args: argparse.Namespace) -> None:
 def main() -> None:
     args = parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
-    client = connect(args.master)
+    engine = {key: value for key, value in (("cold_state_bytes", args.cold_state_bytes),
+                                            ("driver_state_bytes", args.driver_state_bytes))
+              if value is not None}
+    client = connect(args.master, engine)
     if args.skip_increments:
         cached_part(client, args)
         return

@@ -58,7 +58,8 @@ RUNS = {
     # adds a job per contender and query.
     "latency": (
         ["--rates", "100", "--seconds", "0.5", "--warmup-seconds", "0.3", "--stores", "local"],
-        ["sparkjet (Spark engine)", "native structured streaming", "p99/target",
+        ["sparkjet (adaptive)", "sparkjet (Spark engine)", "native structured streaming",
+         "on the driver", "p99/target",
          "targets (local store"],
     ),
     "liveness": (["--checks", "20", "--s3"], ["heartbeat vs", "store's clock", "vs heartbeat"]),
