@@ -223,8 +223,10 @@ def windowed_job(client: sparkjet.Client, name: str, keys: int, **config: Any) -
     (p.read_from(StreamSource(name)).with_timestamps(lambda e: 1, 0)
      .window(WindowDefinition.tumbling(3_600_000)).group_by(lambda e: e)
      .aggregate(counting()).set_name("per-key").write_to(Pipeline.to_list(f"{name}-out")))
+    # These tests are about the state Spark's workers keep: every batch runs there.
     job = client.get_jet().submit(p, JobConfig(
-        name=name, processing_guarantee=EXACTLY_ONCE, snapshot_interval_millis=100, **config))
+        name=name, processing_guarantee=EXACTLY_ONCE, snapshot_interval_millis=100,
+        adaptive_micro_batches=False, **config))
     for lo in range(0, keys, 50_000):
         stream.publish_all([f"user-{i}" for i in range(lo, min(keys, lo + 50_000))])
     wait_until(lambda: job.get_metrics()["stages"].get("per-key", {}).get("snapshotKeys") == keys,
@@ -317,7 +319,7 @@ def test_a_budget_smaller_than_the_state_still_gives_exact_results(
      .set_name("per-key").write_to(Pipeline.to_map("budget-counts")))
     job = client.get_jet().submit(p, JobConfig(
         name="budget", processing_guarantee=EXACTLY_ONCE, snapshot_interval_millis=50,
-        state_cache_bytes=budget, key_groups=8))
+        state_cache_bytes=budget, key_groups=8, adaptive_micro_batches=False))
     cancel_at_end.append(job)
     expected: Counter[str] = Counter()
     counts = client.get_map("budget-counts")
