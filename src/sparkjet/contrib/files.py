@@ -422,18 +422,6 @@ class FileSource(Source):
             return None
         return InputSize(None, total)
 
-    def estimated_size(self, context: JobContext) -> InputSize | None:
-        """Runs on the driver (batch jobs): the matching files' bytes, from one listing.
-
-        Items unknown; None when the folder does not exist (reading it fails
-        and says so).
-        """
-        try:
-            listing = self._list(missing_ok=False)
-        except FileNotFoundError:
-            return None
-        return InputSize(None, sum(size for _, _, size in listing))
-
     def partitions(self, context: JobContext) -> Sequence[Any]:
         """Runs on the driver (batch jobs): every matching file, as it is now."""
         listing = self._list(missing_ok=False)  # a batch job reading nothing: a typo, say so
