@@ -136,3 +136,20 @@ def test_adding_items_never_turns_spark_into_local(
     after, why = choose(grown, state=state, warm=warm, engine=TINY)
     if not before:
         assert not after, (sizes, grown, why)
+
+
+def test_a_source_that_cannot_say_its_size_is_unknown_and_named(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from sparkjet.core.adaptive import ask_sizes
+
+    def broken() -> None:
+        raise OSError("listing refused")
+
+    sizes = ask_sizes({"clicks": lambda: (3, None), "orders": broken})
+    assert sizes == {"clicks": (3, None), "orders": None}
+    assert "source 'orders' could not say how big its read is (OSError: listing refused)" in (
+        caplog.text)
+    assert choose_local(sizes, state_bytes=0, driver_holds_state=False,
+                        settings=EngineSettings(), enabled=True) == (
+        False, "size unknown for source 'orders'")

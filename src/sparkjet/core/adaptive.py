@@ -25,13 +25,34 @@ The reason is a short line for logs and metrics: ``"small: 12 items"``,
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Mapping
 
 from sparkjet.core.config import EngineSettings
+
+log = logging.getLogger("sparkjet.adaptive")
 
 #: One source's planned input: ``(items, bytes)``, either unknown (None), or
 #: None when the source cannot say at all. ``contracts.InputSize`` is such a pair.
 PlannedSize = tuple[int | None, int | None] | None
+
+
+def ask_sizes(askers: Mapping[str, Callable[[], PlannedSize]]) -> dict[str, PlannedSize]:
+    """Each source's planned size, by stage name: a source that raises is unknown.
+
+    ``askers`` call the source's ``range_size`` (a micro-batch) or
+    ``estimated_size`` (a batch job). A failure is logged naming the source
+    and taken as None, so the work runs on Spark rather than fail here.
+    """
+    sizes: dict[str, PlannedSize] = {}
+    for name, ask in askers.items():
+        try:
+            sizes[name] = ask()
+        except Exception as exc:
+            log.warning("source %r could not say how big its read is (%s: %s); the work "
+                        "runs on Spark", name, type(exc).__name__, exc)
+            sizes[name] = None
+    return sizes
 
 
 def resolve_adaptive(job: bool | None, settings: EngineSettings) -> bool:

@@ -16,6 +16,7 @@ what the loop asks of the job it runs for is :class:`LoopHost`.
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import logging
 import threading
@@ -24,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from sparkjet.core.adaptive import choose_local
+from sparkjet.core.adaptive import ask_sizes, choose_local
 from sparkjet.core.checkpoint import KEEP_LOG, BatchPlan, Checkpoint, CommitRecord
 from sparkjet.core.config import EngineSettings
 from sparkjet.core.contracts import JobContext, Source
@@ -370,7 +371,7 @@ class StreamLoop:
     def _engine_for(self, planned: BatchPlan) -> tuple[Engine, bool]:
         """The engine to run ``planned`` on, and whether it is the local one.
 
-        A pure function of the plan, the sources' sizes and the state the job
+        Decided from the plan, the sources' sizes and the state the job
         holds: the local engine when adaptive micro-batches are on and the
         batch is small (:func:`~sparkjet.core.adaptive.choose_local`). While
         this run has not yet seen how big the job's keyed state is (its first
@@ -384,16 +385,11 @@ class StreamLoop:
             local, reason = False, "the size of the job's state is not known yet"
         else:
             ranges = planned.source_ranges()
-            sizes: dict[str, Any] = {}
-            for node, spec in self.sources.items():
-                name = self.plan.name(node)
-                start, end = ranges[name]
-                try:
-                    sizes[name] = spec.source.range_size(start, end, self.job_context(node))
-                except Exception as exc:  # a source that cannot say: Spark
-                    log.warning("source %r: range_size failed (%s: %s); the micro-batch "
-                                "runs on Spark", name, type(exc).__name__, exc)
-                    sizes[name] = None
+            sizes = ask_sizes({
+                self.plan.name(node): functools.partial(
+                    spec.source.range_size, *ranges[self.plan.name(node)],
+                    self.job_context(node))
+                for node, spec in self.sources.items()})
             owner = self.settings.cache_owner
             holds = owner is not None and owner.job_id in CACHE.jobs()
             local, reason = choose_local(

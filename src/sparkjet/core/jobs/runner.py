@@ -26,6 +26,7 @@ guards the exports waiting for a cut and the pins. The service's registry
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -33,7 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from sparkjet.core.adaptive import choose_local, resolve_adaptive
+from sparkjet.core.adaptive import ask_sizes, choose_local, resolve_adaptive
 from sparkjet.core.checkpoint import Checkpoint
 from sparkjet.core.config import EngineSettings
 from sparkjet.core.contracts import JobContext
@@ -471,16 +472,10 @@ class JobRunner:
         if local is None or not resolve_adaptive(self.job.config.adaptive_micro_batches,
                                                  services.engine_settings):
             return services.engine
-        sizes: dict[str, Any] = {}
-        for node in self.plan.nodes:
-            if isinstance(node.spec, SourceSpec):
-                name = self.plan.name(node)
-                try:
-                    sizes[name] = node.spec.source.estimated_size(contexts(node))
-                except Exception as exc:  # a source that cannot say: Spark
-                    log.warning("job %s: source %r could not estimate its size (%s: %s)",
-                                self.job.label, name, type(exc).__name__, exc)
-                    sizes[name] = None
+        sizes = ask_sizes({
+            self.plan.name(node): functools.partial(node.spec.source.estimated_size,
+                                                    contexts(node))
+            for node in self.plan.nodes if isinstance(node.spec, SourceSpec)})
         small, reason = choose_local(sizes, state_bytes=0, driver_holds_state=False,
                                      settings=services.engine_settings, enabled=True)
         log.debug("job %s runs %s: %s", self.job.label, "on the driver" if small else "on Spark",
