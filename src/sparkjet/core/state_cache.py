@@ -248,8 +248,10 @@ class StateCache:
         stopped = [job for job, owner in owners.items() if owner.running() is False]
         for job in stopped:
             dropped = self.drop_job(job)
-            log.info("dropped %d cached state range(s) of job %s: it no longer runs",
-                     dropped, job)
+            # DEBUG: housekeeping on a background thread, which must not reach the
+            # stderr of a CLI command running in the same process
+            log.debug("dropped %d cached state range(s) of job %s: it no longer runs",
+                      dropped, job)
         return stopped
 
     @staticmethod
