@@ -195,6 +195,67 @@ def test_stream_reads_check_what_the_offsets_promise(store: Store) -> None:
         stream.read(0, 4, 9)
 
 
+def test_a_partition_seen_once_is_followed_not_listed_however_many_chunks(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A local or in-memory partition is listed once; then its end is followed.
+
+    A listing there costs a stat per chunk (a long-lived stream has
+    thousands): appends, end offsets and reads of what was seen list nothing.
+    """
+    stream = StreamLog(store, "s")
+    stream.create(1)
+    for i in range(30):
+        stream.append(0, [i])
+    assert stream.end_offset(0) == 30
+    listed: list[str] = []
+    for name in ("listdir", "entries"):
+        original = getattr(Store, name)
+
+        def counting(self: Store, path: str, _original: Any = original) -> Any:
+            listed.append(path)
+            return _original(self, path)
+
+        monkeypatch.setattr(Store, name, counting)
+    for i in range(30, 40, 2):
+        assert stream.append(0, [i, i + 1]) == i
+    # Another process's chunk, written as it would be: found by following.
+    folder = stream.paths.partition(0)
+    assert store.create_exclusive(f"{folder}/{40:020d}.chunk", chunk_bytes([40, 41, 42],
+                                                                           token=b"~other"))
+    assert stream.end_offset(0) == 43
+    assert stream.end_offsets() == [43]
+    assert stream.read(0, 28, 43) == list(range(28, 43))
+    assert listed == []
+
+
+def test_a_partition_removed_and_written_again_is_listed_not_followed(store: Store) -> None:
+    stream = StreamLog(store, "s")
+    stream.create(1)
+    stream.append(0, [0, 1, 2])
+    stream.append(0, [3, 4])
+    assert stream.end_offset(0) == 5
+    assert stream.read(0, 0, 5) == [0, 1, 2, 3, 4]
+    # Removed from under this process and written again by another: the newest
+    # chunk starts at the same offset and ends at the same one, with another
+    # writer's token; the chunks before it are not the ones seen.
+    folder = stream.paths.partition(0)
+    for name in store.listdir(folder):
+        store.remove(f"{folder}/{name}")
+    for start, items in [(0, ["a"]), (1, ["b", "c"]), (3, ["d", "e"])]:
+        store.write_bytes(f"{folder}/{start:020d}.chunk",
+                          chunk_bytes(items, token=f"~again{start}".encode()))
+    assert stream.end_offset(0) == 5
+    assert stream.read(0, 0, 5) == ["a", "b", "c", "d", "e"]
+    # Trimmed by another process: what was seen is gone, and a read says so.
+    for start in (0, 1):
+        store.remove(f"{folder}/{start:020d}.chunk")
+    with pytest.raises(StoreError, match=r"offsets 0 to 2 were trimmed"):
+        stream.read(0, 0, 5)
+    assert stream.read(0, 3, 5) == ["d", "e"]
+    assert stream.end_offset(0) == 5
+
+
 def test_corrupt_segments_and_state_files_name_their_file(store: Store) -> None:
     log = CommitLog(store, store.path("lists", "l"), "list 'l'")
     path = log.new_segment_path("w")

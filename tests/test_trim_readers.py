@@ -17,6 +17,7 @@ import pytest
 
 import sparkjet
 from sparkjet.cli import main
+from sparkjet.core.store import stream_log as stream_log_module
 from sparkjet.errors import JobFailedError, StoreError
 from sparkjet.job import JobConfig, JobStatus
 from sparkjet.pipeline import Pipeline, StreamSource
@@ -230,13 +231,49 @@ def test_the_newest_chunk_trimmed_between_a_listing_and_its_header(
         return listed
 
     monkeypatch.setattr(StreamLog, "_sized_listing", then_trimmed)
+    # As in a process that has not seen the stream yet (one that has follows
+    # the partition instead of listing it: see the test below).
+    monkeypatch.setattr(stream_log_module, "_CHUNKS", {})
     armed[0] = True
     assert stream.end_offset(0) == 20
+    stream_log_module._CHUNKS.clear()  # not seen: listed
     armed[0] = True
     assert stream.append(0, ["next"]) == 20
     armed[0] = True
     assert stream.read_held(0) == []
     assert trimmed == [20, 20, 21]
+
+
+@pytest.mark.parametrize("when", ["before its newest chunk is read", "before the next is looked for"])
+def test_a_followed_partition_trimmed_while_it_is_followed(
+    client: sparkjet.Client, monkeypatch: pytest.MonkeyPatch, when: str,
+) -> None:
+    """A process following a partition (seen before) while another empties it."""
+    from sparkjet.core.store.stream_log import StreamLog
+
+    publish_chunks(client, "events", 2)
+    stream = client.store.stream_log("events")
+    assert stream.end_offset(0) == 20  # seen: followed from now on
+    seen = stream_log_module._CHUNKS[stream.paths.partition(0)]
+    header = StreamLog._header
+    at = seen[0][-1] if when == "before its newest chunk is read" else 20
+    armed = [True]
+    trimmed: list[int] = []
+
+    def then_trimmed(self: StreamLog, partition: int, start: int) -> tuple[int, str]:
+        if start == at and armed[0]:  # another process empties the partition first
+            armed[0] = False
+            trimmed.append(client.store.stream_log("events").trim(partition, 2**62))
+            stream_log_module._CHUNKS[self.paths.partition(partition)] = seen  # not this one's
+        return header(self, partition, start)
+
+    monkeypatch.setattr(StreamLog, "_header", then_trimmed)
+    assert stream.end_offset(0) == 20
+    assert trimmed == [20]
+    assert stream.append(0, ["next"]) == 20
+    assert stream.read_held(0) == ["next"]
+    with pytest.raises(StoreError, match="offsets 0 to 19 were trimmed"):
+        stream.read(0, 0, 21)
 
 
 def test_a_job_started_from_a_snapshot_whose_offsets_were_trimmed_fails(

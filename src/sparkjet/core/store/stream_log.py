@@ -39,6 +39,7 @@ when it has none.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import json
 import os
 import pickle
@@ -186,8 +187,60 @@ class StreamLog:
     # --- offsets --------------------------------------------------------------
 
     def end_offset(self, partition: int) -> int:
-        """The offset after the last item of ``partition``."""
+        """The offset after the last item of ``partition``.
+
+        On a local or in-memory store, a partition this process listed before
+        is followed instead of listed again (:meth:`_followed_end`): a listing
+        costs a stat per chunk there, and a long-lived stream has thousands.
+        """
+        if self._where() != "remote":
+            end = self._followed_end(partition)
+            if end is not None:
+                return end
         return self._listed_with_end(partition)[2]
+
+    def _followed_end(self, partition: int) -> int | None:
+        """``partition``'s end offset from what this process last saw of it, or None.
+
+        Chunks are created only at the partition's end offset, under its name,
+        and never change, so the chunks past a known end are found by reading
+        the header of the chunk named by the end, then of the one after it,
+        until one is absent: a read per new chunk and one more, whatever the
+        partition holds. What was seen is checked first: its newest chunk
+        must still be there, with the writer token it had (a folder removed
+        and written again is not taken for the one seen), or, when a trim
+        removed every chunk, the start marker at the end must be. None (list
+        the partition) when it is not, when nothing was seen yet, or when a
+        trim removes a chunk while this reads.
+        """
+        folder = self.paths.partition(partition)
+        known = _CHUNKS.get(folder)
+        if known is None:
+            return None
+        starts, sizes, end, newest = known
+        seen = notify.generation(self.paths.folder)  # before looking: see wait_for_append
+        at = time.time_ns()
+        stamp = _stamp(folder) if self._where() == "local" else None
+        try:
+            if starts:
+                count, token = self._header(partition, starts[-1])
+                if token != newest or starts[-1] + count != end:
+                    return None
+            elif end and not self.store.exists(self.paths.start_mark(partition, end)):
+                return None
+            found: list[int] = []
+            while True:
+                try:
+                    count, newest = self._header(partition, end)
+                except FileNotFoundError:
+                    break
+                found.append(end)
+                end += count
+        except FileNotFoundError:
+            return None  # trimmed while this read: list it
+        _LISTED[folder] = (end, seen, stamp, at)
+        _CHUNKS[folder] = (starts + found, sizes, end, newest) if found else known
+        return end
 
     def _listed_with_end(self, partition: int) -> tuple[list[int], list[int], int]:
         """``partition``'s chunk starts, start markers and end offset.
@@ -202,22 +255,23 @@ class StreamLog:
             stamp = _stamp(folder) if self._where() == "local" else None
             starts, marks, sizes = self._sized_listing(partition)
             try:
-                end = self._end(partition, starts, marks)
+                end, newest = self._end(partition, starts, marks)
                 _LISTED[folder] = (end, seen, stamp, at)
-                _remember_chunks(folder, starts, sizes, end)
+                _remember_chunks(folder, starts, sizes, end, newest)
                 return starts, marks, end
             except FileNotFoundError:
                 if self._listing(partition) == (starts, marks):
                     raise  # not a trim: the chunk is missing
                 continue
 
-    def _end(self, partition: int, starts: list[int], marks: list[int]) -> int:
-        """The end offset of a partition listed as ``starts`` and ``marks``."""
+    def _end(self, partition: int, starts: list[int], marks: list[int]) -> tuple[int, str]:
+        """The end offset of a partition listed as ``starts`` and ``marks``,
+        and its newest chunk's writer token ("" without chunks)."""
         mark = marks[-1] if marks else 0
         if not starts:
-            return mark
-        count, _ = self._header(partition, starts[-1])
-        return max(starts[-1] + count, mark)
+            return mark, ""
+        count, token = self._header(partition, starts[-1])
+        return max(starts[-1] + count, mark), token
 
     def end_offsets(self) -> list[int]:
         """The end offset of every partition."""
@@ -257,7 +311,7 @@ class StreamLog:
                 known = _CHUNKS.get(folder)
             if known is None:
                 return None
-            chunks, sizes, listed_end = known
+            chunks, sizes, listed_end, _ = known
             first = bisect.bisect_right(chunks, start) - 1  # the chunk holding ``start``
             if listed_end < end or first < 0:
                 return None  # not listed up to the end yet, or trimmed below ``start``
@@ -340,6 +394,7 @@ class StreamLog:
         for mark in marks:
             if mark < after:
                 self.store.remove(self.paths.start_mark(partition, mark))
+        _CHUNKS.pop(self.paths.partition(partition), None)  # list it afresh next time
         return after
 
     # --- writing --------------------------------------------------------------
@@ -656,10 +711,15 @@ class StreamLog:
         Exactly ``end - start`` items, or a StoreError naming the chunk that
         breaks the promise (missing, truncated, or counted wrong).
         """
-        out: list[Any] = []
-        skipped = 0
         if end <= start:
-            return out
+            return []
+        known = _CHUNKS.get(self.paths.partition(partition))
+        if (known is not None and known[0] and known[0][0] <= start and known[2] >= end
+                and self._where() != "remote"):
+            # Listed or followed up to ``end`` already: the chunks holding the
+            # range are known. A trim since removes some: then list.
+            with contextlib.suppress(FileNotFoundError):
+                return self._read_chunks(partition, known[0], start, end)
         starts, marks = self._listing(partition)
         held_from = _first(starts, marks)
         if start < held_from:
@@ -668,8 +728,16 @@ class StreamLog:
                 f"{held_from - 1} were trimmed (retention); the partition starts at offset "
                 f"{held_from} now"
             ))
+        return self._read_chunks(partition, starts, start, end)
+
+    def _read_chunks(self, partition: int, starts: list[int], start: int, end: int) -> list[Any]:
+        """:meth:`read` of the range, from ``partition``'s chunks listed as ``starts``."""
+        out: list[Any] = []
+        skipped = 0
         expected = None  # where the next chunk must start
-        for i, chunk_start in enumerate(starts):
+        first = max(bisect.bisect_right(starts, start) - 1, 0)  # the chunk holding ``start``
+        for i in range(first, len(starts)):
+            chunk_start = starts[i]
             chunk_end = starts[i + 1] if i + 1 < len(starts) else None
             if chunk_end is not None and chunk_end <= start:
                 continue
@@ -750,15 +818,16 @@ class StreamLog:
 #: offset, and, taken before the listing, the stream's wake-up generation,
 #: the folder's stamp and the wall time (see :meth:`StreamLog.wait_for_append`).
 _LISTED: dict[str, tuple[int, int, tuple[int, int] | None, int]] = {}
-#: The chunks this process saw when it last listed a partition folder (with
-#: its end offset): their starts, in order, their sizes in bytes where known,
-#: and the end offset. A chunk never changes once written (create-only, and
-#: offsets are never handed out twice), so a size once seen stays right.
-_CHUNKS: dict[str, tuple[list[int], dict[int, int], int]] = {}
+#: The chunks this process saw when it last listed or followed a partition
+#: folder: their starts, in order, their sizes in bytes where known, the end
+#: offset and the newest chunk's writer token. A chunk never changes once
+#: written (create-only, and offsets are never handed out twice), so a size
+#: once seen stays right.
+_CHUNKS: dict[str, tuple[list[int], dict[int, int], int, str]] = {}
 
 
 def _remember_chunks(
-    folder: str, starts: list[int], sizes: dict[int, int] | None, end: int
+    folder: str, starts: list[int], sizes: dict[int, int] | None, end: int, newest: str
 ) -> None:
     """Keep a listing's chunks for :meth:`StreamLog.range_bytes`.
 
@@ -769,7 +838,7 @@ def _remember_chunks(
         before = _CHUNKS.get(folder)
         known = before[1] if before is not None else {}
         sizes = {start: known[start] for start in starts if start in known}
-    _CHUNKS[folder] = (starts, sizes, end)
+    _CHUNKS[folder] = (starts, sizes, end, newest)
 
 
 #: On an object store, when (monotonic) each caller (stream folder, thread)
