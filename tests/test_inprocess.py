@@ -3,7 +3,7 @@
 The semantic suites run on both engines (the ``reduce_path`` and
 ``engine_kind`` fixtures of conftest.py); these tests cover what is the
 in-process engine's own: no Spark at all, pickling where Spark pickles,
-cancellation between partitions.
+cancellation between items.
 """
 
 from __future__ import annotations
@@ -121,19 +121,22 @@ def test_a_task_spark_could_not_ship_fails_here_too_naming_its_stage() -> None:
     assert unchecked.map_partitions(LocalData([[1]]), _HoldsALock(), None).partitions() == [[1]]
 
 
-def test_a_cancelled_run_stops_at_the_next_partition() -> None:
+def test_a_cancelled_run_stops_at_the_next_item() -> None:
+    """A cancel reaches a partition mid-way, at the next item its task takes
+    (a user function blocking in a call holds it until that call returns)."""
     seen: list[int] = []
     cancel = threading.Event()
 
     def task(pidx: int, items: Iterator[Any]) -> Iterator[Any]:
-        seen.append(pidx)
-        cancel.set()
-        yield from items
+        for item in items:
+            seen.append(item)
+            cancel.set()  # the job is cancelled while its task handles ``item``
+            yield item
 
     data = LocalDatasets(3, cancel.is_set, check_tasks=False)
     with pytest.raises(JobFailedError, match="cancelled"):
-        data.map_partitions(LocalData([[1], [2], [3]]), task, None)
-    assert seen == [0]
+        data.map_partitions(LocalData([[1, 2, 3], [4]]), task, None)
+    assert seen == [1]
 
 
 def test_a_shuffle_sends_each_key_to_its_key_groups_task_as_spark_does() -> None:

@@ -148,11 +148,21 @@ def test_a_live_job_and_a_snapshot_hold_a_stream_back(
     late.cancel()
 
 
-def test_a_job_that_committed_nothing_holds_the_whole_stream(client: sparkjet.Client) -> None:
+def test_a_job_that_committed_nothing_holds_the_whole_stream(
+    client: sparkjet.Client, tmp_path: Path,
+) -> None:
     publish_chunks(client, "events", 3)
+    gate = str(tmp_path / "gate")
+
+    def held(x: int) -> int:
+        """Each item waits for the test to open the gate (60 s at most)."""
+        deadline = time.monotonic() + 60
+        while not os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return x
+
     p = Pipeline.create()
-    p.read_from(StreamSource("events")).map(lambda x: time.sleep(60) or x) \
-        .write_to(Pipeline.to_list("slow-out"))
+    p.read_from(StreamSource("events")).map(held).write_to(Pipeline.to_list("slow-out"))
     job = client.get_jet().submit(p, JobConfig(name="slow", processing_guarantee="EXACTLY_ONCE",
                                                snapshot_interval_millis=100))
     try:
@@ -165,6 +175,8 @@ def test_a_job_that_committed_nothing_holds_the_whole_stream(client: sparkjet.Cl
                                        "micro-batch yet")
     finally:
         job.cancel()
+        Path(gate).touch()
+    wait_until(job.is_terminal, 30, "the cancelled job to end")
 
 
 def test_gc_reads_what_holds_streams_back_once_and_lists_each_partition_once(

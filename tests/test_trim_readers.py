@@ -244,7 +244,8 @@ def test_the_newest_chunk_trimmed_between_a_listing_and_its_header(
     assert trimmed == [20, 20, 21]
 
 
-@pytest.mark.parametrize("when", ["before its newest chunk is read", "before the next is looked for"])
+@pytest.mark.parametrize("when", ["before its newest chunk is read",
+                                  "before the next is looked for"])
 def test_a_followed_partition_trimmed_while_it_is_followed(
     client: sparkjet.Client, monkeypatch: pytest.MonkeyPatch, when: str,
 ) -> None:

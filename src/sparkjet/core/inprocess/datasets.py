@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import io
 import pickle
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
@@ -66,8 +66,10 @@ class LocalData:
 class LocalDatasets:
     """The :class:`~sparkjet.core.tasks.plan.Datasets` of one run in this process.
 
-    ``cancelled`` is asked between partitions: a cancelled job stops at the
-    next one (a user function is not interrupted mid-call). ``check_tasks``:
+    ``cancelled`` is asked before each item reaches a task: a cancelled job
+    stops at the next item (a user function is not interrupted mid-call, as a
+    Spark task's worker is killed: one that blocks holds the cancel until it
+    returns). ``check_tasks``:
     pickle each task once, as Spark would to send it to its workers.
     ``pickle_items`` False skips pickling items at the boundaries (benchmarks).
     """
@@ -108,7 +110,7 @@ class LocalDatasets:
         out: list[list[Any]] = []
         for pidx, part in enumerate(data.partitions()):
             self._check_cancelled()
-            out.append(list(task(pidx, iter(part))))
+            out.append(list(task(pidx, self._until_cancelled(part))))
         return LocalData(out, emitter, via)
 
     def union(self, parts: list[LocalData]) -> LocalData:
@@ -134,7 +136,7 @@ class LocalDatasets:
         # The driver reduce of Spark's small case: outputs in order of position.
         records = [r for part in self._moved(mapped, task.stage) for r in part]
         self._check_cancelled()
-        outputs = sorted(task(iter(records)), key=_first)
+        outputs = sorted(task(self._until_cancelled(records)), key=_first)
         items = [item for _, item in outputs]
         return LocalData([self._pickled(items, task.stage)])
 
@@ -142,7 +144,7 @@ class LocalDatasets:
         pairs = [p for part in self._moved(keyed, stage) for p in part]
         self._check_cancelled()
         # One range: a stable sort is what Spark's ranges, each sorted, add up to.
-        return LocalData([list(task(iter(pairs)))])
+        return LocalData([list(task(self._until_cancelled(pairs)))])
 
     def collect(self, data: LocalData) -> list[Any]:
         return [item for part in self._moved(data, data.emitter) for item in part]
@@ -193,6 +195,14 @@ class LocalDatasets:
     def _check_cancelled(self) -> None:
         if self._cancelled():
             raise JobFailedError("cancelled")
+
+    def _until_cancelled(self, items: Iterable[Any]) -> Iterator[Any]:
+        """``items``, asking before each whether the job was cancelled."""
+        cancelled = self._cancelled
+        for item in items:
+            if cancelled():
+                raise JobFailedError("cancelled")
+            yield item
 
 
 def _task_pickler() -> Callable[[Any], bytes]:

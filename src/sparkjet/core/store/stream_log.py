@@ -265,8 +265,10 @@ class StreamLog:
                 continue
 
     def _end(self, partition: int, starts: list[int], marks: list[int]) -> tuple[int, str]:
-        """The end offset of a partition listed as ``starts`` and ``marks``,
-        and its newest chunk's writer token ("" without chunks)."""
+        """The end offset of a partition listed as ``starts`` and ``marks``, and its token.
+
+        The token: the newest chunk's writer token ("" without chunks).
+        """
         mark = marks[-1] if marks else 0
         if not starts:
             return mark, ""
