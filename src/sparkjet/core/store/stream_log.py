@@ -761,11 +761,11 @@ class StreamLog:
                 out.extend(items[lo:hi])
             expected = chunk_start + len(items)
         if len(out) + skipped != end - start:
-            first = (self.paths.chunk(partition, starts[0]) if starts
+            shown = (self.paths.chunk(partition, starts[0]) if starts
                      else self.paths.partition(partition))
             raise StoreError(self.store.redact(
                 f"stream {self.name!r} partition {partition}: offsets {start} to {end - 1} were "
-                f"promised but {len(out)} items were found (first chunk {first!r}); "
+                f"promised but {len(out)} items were found (first chunk {shown!r}); "
                 "a chunk is missing or was deleted"
             ))
         return out
