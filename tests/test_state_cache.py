@@ -126,6 +126,27 @@ def test_the_estimate_follows_what_the_state_takes() -> None:
     assert estimate_bytes(ints) < estimate_bytes(state) / 3
 
 
+def test_the_estimate_counts_the_timer_index() -> None:
+    """A windowed range files every key by when it is next due: a set slot per key."""
+    import tracemalloc
+
+    from sparkjet.core.timers import DueIndex
+
+    state = window_state(50_000)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        index = DueIndex("tumbling")
+        for i, key in enumerate(state.values):
+            index.add(key, 3_600_000 * (1 + i % 3))
+        index.changes()  # as after a fold: the recent keys are written out
+        taken = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    timed = state._replace(timers={"window": index})
+    assert 0.7 * taken <= estimate_bytes(timed) - estimate_bytes(state) <= 1.4 * taken
+
+
 def test_a_jobs_ranges_stay_within_its_budget_least_recently_used_first(store: Store) -> None:
     cache = StateCache()
     one = estimate_bytes(window_state(2_000))

@@ -141,9 +141,15 @@ def _sample(values: dict[Any, Any]) -> list[tuple[Any, Any]]:
 
 
 def estimate_bytes(state: RangeState) -> int:
-    """The bytes ``state`` takes in this process, estimated from a sample of its keys."""
+    """The bytes ``state`` takes in this process, estimated from a sample of its keys.
+
+    Its timer indexes count too: a set slot per key filed, about as much again
+    as the dict of values.
+    """
     values, touched = state.values, state.touched
     size = sys.getsizeof(values) + sys.getsizeof(touched)
+    if state.timers:
+        size += sum(index.nbytes() for index in state.timers.values())
     sample = _sample(values)
     if not sample:
         return size

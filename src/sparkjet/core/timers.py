@@ -22,6 +22,7 @@ a full copy holds :meth:`DueIndex.to_state`, a changelog the
 from __future__ import annotations
 
 import heapq
+import sys
 from collections.abc import Hashable, Iterable
 from typing import Any
 
@@ -48,6 +49,12 @@ class DueIndex:
         self._recent: dict[Hashable, int] = {}
         #: The highest time popped since :meth:`changes` last ran (None: none).
         self._upto: int | None = None
+
+    def nbytes(self) -> int:
+        """The bytes the index's own containers take (its keys are the state's)."""
+        return (sys.getsizeof(self._buckets) + sys.getsizeof(self._heap)
+                + sys.getsizeof(self._recent)
+                + sum(sys.getsizeof(bucket) for bucket in self._buckets.values()))
 
     def add(self, key: Hashable, due: int) -> None:
         """File ``key`` under ``due`` (an earlier entry of it stays: lazy deletion)."""
