@@ -62,6 +62,10 @@ RUNS = {
          "on the driver", "p99/target",
          "targets (local store"],
     ),
+    "engines": (
+        ["--sizes", "100,2000", "--repeat", "1", "--keys", "20"],
+        ["spark/driver", "driver/python", "checked: each job's counts match"],
+    ),
     "liveness": (["--checks", "20", "--s3"], ["heartbeat vs", "store's clock", "vs heartbeat"]),
     "files": (
         ["-n", "2000", "--files", "6", "--files-per-batch", "2", "--repeat", "1"],
