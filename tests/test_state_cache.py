@@ -201,20 +201,38 @@ def test_dropped_state_is_freed_cycles_too(store: Store) -> None:
     assert ref() is None  # frozen and in a cycle, and still freed
 
 
-def test_the_sweeper_drops_a_stopped_jobs_state_with_no_task_running(
-    store: Store, caplog: pytest.LogCaptureFixture,
-) -> None:
-    caplog.set_level(logging.DEBUG, logger="sparkjet.core.state_cache")
-    cache = StateCache(sweep_seconds=0.05)
-    record(store, "j", "RUNNING")
-    cache.put(("r", "s", 0, 1), 1, window_state(100), CacheOwner(store, "j", 1 << 30))
-    time.sleep(0.3)
-    assert "j" in cache.jobs()
-    record(store, "j", "FAILED")
-    wait_until(lambda: cache.jobs() == {}, 10, "the sweeper to drop the job's state")
-    # housekeeping on a background thread stays below INFO: a CLI command running
-    # in the same process would print it on its stderr (CI caught one)
-    drops = [r for r in caplog.records if "no longer runs" in r.getMessage()]
+class _Records(logging.Handler):
+    """Keeps what a logger emits, whatever its parents' handlers do."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_the_sweeper_drops_a_stopped_jobs_state_with_no_task_running(store: Store) -> None:
+    logger = logging.getLogger("sparkjet.core.state_cache")
+    handler, level = _Records(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        cache = StateCache(sweep_seconds=0.05)
+        record(store, "j", "RUNNING")
+        cache.put(("r", "s", 0, 1), 1, window_state(100), CacheOwner(store, "j", 1 << 30))
+        time.sleep(0.3)
+        assert "j" in cache.jobs()
+        record(store, "j", "FAILED")
+        wait_until(lambda: cache.jobs() == {}, 10, "the sweeper to drop the job's state")
+        # Housekeeping on a background thread stays below INFO: a CLI command
+        # running in the same process would print it on its stderr (CI caught one).
+        wait_until(lambda: any("no longer runs" in r.getMessage() for r in handler.records),
+                   10, "the sweeper to log the drop")  # it logs once the entries are gone
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    drops = [r for r in handler.records if "no longer runs" in r.getMessage()]
     assert [r.levelno for r in drops] == [logging.DEBUG]
 
 
