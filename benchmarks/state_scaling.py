@@ -270,7 +270,10 @@ def watermark_steps(job: Any, stream: Any, steps: int = 5) -> tuple[float, list[
              "the watermark to move")
         times.append(time.perf_counter() - started)
     now_local, now_spark = engines(job)
-    where = f"{now_local - local} on the driver, {now_spark - spark} on Spark"
+    batches = now_local - local + now_spark - spark
+    took = job.get_metrics()["batchDurationsMillis"][-batches:] if batches else []
+    where = (f"{now_local - local} on the driver, {now_spark - spark} on Spark, each "
+             f"{', '.join(str(t) for t in took)} ms (offsets to sink commit)")
     return statistics.median(times), times, where
 
 
