@@ -4,7 +4,7 @@ A stream is a folder ``streams/<name>/`` with ``meta.json`` (partition count)
 and one folder per partition holding *chunks*. A chunk is created with a
 create-only write under the name of its first offset, so concurrent
 publishers never overwrite or interleave: one who loses the race for an offset
-lists the partition again and takes the next one. A chunk file is::
+looks again and takes the next one. A chunk file is::
 
     8 bytes   item count (big-endian)
     2 bytes   length of the writer token
@@ -27,6 +27,13 @@ start where chunk ``n-1`` ends, and hold as many items as its header says.
 A gap (a missing or overstated chunk) or a truncated chunk is an error naming
 the file, never a silent loss. Where the files lie is
 :class:`~sparkjet.core.store.layout.StreamPaths`.
+
+Finding the end: on S3 or GCS a partition is listed (the listing carries the
+chunks' sizes). On a local or in-memory store, where a listing costs a stat
+per chunk, a partition this process has seen is *followed*: chunks are only
+ever created at the end offset, so the header of the chunk named by the
+known end says whether one came and where it ends (see
+:meth:`StreamLog.end_offset`).
 
 Retention (:meth:`StreamLog.trim`) removes a partition's oldest chunks, so
 the partition starts later; offsets below its start are *trimmed*, and a read
@@ -287,9 +294,9 @@ class StreamLog:
         """The bytes reading offsets ``[starts[p], ends[p])`` of every partition ``p`` fetches.
 
         The sizes of the chunks holding those offsets (a read fetches whole
-        chunks), from what this process saw when it last listed each
-        partition (:meth:`end_offsets` lists every one). On S3 or GCS that
-        listing carries the sizes, and nothing more is asked: None when it
+        chunks), from what this process saw when it last listed or followed
+        each partition (:meth:`end_offsets` looks at every one). On S3 or GCS
+        the listing carries the sizes, and nothing more is asked: None when it
         does not cover a range (listed before the range's end, or never in
         this process), since finding out would cost a request per partition.
         On a local or in-memory store a chunk's size is stat'ed once (chunks
