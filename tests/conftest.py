@@ -138,6 +138,13 @@ def run_pipeline(client: sparkjet.Client, pipeline, name: str | None = None):  #
 
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("PYSPARK_PYTHON", __import__("sys").executable)
+    # Tests start `python -m sparkjet.cli` (and Spark's Python workers) in their own
+    # folders: a relative PYTHONPATH (PYTHONPATH=src) would not reach the code under
+    # test from there, and the children would import another installed sparkjet.
+    if os.environ.get("PYTHONPATH"):
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            os.path.abspath(entry) for entry in os.environ["PYTHONPATH"].split(os.pathsep)
+            if entry)
 
 
 @pytest.fixture

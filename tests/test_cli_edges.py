@@ -8,6 +8,7 @@ on from the checkpoint when another driver takes a job over.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -15,7 +16,9 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +43,97 @@ def config_file(client: sparkjet.Client) -> Path:
     return write_config(client)
 
 
+@contextlib.contextmanager
+def _sigint_not_ignored() -> Iterator[None]:
+    """SIGINT handled (not ignored) in this process while a child is started in the block.
+
+    A process started with SIGINT ignored (a background job of a
+    non-interactive shell is, and CI may run so) passes that on: an ignored
+    signal stays ignored across fork and exec, and Python then never turns
+    Ctrl-C into KeyboardInterrupt, so a child the test interrupts would just
+    go on (CI saw ``metrics --serve`` serve on and ``publish`` read its input
+    to the end and publish it). A handled signal is reset to the default by
+    exec: the child gets Ctrl-C as a terminal gives it.
+    """
+    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def cli(*argv: str, **kwargs: Any) -> subprocess.Popen[bytes]:
-    """The real ``sparkjet`` command in a child process, in this test's folder."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "sparkjet.cli", *argv],
-        env={**os.environ, "PYSPARK_PYTHON": sys.executable}, **kwargs,
-    )
+    """The real ``sparkjet`` command in a child process, in this test's folder.
+
+    It runs the sparkjet this test imported (a relative PYTHONPATH would not
+    reach it from the test's folder), takes Ctrl-C as from a terminal (see
+    :func:`_sigint_not_ignored`), and its faulthandler is on: SIGABRT prints
+    where each of its threads is.
+    """
+    source = str(Path(sparkjet.__file__).resolve().parents[1])
+    path = os.pathsep.join(p for p in (source, os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": path}
+    with _sigint_not_ignored():
+        return subprocess.Popen(
+            [sys.executable, "-X", "faulthandler", "-m", "sparkjet.cli", *argv],
+            env=env, **kwargs,
+        )
+
+
+def ignores_sigint(proc: subprocess.Popen[bytes]) -> bool:
+    """Whether ``proc`` ignores SIGINT (Linux's /proc: the SigIgn mask)."""
+    for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) & (1 << (signal.SIGINT - 1)))
+    raise AssertionError(f"no SigIgn line in /proc/{proc.pid}/status")
+
+
+def abort_and_show(proc: subprocess.Popen[bytes], why: str, output: Callable[[], str]) -> None:
+    """Fail the test with ``why``, ``proc``'s output and, if it still runs, where it is.
+
+    SIGABRT makes its faulthandler (see :func:`cli`) print every thread's stack.
+    """
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGABRT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    pytest.fail(f"{why} (exit status {proc.returncode}); its output:\n{output()}")
+
+
+def wait_for_output(proc: subprocess.Popen[bytes], log: Path, text: str, timeout: float,
+                    what: str) -> str:
+    """``proc``'s output (written to ``log``) once it holds ``text``.
+
+    Fails at once if ``proc`` exits first; after ``timeout`` s if it runs on
+    without printing it, showing where it is (a command that prints at once on
+    a quiet machine; the deadline only catches one that hangs).
+    """
+    deadline = time.monotonic() + timeout
+    while text not in (shown := log.read_text()):
+        if proc.poll() is not None:
+            abort_and_show(proc, f"the command exited before {what}", log.read_text)
+        if time.monotonic() >= deadline:
+            abort_and_show(proc, f"no {what} after {timeout:g} s", log.read_text)
+        time.sleep(0.1)
+    return shown
+
+
+def interrupt(proc: subprocess.Popen[bytes], output: Callable[[], str],
+              timeout: float = 60) -> int:
+    """Ctrl-C ``proc`` (in the middle of its work) and return its exit status."""
+    assert not ignores_sigint(proc), "the command ignores SIGINT: Ctrl-C cannot reach it"
+    proc.send_signal(signal.SIGINT)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        abort_and_show(proc, f"the command went on for {timeout:g} s after SIGINT", output)
+        raise  # not reached: abort_and_show fails the test
 
 
 def one_error_line(err: str) -> str:
@@ -116,21 +204,23 @@ def test_metrics_job_serve_serves_only_that_job(
         proc = cli("metrics", "wanted", "--serve", "127.0.0.1:0", stdout=fh,
                    stderr=subprocess.STDOUT)
     try:
-        wait_until(lambda: "/metrics" in log.read_text(), 60, "the exporter to listen")
-        text = log.read_text()
+        text = wait_for_output(proc, log, "/metrics", 120, "the exporter's address")
         assert f"Serving job 'wanted' ({wanted.id})'s metrics at http://127.0.0.1:" in text
         url = re.search(r"http://\S+/metrics", text)
         assert url is not None
-        with urllib.request.urlopen(url.group(0), timeout=10) as answer:
+        with urllib.request.urlopen(url.group(0), timeout=60) as answer:
             scraped = answer.read().decode()
         # A completed job is served too: the one asked for, whatever its status.
         assert f'job_id="{wanted.id}",job_name="wanted",status="COMPLETED"' in scraped
         assert other.id not in scraped
         assert (f'sparkjet_receivedCount_total{{job_id="{wanted.id}",job_name="wanted",'
                 f'stage="same"}} 3') in scraped.splitlines()
+        # "until interrupted": Ctrl-C is how it stops, and that is no error.
+        assert (interrupt(proc, log.read_text), log.read_text()) == (0, text)
     finally:
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 0  # "until interrupted": Ctrl-C is how it stops
+        if proc.poll() is None:  # the test failed before
+            proc.kill()
+            proc.wait()
 
 
 # --- 2. Prometheus types: counters are counters ----------------------------------------------
@@ -278,27 +368,49 @@ def test_a_reader_that_stops_reading_ends_the_command_quietly(client: sparkjet.C
     assert (proc.wait(timeout=60), err) == (141, "")
 
 
-def wait_reading_stdin(proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
-    """Wait until ``proc``'s main thread is blocked in read(0, ...) (Linux's /proc)."""
+def wait_reading_stdin(proc: subprocess.Popen[bytes], output: Callable[[], str],
+                       timeout: float = 120) -> None:
+    """Wait until ``proc``'s main thread is blocked in read(0, ...) (Linux's /proc).
+
+    Fails at once if ``proc`` exits first, and after ``timeout`` s showing where it is.
+    """
     syscall = Path(f"/proc/{proc.pid}/syscall")
-    wait_until(lambda: syscall.read_text().startswith("0 0x0 "), timeout,
-               "the command to read stdin")
+    deadline = time.monotonic() + timeout
+    while not syscall.read_text().startswith("0 0x0 "):
+        if proc.poll() is not None:
+            abort_and_show(proc, "the command exited before it read stdin", output)
+        if time.monotonic() >= deadline:
+            abort_and_show(proc, f"the command did not read stdin within {timeout:g} s", output)
+        time.sleep(0.05)
 
 
 @pytest.mark.usefixtures("config_file")
 def test_ctrl_c_while_a_command_works_is_one_line_and_publishes_nothing(
-    client: sparkjet.Client,
+    client: sparkjet.Client, tmp_path: Path,
 ) -> None:
-    proc = cli("publish", "-p", "1", "events", "-", stdin=subprocess.PIPE,
-               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = tmp_path / "publish.out", tmp_path / "publish.err"
+
+    def output() -> str:
+        return f"stdout: {out.read_text()!r}\nstderr:\n{err.read_text()}"
+
+    with out.open("wb") as stdout, err.open("wb") as stderr:
+        proc = cli("publish", "-p", "1", "events", "-", stdin=subprocess.PIPE,
+                   stdout=stdout, stderr=stderr)
     assert proc.stdin is not None
-    proc.stdin.write(b'{"n": 1}\n')
-    proc.stdin.flush()
-    wait_reading_stdin(proc)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
-    assert (proc.returncode, out, err) == (130, b"", b"ERROR: interrupted\n")
-    assert not client.get_stream("events").exists()
+    try:
+        proc.stdin.write(b'{"n": 1}\n')
+        proc.stdin.flush()
+        # Its input stays open: the command has read the line and waits for more
+        # (it publishes once its input ends) until Ctrl-C stops it.
+        wait_reading_stdin(proc, output)
+        status = interrupt(proc, output)
+        assert (status, out.read_text(), err.read_text()) == (130, "", "ERROR: interrupted\n")
+        assert not client.get_stream("events").exists()
+    finally:
+        if proc.poll() is None:  # the test failed before
+            proc.kill()
+            proc.wait()
+        proc.stdin.close()
 
 
 @pytest.mark.usefixtures("no_spark")
