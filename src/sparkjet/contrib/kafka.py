@@ -182,11 +182,98 @@ class _ClientPool:
         self._close(client)
 
 
-_CONSUMERS = _ClientPool(lambda config: _confluent_kafka().Consumer(config),
-                         lambda consumer: consumer.close())
 #: Producers of the non-transactional sink (a producer holds no resources once flushed).
 _PRODUCERS = _ClientPool(lambda config: _confluent_kafka().Producer(config),
                          lambda producer: producer.flush(0))
+
+
+#: The source consumers' ``fetch.wait.max.ms`` unless configured (see KafkaSource._config).
+_FETCH_WAIT_MS = 10
+#: How long a read blocks in one ``poll`` before it looks at its deadline again.
+_POLL_SLICE_S = 0.1
+#: How many idle partition readers one Python worker keeps (the oldest is closed first).
+_READERS_KEPT = 64
+
+
+class _PartitionReader:
+    """A consumer assigned to one partition, kept across reads of that partition.
+
+    Kept assigned, it fetches on between reads, so the next micro-batch's
+    records are often local already; a read that starts where the last one
+    stopped (:attr:`next`) needs no seek, any other seeks.
+    """
+
+    def __init__(self, consumer: Any, topic: str, partition: int) -> None:
+        self.consumer, self.topic, self.partition = consumer, topic, partition
+        #: The offset its queue delivers from next, when known; None: seek first.
+        self.next: int | None = None
+        self.assigned = False
+
+    def assign(self, offset: int) -> None:
+        """(Re)assign the partition at ``offset``: drops whatever was fetched."""
+        ck = _confluent_kafka()
+        if self.assigned:
+            self.consumer.unassign()
+        self.consumer.assign([ck.TopicPartition(self.topic, self.partition, offset)])
+        self.assigned, self.next = True, offset
+
+    def seek(self, offset: int) -> bool:
+        """Make ``offset`` the next one read; whether it had to move (True: a fresh start)."""
+        ck = _confluent_kafka()
+        if self.assigned and self.next == offset:
+            return False
+        if not self.assigned:
+            self.assign(offset)
+            return True
+        try:
+            self.consumer.seek(ck.TopicPartition(self.topic, self.partition, offset))
+            self.next = offset
+        except ck.KafkaException:  # not fetching yet (an error state): assign afresh
+            self.assign(offset)
+        return True
+
+    def close(self) -> None:
+        """Close the consumer (leaves no group: sparkjet assigns, never subscribes)."""
+        self.consumer.close()
+
+
+class _ReaderPool:
+    """Partition readers per (configuration, topic, partition) of one Python worker.
+
+    Like :class:`_ClientPool`: a task takes a reader out and gives it back
+    when its read succeeded; a reader whose read failed is closed.
+    """
+
+    def __init__(self) -> None:
+        self._idle: dict[tuple[str, str, int], _PartitionReader] = {}
+        self._lock = threading.Lock()
+
+    def take(
+        self, config: dict[str, Any], topic: str, partition: int
+    ) -> tuple[tuple[str, str, int], _PartitionReader]:
+        """A reader of ``topic/partition`` (an idle one, else a new one), and its key."""
+        key = (json.dumps(config, sort_keys=True, default=str), topic, partition)
+        with self._lock:
+            reader = self._idle.pop(key, None)
+        if reader is None:
+            reader = _PartitionReader(_confluent_kafka().Consumer(config), topic, partition)
+        return key, reader
+
+    def give_back(self, key: tuple[str, str, int], reader: _PartitionReader) -> None:
+        """Keep ``reader`` for the next read (closing the oldest beyond :data:`_READERS_KEPT`)."""
+        closing = []
+        with self._lock:
+            if key in self._idle:
+                closing.append(reader)
+            else:
+                self._idle[key] = reader
+                while len(self._idle) > _READERS_KEPT:
+                    closing.append(self._idle.pop(next(iter(self._idle))))
+        for old in closing:
+            old.close()
+
+
+_READERS = _ReaderPool()
 
 
 class KafkaSource(Source):
@@ -280,6 +367,13 @@ class KafkaSource(Source):
             "auto.offset.reset": "error",
             "isolation.level": config.get("isolation.level", "read_committed"),
         })
+        # Latency: a kept reader's fetch waits at most this long at the partition's
+        # end (a seek, and a record produced meanwhile, wait for that fetch: 400 ms
+        # with librdkafka's 500 ms default), and small requests are sent at once.
+        config.setdefault("fetch.wait.max.ms", _FETCH_WAIT_MS)
+        config.setdefault("socket.nagle.disable", True)
+        # What a kept reader may hold fetched ahead, per partition (librdkafka: 64 MB).
+        config.setdefault("queued.max.messages.kbytes", 16_384)
         return config
 
     # --- driver ---------------------------------------------------------------------
@@ -354,11 +448,14 @@ class KafkaSource(Source):
         ends = self._ends(context, partitions)
         found = self._list_offsets(context, partitions, timestamp)
         result: dict[int, int] = {}
-        consumer = ck.Consumer(self._config(context))
+        readers: list[_PartitionReader] = []
+        config = self._config(context)
         try:
             for p in partitions:
                 offset = found[p] if found[p] >= 0 else ends[p]
-                for record in self._records(consumer, p, offset, ends[p],
+                reader = _PartitionReader(ck.Consumer(config), self.topic, p)
+                readers.append(reader)
+                for record in self._records(reader, offset, ends[p],
                                             _stage_of(self, context)):
                     if record.timestamp()[1] >= timestamp:
                         offset = record.offset()
@@ -367,7 +464,8 @@ class KafkaSource(Source):
                     offset = max(offset, ends[p])
                 result[p] = offset
         finally:
-            consumer.close()
+            for reader in readers:
+                reader.close()
         return result
 
     def latest_offsets(self, context: JobContext) -> Any:
@@ -422,58 +520,79 @@ class KafkaSource(Source):
     # --- executors ------------------------------------------------------------------
 
     def _records(
-        self, consumer: Any, partition: int, start: int, end: int, what: str
+        self, reader: _PartitionReader, start: int, end: int, what: str
     ) -> Iterator[Any]:
         """The records of ``[start, end)``; offsets may skip (transaction markers, compaction).
 
+        Stops as soon as it has the record at ``end - 1``, a record past it, or
+        the partition's end (an EOF event) at or after ``end``: nothing waits
+        out a timeout. Records already fetched (the reader is kept assigned
+        between reads, and its fetches run ahead) are taken without a wait;
+        otherwise it blocks in ``poll`` until the next record or EOF comes,
+        checking every :data:`_POLL_SLICE_S` that one came within ``timeout``.
         ``what``: the stage, for errors.
         """
         ck = _confluent_kafka()
         if end <= start:
             return
-        consumer.assign([ck.TopicPartition(self.topic, partition, start)])
+        consumer, partition = reader.consumer, reader.partition
+        fresh = reader.seek(start)
         deadline = time.monotonic() + self.timeout
         first = True
+        want = start  # the next offset this read needs
         try:
             while True:
-                batch = consumer.consume(num_messages=1000, timeout=0.5)
+                batch = consumer.consume(num_messages=min(max(end - want, 1), 10_000), timeout=0)
                 if not batch:
-                    position = consumer.position([ck.TopicPartition(self.topic, partition)])
-                    if position and position[0].offset >= end:
-                        return
-                    if time.monotonic() > deadline:
-                        self._check_held(consumer, partition, start, end, what)
-                        raise KafkaError(
-                            f"{what}: reading {self.topic}/{partition} offsets "
-                            f"{start}..{end}: no record for {self.timeout:g} s"
-                        )
-                    continue
+                    message = consumer.poll(min(_POLL_SLICE_S, max(deadline - time.monotonic(), 0)))
+                    if message is None:
+                        if time.monotonic() > deadline:
+                            self._check_held(consumer, partition, start, end, what)
+                            raise KafkaError(
+                                f"{what}: reading {self.topic}/{partition} offsets "
+                                f"{start}..{end}: no record for {self.timeout:g} s"
+                            )
+                        continue
+                    batch = [message]
                 deadline = time.monotonic() + self.timeout
                 for message in batch:
                     error = message.error()
                     if error is not None:
                         if error.code() == ck.KafkaError._PARTITION_EOF:
+                            reader.next = message.offset()
                             if message.offset() >= end:
                                 return
                             continue
                         if error.code() == ck.KafkaError._AUTO_OFFSET_RESET:
+                            reader.next = None
                             self._check_held(consumer, partition, start, end, what)
+                        elif not fresh:
+                            # Left in a kept reader's queue while it waited between
+                            # reads (a broker restart...): start this read afresh, once.
+                            reader.assign(want)
+                            fresh = True
+                            break
+                        reader.next = None
                         raise KafkaError(
                             f"{what}: reading {self.topic}/{partition} at offset "
                             f"{start}..{end}: {error.str()}"
                         )
-                    if first and message.offset() > start:
+                    offset = message.offset()
+                    reader.next = offset + 1
+                    if first and offset > start:
                         # Offsets may skip (markers, compaction), but not below the
                         # log start: records deleted before the job read them.
                         self._check_held(consumer, partition, start, end, what)
                     first = False
-                    if message.offset() >= end:
+                    if offset >= end:
                         return
+                    want = offset + 1
                     yield message
-                    if message.offset() >= end - 1:
+                    if offset >= end - 1:
                         return
-        finally:
-            consumer.unassign()
+        except BaseException:
+            reader.next = None  # where its queue stands is unknown: seek next time
+            raise
 
     def _check_held(
         self, consumer: Any, partition: int, start: int, end: int, what: str
@@ -503,13 +622,13 @@ class KafkaSource(Source):
         """Runs on an executor: the items of one partition's offset range, in order."""
         p, start, end = partition
         what = _stage_of(self, context)
-        key, consumer = _CONSUMERS.take(self._config(context))
+        key, reader = _READERS.take(self._config(context), self.topic, p)
         items: list[Any] = []
         runs: list[tuple[int, int]] = []
         ok = False
         try:
             value_of, key_of = self.value_deserializer, self.key_deserializer
-            for message in self._records(consumer, p, start, end, what):
+            for message in self._records(reader, start, end, what):
                 offset = message.offset()
                 if not runs or offset - runs[-1][1] != len(items) - runs[-1][0]:
                     runs.append((len(items), offset))  # offsets skipped (markers, compaction)
@@ -524,9 +643,9 @@ class KafkaSource(Source):
             ok = True
         finally:
             if ok:
-                _CONSUMERS.give_back(key, consumer)
+                _READERS.give_back(key, reader)
             else:
-                consumer.close()
+                reader.close()
         if len(self._runs) >= _RUNS_KEPT:
             self._runs.clear()
         self._runs[(p, start, end)] = runs
