@@ -22,12 +22,15 @@ records produced for it (none lost, none counted twice) and, under
 EXACTLY_ONCE, each key's counts must rise one output after another; the
 script fails loudly otherwise.
 
-The producer sends one record per record batch (``linger.ms`` 0,
-``batch.num.messages`` 1): Tansu, the local broker, reports a partition's end
-as its last batch's first offset + 1, so records after a batch's first would
-stay out of sight of an offset reader (sparkjet) until the next batch, not of a
-consumer (the plain loop). Timings on a shared 2-core machine are noisy: run
-it more than once.
+The input producer batches for ``--linger-ms`` (1 ms). Tansu, the local
+broker, reports a partition's end as its last batch's first offset + 1, so a
+batch's later records stay out of sight of an offset reader (sparkjet, not the
+plain loop's consumer) until the next batch lands: the producer ends with one
+single-record batch per partition. Tansu long-polls a fetch for its whole
+``fetch.wait.max.ms`` even when a record comes meanwhile, so the consumers
+here fetch every 5 ms (and KafkaSource every 10 ms by default), which costs
+Tansu CPU: on a 2-core machine it is the bottleneck at 10,000/s. Timings on
+a shared machine are noisy: run it more than once.
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=30.0, help="measured seconds")
     parser.add_argument("--warmup-seconds", type=float, default=5.0,
                         help="seconds produced first, not counted")
+    parser.add_argument("--linger-ms", type=float, default=1.0,
+                        help="the input producer's linger.ms")
     parser.add_argument("--keys", type=int, default=50_000, help="distinct keys")
     parser.add_argument("--guarantees", default="EXACTLY_ONCE,AT_LEAST_ONCE",
                         help="sparkjet contenders, comma-separated")
@@ -84,12 +89,12 @@ class RateProducer(threading.Thread):
     """Produces ``rate`` records a second to ``topic``; notes each key's produce times."""
 
     def __init__(self, bootstrap: str, topic: str, rate: int, keys: int, seconds: float,
-                 seed: int) -> None:
+                 seed: int, linger_ms: float) -> None:
         super().__init__(daemon=True, name="rate-producer")
         from confluent_kafka import Producer
 
         self.producer = Producer({
-            "bootstrap.servers": bootstrap, "linger.ms": 0, "batch.num.messages": 1,
+            "bootstrap.servers": bootstrap, "linger.ms": linger_ms,
             "enable.idempotence": True, "socket.nagle.disable": True,
             "queue.buffering.max.messages": 1_000_000,
         })
@@ -108,23 +113,33 @@ class RateProducer(threading.Thread):
             while self.count < total:
                 due = min(total, int((time.perf_counter() - self.started) * self.rate) + 1)
                 while self.count < due:
-                    key = f"k{self.random.randrange(self.keys)}"
-                    now = time.perf_counter()
-                    value = json.dumps({"k": key, "t": time.time()}).encode()
-                    while True:
-                        try:
-                            self.producer.produce(self.topic, value, key.encode())
-                            break
-                        except BufferError:
-                            self.producer.poll(0.001)
-                    self.sent[key].append(now)
-                    self.count += 1
+                    self.send(f"k{self.random.randrange(self.keys)}")
                 self.producer.poll(0)
                 time.sleep(0.0005)
+            # One single-record batch per partition last (counted like any record):
+            # Tansu shows an offset reader a batch's first record only until the next.
+            for partition in range(PARTITIONS):
+                if self.producer.flush(60):
+                    raise RuntimeError("the producer could not deliver every record")
+                self.send(f"_end{partition}", partition)
             if self.producer.flush(60):
                 raise RuntimeError("the producer could not deliver every record")
         except BaseException as exc:  # reported by the main thread
             self.error = exc
+
+    def send(self, key: str, partition: int | None = None) -> None:
+        """Produce one record of ``key`` (to ``partition``, else by key), noting when."""
+        now = time.perf_counter()
+        value = json.dumps({"k": key, "t": time.time()}).encode()
+        extra = {} if partition is None else {"partition": partition}
+        while True:
+            try:
+                self.producer.produce(self.topic, value, key.encode(), **extra)
+                break
+            except BufferError:
+                self.producer.poll(0.001)
+        self.sent[key].append(now)
+        self.count += 1
 
 
 class OutputReader(threading.Thread):
@@ -280,8 +295,9 @@ def run_contender(label: str, make: Any, bootstrap: str, args: argparse.Namespac
     if isinstance(contender, PlainLoop):
         contender.start()
     total_seconds = args.warmup_seconds + args.seconds
-    producer = RateProducer(bootstrap, source, args.rate, args.keys, total_seconds, seed)
-    produced_total = int(args.rate * total_seconds)
+    producer = RateProducer(bootstrap, source, args.rate, args.keys, total_seconds, seed,
+                            args.linger_ms)
+    produced_total = int(args.rate * total_seconds) + PARTITIONS
     lag_samples: list[tuple[float, int]] = []
     seen: dict[str, int] = defaultdict(int)  # per key, records accounted for
     latencies: list[float] = []
