@@ -386,7 +386,7 @@ def test_a_read_stops_at_its_end_and_never_waits_out_a_timeout(
 
 
 def test_a_kept_reader_reads_exact_ranges_across_transaction_markers(
-    bootstrap: str, store_url: str
+    bootstrap: str, store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One consumer per partition is kept between reads: each range is still exact.
 
@@ -409,16 +409,26 @@ def test_a_kept_reader_reads_exact_ranges_across_transaction_markers(
     key = (json.dumps(source._config(context), sort_keys=True, default=str), topic, 0)
     reads = [((0, 0, 2), [10]), ((0, 2, 4), [11]), ((0, 4, 6), [12]), ((0, 6, 8), [13, 14]),
              ((0, 0, 8), [10, 11, 12, 13, 14]),  # back to the start: a seek
-             ((0, 3, 7), [12, 13]), ((0, 1, 2), []), ((0, 5, 6), []), ((0, 7, 8), [14])]
+             ((0, 3, 7), [12, 13]), ((0, 1, 2), []), ((0, 5, 6), []), ((0, 7, 8), [14]),
+             # Ends past a marker with records fetched beyond it: those left the
+             # queue, so a read from just after the end must seek, not skip them.
+             ((0, 0, 4), [10, 11]), ((0, 5, 8), [13, 14])]
     kept = None
     for descriptor, expected in reads:
         items, seconds = timed_read(source, descriptor, context)
         assert items == expected, descriptor
         assert seconds < 0.5, f"reading {descriptor} took {seconds:.3f} s"
-        reader = kafka_plugin._READERS._idle[key]
+        reader = kafka_plugin._READERS._idle[key][0]
         assert kept is None or reader is kept  # the same consumer, given back each time
         kept = reader
     assert source.offset_of((0, 3, 7), 1) == 6  # the runs still name each record's offset
+    # A reader unused for _READER_IDLE_S is closed (it fetches while kept); the next
+    # read makes another.
+    monkeypatch.setattr(kafka_plugin, "_READER_IDLE_S", 0.0)
+    assert kafka_plugin._READERS.sweep() >= 1
+    assert key not in kafka_plugin._READERS._idle
+    assert source.read((0, 6, 8), context) == [13, 14]
+    assert kafka_plugin._READERS._idle[key][0] is not kept
 
 
 def test_the_driver_wakes_when_a_record_comes(bootstrap: str, store_url: str) -> None:

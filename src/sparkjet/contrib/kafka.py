@@ -22,6 +22,7 @@ import bisect
 import contextlib
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -53,7 +54,7 @@ sparkjet_requires = {"confluent_kafka": "pip install 'sparkjet[kafka]'"}
 
 #: How long a metadata or offsets request may take before the broker counts as unreachable.
 DEFAULT_TIMEOUT_S = 10.0
-#: How often a source looks for new partitions (latest_offsets runs every 50 ms when idle).
+#: How often a source looks for new partitions (latest_offsets runs before each micro-batch).
 DEFAULT_METADATA_REFRESH_S = 5.0
 _START_POSITIONS = ("earliest", "latest")
 #: How many descriptors' offset runs a source keeps on an executor (for dead letters,
@@ -193,6 +194,8 @@ _FETCH_WAIT_MS = 10
 _POLL_SLICE_S = 0.1
 #: How many idle partition readers one Python worker keeps (the oldest is closed first).
 _READERS_KEPT = 64
+#: Seconds a kept partition reader may go unused before it is closed.
+_READER_IDLE_S = 30.0
 
 
 class _PartitionReader:
@@ -241,12 +244,16 @@ class _ReaderPool:
     """Partition readers per (configuration, topic, partition) of one Python worker.
 
     Like :class:`_ClientPool`: a task takes a reader out and gives it back
-    when its read succeeded; a reader whose read failed is closed.
+    when its read succeeded; a reader whose read failed is closed. A kept
+    reader fetches on (every ``fetch.wait.max.ms``), so one not used for
+    :data:`_READER_IDLE_S` (its job ended, or moved) is closed by a sweeper
+    thread.
     """
 
     def __init__(self) -> None:
-        self._idle: dict[tuple[str, str, int], _PartitionReader] = {}
+        self._idle: dict[tuple[str, str, int], tuple[_PartitionReader, float]] = {}
         self._lock = threading.Lock()
+        self._sweeper_pid = 0  # the process whose sweeper runs (none survives a fork)
 
     def take(
         self, config: dict[str, Any], topic: str, partition: int
@@ -254,10 +261,10 @@ class _ReaderPool:
         """A reader of ``topic/partition`` (an idle one, else a new one), and its key."""
         key = (json.dumps(config, sort_keys=True, default=str), topic, partition)
         with self._lock:
-            reader = self._idle.pop(key, None)
-        if reader is None:
-            reader = _PartitionReader(_confluent_kafka().Consumer(config), topic, partition)
-        return key, reader
+            kept = self._idle.pop(key, None)
+        if kept is not None:
+            return key, kept[0]
+        return key, _PartitionReader(_confluent_kafka().Consumer(config), topic, partition)
 
     def give_back(self, key: tuple[str, str, int], reader: _PartitionReader) -> None:
         """Keep ``reader`` for the next read (closing the oldest beyond :data:`_READERS_KEPT`)."""
@@ -266,11 +273,33 @@ class _ReaderPool:
             if key in self._idle:
                 closing.append(reader)
             else:
-                self._idle[key] = reader
+                self._idle[key] = (reader, time.monotonic())
                 while len(self._idle) > _READERS_KEPT:
-                    closing.append(self._idle.pop(next(iter(self._idle))))
+                    closing.append(self._idle.pop(next(iter(self._idle)))[0])
+            start_sweeper = self._sweeper_pid != os.getpid()
+            if start_sweeper:
+                self._sweeper_pid = os.getpid()
         for old in closing:
             old.close()
+        if start_sweeper:
+            threading.Thread(target=self._sweep, name="sparkjet-kafka-readers",
+                             daemon=True).start()
+
+    def sweep(self) -> int:
+        """Close the readers idle for :data:`_READER_IDLE_S` or more; how many."""
+        now = time.monotonic()
+        with self._lock:
+            stale = [k for k, (_, since) in self._idle.items() if now - since >= _READER_IDLE_S]
+            closing = [self._idle.pop(k)[0] for k in stale]
+        for reader in closing:
+            with contextlib.suppress(Exception):
+                reader.close()
+        return len(closing)
+
+    def _sweep(self) -> None:
+        while True:
+            time.sleep(max(_READER_IDLE_S / 2, 0.05))
+            self.sweep()
 
 
 _READERS = _ReaderPool()
@@ -605,12 +634,15 @@ class KafkaSource(Source):
                         continue
                     batch = [message]
                 deadline = time.monotonic() + self.timeout
-                for message in batch:
+                for i, message in enumerate(batch):
+                    last = i + 1 == len(batch)
                     error = message.error()
                     if error is not None:
                         if error.code() == ck.KafkaError._PARTITION_EOF:
                             reader.next = message.offset()
                             if message.offset() >= end:
+                                if not last:  # the rest of the batch left the queue
+                                    reader.next = None
                                 return
                             continue
                         if error.code() == ck.KafkaError._AUTO_OFFSET_RESET:
@@ -634,6 +666,8 @@ class KafkaSource(Source):
                         # log start: records deleted before the job read them.
                         self._check_held(consumer, partition, start, end, what)
                     first = False
+                    if offset >= end - 1 and not last:  # the rest of the batch left the queue
+                        reader.next = None
                     if offset >= end:
                         return
                     want = offset + 1
