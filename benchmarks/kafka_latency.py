@@ -57,6 +57,7 @@ TARGET_10K_P99 = 500.0
 
 
 def parse_args() -> argparse.Namespace:
+    """The command line; ``--quick`` sets the smoke test's small run."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=int, default=1_000, help="records per second")
     parser.add_argument("--seconds", type=float, default=30.0, help="measured seconds")
@@ -78,6 +79,7 @@ def parse_args() -> argparse.Namespace:
 
 
 def create_topics(bootstrap: str, *topics: str) -> None:
+    """Create ``topics`` with :data:`PARTITIONS` partitions each."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -107,6 +109,7 @@ class RateProducer(threading.Thread):
         self.error: BaseException | None = None
 
     def run(self) -> None:
+        """Produce at the rate for ``seconds``, then close each partition and flush."""
         try:
             self.started = time.perf_counter()
             total = int(self.rate * self.seconds)
@@ -160,6 +163,7 @@ class OutputReader(threading.Thread):
         self.error: BaseException | None = None
 
     def run(self) -> None:
+        """Read until told to stop, noting (key, count, arrival time) per output record."""
         try:
             while not self.stopping.is_set():
                 for message in self.consumer.consume(num_messages=10_000, timeout=0.005):
@@ -199,6 +203,7 @@ class PlainLoop(threading.Thread):
         self.error: BaseException | None = None
 
     def run(self) -> None:
+        """Consume, count, and commit the changed counts with the offsets, until told to stop."""
         from confluent_kafka import TopicPartition
 
         try:
@@ -231,10 +236,12 @@ class PlainLoop(threading.Thread):
             self.consumer.close()
 
     def check(self) -> None:
+        """Raise if the loop failed."""
         if self.error is not None:
             raise RuntimeError(f"plain loop failed: {self.error!r}") from self.error
 
     def stop(self) -> None:
+        """Stop the loop and wait for it."""
         self.stopping.set()
         self.join(30)
 
@@ -263,14 +270,17 @@ class SparkjetJob:
             time.sleep(0.01)
 
     def check(self) -> None:
+        """Raise the job's failure if it ended."""
         if self.job.is_terminal():
             self.job.join(0)
             raise RuntimeError("the sparkjet job ended")
 
     def batch_millis(self) -> list[int]:
+        """Durations of recent micro-batches (offsets to sink commit)."""
         return list(self.job.get_metrics()["batchDurationsMillis"])
 
     def stop(self) -> None:
+        """Cancel the job and wait for it."""
         from sparkjet.errors import JobCancelledError
 
         if not self.job.is_terminal():
@@ -280,6 +290,7 @@ class SparkjetJob:
 
 
 def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (nearest rank)."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
@@ -373,6 +384,7 @@ def run_contender(label: str, make: Any, bootstrap: str, args: argparse.Namespac
 
 
 def main() -> None:
+    """Start Tansu (unless --bootstrap), run every contender, print the tables."""
     args = parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.kafka_broker
     from tests.kafka_broker import TansuBroker
