@@ -258,7 +258,8 @@ class SparkjetJob:
 
         p = Pipeline.create()
         (p.read_from(KafkaSource(source, bootstrap)).group_by(lambda e: e["k"])
-         .aggregate(counting()).write_to(KafkaSink(target, bootstrap, key=lambda kv: kv[0])))
+         .aggregate(counting()).set_name("counts")
+         .write_to(KafkaSink(target, bootstrap, key=lambda kv: kv[0])))
         self.job = client.get_jet().submit(p, JobConfig(
             name=f"kafka-latency-{guarantee.lower()}-{uuid.uuid4().hex[:6]}",
             processing_guarantee=ProcessingGuarantee[guarantee], snapshot_interval_millis=1))
