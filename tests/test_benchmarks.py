@@ -54,6 +54,12 @@ RUNS = {
         ["sparkjet Kafka EXACTLY_ONCE", "plain confluent-kafka loop", "sparkjet stream", "vs it",
          "sparkjet KafkaSink AT_LEAST_ONCE", "plain long-lived producer"],
     ),
+    # Three contenders on fresh topics, 2 s at 200/s after a 1 s warm-up each.
+    "kafka_latency": (
+        ["--quick"],
+        ["plain confluent-kafka loop", "sparkjet EXACTLY_ONCE", "sparkjet AT_LEAST_ONCE",
+         "checked: every key's count matches", "vs plain", "targets"],
+    ),
     # The local store only: the S3 path is stream_rolling's (--s3), and each store
     # adds a job per contender and query.
     "latency": (

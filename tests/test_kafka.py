@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -355,6 +356,100 @@ def test_a_range_the_topic_does_not_hold_is_an_error_never_other_records(
     assert "not in the partition" in message
 
 
+def timed_read(source: KafkaSource, descriptor: tuple[int, int, int],
+               context: TaskContext) -> tuple[list[Any], float]:
+    started = time.monotonic()
+    items = list(source.read(descriptor, context))
+    return items, time.monotonic() - started
+
+
+def test_a_read_stops_at_its_end_and_never_waits_out_a_timeout(
+    bootstrap: str, store_url: str
+) -> None:
+    """A read ends at its last record, or at the partition's end (EOF), not after a wait.
+
+    It consumed ``consume(num_messages=1000, timeout=0.5)``: every range of fewer
+    than 1,000 records waited the whole 0.5 s (a 5x200-record batch took 2.5 s).
+    The bound is that old wait, with the source's timeout (what a read waits
+    for at most when records do not come) ten times longer.
+    """
+    topic = new_topic(bootstrap, 1)
+    publish(bootstrap, topic, list(range(10)), partitions=1)
+    source = KafkaSource(topic, bootstrap, timeout=5)
+    context = TaskContext("job-1", 0, StoreLocation(store_url).store())
+    source.read((0, 0, 1), context)  # connects (the first read pays the connection)
+    for descriptor, expected in [((0, 1, 4), [1, 2, 3]), ((0, 4, 10), [*range(4, 10)]),
+                                 ((0, 2, 3), [2]), ((0, 7, 10), [7, 8, 9])]:
+        items, seconds = timed_read(source, descriptor, context)
+        assert items == expected
+        assert seconds < 0.5, f"reading {descriptor} took {seconds:.3f} s"
+
+
+def test_a_kept_reader_reads_exact_ranges_across_transaction_markers(
+    bootstrap: str, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One consumer per partition is kept between reads: each range is still exact.
+
+    Committed transactions put a marker after each record (records at 0, 2, 4;
+    markers at 1, 3, 5), so ranges end on markers and start past them.
+    """
+    from confluent_kafka import Producer
+
+    topic = new_topic(bootstrap, 1)
+    tx = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"tx-{topic}"})
+    tx.init_transactions(10)
+    for value in (10, 11, 12):
+        tx.begin_transaction()
+        tx.produce(topic, json.dumps(value).encode(), partition=0)
+        tx.commit_transaction(10)
+    del tx
+    publish(bootstrap, topic, [13, 14], partitions=1)  # offsets 6 and 7
+    source = KafkaSource(topic, bootstrap, timeout=5)
+    context = TaskContext("job-1", 0, StoreLocation(store_url).store())
+    key = (json.dumps(source._config(context), sort_keys=True, default=str), topic, 0)
+    reads = [((0, 0, 2), [10]), ((0, 2, 4), [11]), ((0, 4, 6), [12]), ((0, 6, 8), [13, 14]),
+             ((0, 0, 8), [10, 11, 12, 13, 14]),  # back to the start: a seek
+             ((0, 3, 7), [12, 13]), ((0, 1, 2), []), ((0, 5, 6), []), ((0, 7, 8), [14]),
+             # Ends past a marker with records fetched beyond it: those left the
+             # queue, so a read from just after the end must seek, not skip them.
+             ((0, 0, 4), [10, 11]), ((0, 5, 8), [13, 14])]
+    kept = None
+    for descriptor, expected in reads:
+        items, seconds = timed_read(source, descriptor, context)
+        assert items == expected, descriptor
+        assert seconds < 0.5, f"reading {descriptor} took {seconds:.3f} s"
+        reader = kafka_plugin._READERS._idle[key][0]
+        assert kept is None or reader is kept  # the same consumer, given back each time
+        kept = reader
+    assert source.offset_of((0, 3, 7), 1) == 6  # the runs still name each record's offset
+    # A reader unused for _READER_IDLE_S is closed (it fetches while kept); the next
+    # read makes another.
+    monkeypatch.setattr(kafka_plugin, "_READER_IDLE_S", 0.0)
+    assert kafka_plugin._READERS.sweep() >= 1
+    assert key not in kafka_plugin._READERS._idle
+    assert source.read((0, 6, 8), context) == [13, 14]
+    assert kafka_plugin._READERS._idle[key][0] is not kept
+
+
+def test_the_driver_wakes_when_a_record_comes(bootstrap: str, store_url: str) -> None:
+    """wait_for_data returns once a record lands past the offsets, well before its timeout."""
+    topic = new_topic(bootstrap, 2)
+    publish(bootstrap, topic, [1, 2])
+    source = KafkaSource(topic, bootstrap)
+    context = JobContext("job-1", None, StoreLocation(store_url).store(), parallelism=1)
+    ends = source.latest_offsets(context)
+    assert source.wait_for_data(ends, 0.3, context) is False  # nothing new: the whole wait
+    assert source.wait_for_data({"0": 0, "1": 0}, 5, context) is True  # records there already
+    timer = threading.Timer(0.2, publish, (bootstrap, topic, [3, 4, 5]))
+    timer.start()
+    started = time.monotonic()
+    try:
+        assert source.wait_for_data(ends, 10, context) is True
+    finally:
+        timer.join()
+    assert time.monotonic() - started < 5  # woken by the record, not by the 10 s timeout
+
+
 def sink_context(store_url: str, batch: int, job_id: str = "job-1") -> JobContext:
     return JobContext(job_id, None, StoreLocation(store_url).store(), parallelism=2,
                       processing_guarantee=EXACTLY_ONCE, batch_id=batch,
@@ -391,12 +486,15 @@ def test_a_fenced_driver_cannot_commit(bootstrap: str, store_url: str) -> None:
     topic = new_topic(bootstrap, 1)
     old = KafkaSink(topic, bootstrap)
     commit_batch(old, sink_context(store_url, 0), [1])
+    kept = old._producer
+    commit_batch(old, sink_context(store_url, 1), [2])
+    assert old._producer is kept  # one transactional producer across batches
     new = KafkaSink(topic, bootstrap)
-    commit_batch(new, sink_context(store_url, 1), [2])  # init_transactions fences `old`
+    commit_batch(new, sink_context(store_url, 2), [3])  # init_transactions fences `old`
     with pytest.raises(KafkaFencedError, match=r"transactional id 'sparkjet-job-1\.to-kafka\(out\)'"
-                       r" was fenced.*micro-batch 2"):
-        commit_batch(old, sink_context(store_url, 2), [3])
-    assert committed_values(bootstrap, topic, 2) == [1, 2]
+                       r" was fenced.*micro-batch 3"):
+        commit_batch(old, sink_context(store_url, 3), [4])
+    assert committed_values(bootstrap, topic, 3) == [1, 2, 3]
 
 
 # --- bad inputs ---------------------------------------------------------------------------

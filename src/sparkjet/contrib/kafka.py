@@ -22,6 +22,7 @@ import bisect
 import contextlib
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -53,7 +54,7 @@ sparkjet_requires = {"confluent_kafka": "pip install 'sparkjet[kafka]'"}
 
 #: How long a metadata or offsets request may take before the broker counts as unreachable.
 DEFAULT_TIMEOUT_S = 10.0
-#: How often a source looks for new partitions (latest_offsets runs every 50 ms when idle).
+#: How often a source looks for new partitions (latest_offsets runs before each micro-batch).
 DEFAULT_METADATA_REFRESH_S = 5.0
 _START_POSITIONS = ("earliest", "latest")
 #: How many descriptors' offset runs a source keeps on an executor (for dead letters,
@@ -182,11 +183,126 @@ class _ClientPool:
         self._close(client)
 
 
-_CONSUMERS = _ClientPool(lambda config: _confluent_kafka().Consumer(config),
-                         lambda consumer: consumer.close())
 #: Producers of the non-transactional sink (a producer holds no resources once flushed).
 _PRODUCERS = _ClientPool(lambda config: _confluent_kafka().Producer(config),
                          lambda producer: producer.flush(0))
+
+
+#: The source consumers' ``fetch.wait.max.ms`` unless configured (see KafkaSource._config).
+_FETCH_WAIT_MS = 10
+#: How long a read blocks in one ``poll`` before it looks at its deadline again.
+_POLL_SLICE_S = 0.1
+#: How many idle partition readers one Python worker keeps (the oldest is closed first).
+_READERS_KEPT = 64
+#: Seconds a kept partition reader may go unused before it is closed.
+_READER_IDLE_S = 30.0
+
+
+class _PartitionReader:
+    """A consumer assigned to one partition, kept across reads of that partition.
+
+    Kept assigned, it fetches on between reads, so the next micro-batch's
+    records are often local already; a read that starts where the last one
+    stopped (:attr:`next`) needs no seek, any other seeks.
+    """
+
+    def __init__(self, consumer: Any, topic: str, partition: int) -> None:
+        self.consumer, self.topic, self.partition = consumer, topic, partition
+        #: The offset its queue delivers from next, when known; None: seek first.
+        self.next: int | None = None
+        self.assigned = False
+
+    def assign(self, offset: int) -> None:
+        """(Re)assign the partition at ``offset``: drops whatever was fetched."""
+        ck = _confluent_kafka()
+        if self.assigned:
+            self.consumer.unassign()
+        self.consumer.assign([ck.TopicPartition(self.topic, self.partition, offset)])
+        self.assigned, self.next = True, offset
+
+    def seek(self, offset: int) -> bool:
+        """Make ``offset`` the next one read; whether it had to move (True: a fresh start)."""
+        ck = _confluent_kafka()
+        if self.assigned and self.next == offset:
+            return False
+        if not self.assigned:
+            self.assign(offset)
+            return True
+        try:
+            self.consumer.seek(ck.TopicPartition(self.topic, self.partition, offset))
+            self.next = offset
+        except ck.KafkaException:  # not fetching yet (an error state): assign afresh
+            self.assign(offset)
+        return True
+
+    def close(self) -> None:
+        """Close the consumer (leaves no group: sparkjet assigns, never subscribes)."""
+        self.consumer.close()
+
+
+class _ReaderPool:
+    """Partition readers per (configuration, topic, partition) of one Python worker.
+
+    Like :class:`_ClientPool`: a task takes a reader out and gives it back
+    when its read succeeded; a reader whose read failed is closed. A kept
+    reader fetches on (every ``fetch.wait.max.ms``), so one not used for
+    :data:`_READER_IDLE_S` (its job ended, or moved) is closed by a sweeper
+    thread.
+    """
+
+    def __init__(self) -> None:
+        self._idle: dict[tuple[str, str, int], tuple[_PartitionReader, float]] = {}
+        self._lock = threading.Lock()
+        self._sweeper_pid = 0  # the process whose sweeper runs (none survives a fork)
+
+    def take(
+        self, config: dict[str, Any], topic: str, partition: int
+    ) -> tuple[tuple[str, str, int], _PartitionReader]:
+        """A reader of ``topic/partition`` (an idle one, else a new one), and its key."""
+        key = (json.dumps(config, sort_keys=True, default=str), topic, partition)
+        with self._lock:
+            kept = self._idle.pop(key, None)
+        if kept is not None:
+            return key, kept[0]
+        return key, _PartitionReader(_confluent_kafka().Consumer(config), topic, partition)
+
+    def give_back(self, key: tuple[str, str, int], reader: _PartitionReader) -> None:
+        """Keep ``reader`` for the next read (closing the oldest beyond :data:`_READERS_KEPT`)."""
+        closing = []
+        with self._lock:
+            if key in self._idle:
+                closing.append(reader)
+            else:
+                self._idle[key] = (reader, time.monotonic())
+                while len(self._idle) > _READERS_KEPT:
+                    closing.append(self._idle.pop(next(iter(self._idle)))[0])
+            start_sweeper = self._sweeper_pid != os.getpid()
+            if start_sweeper:
+                self._sweeper_pid = os.getpid()
+        for old in closing:
+            old.close()
+        if start_sweeper:
+            threading.Thread(target=self._sweep, name="sparkjet-kafka-readers",
+                             daemon=True).start()
+
+    def sweep(self) -> int:
+        """Close the readers idle for :data:`_READER_IDLE_S` or more; how many."""
+        now = time.monotonic()
+        with self._lock:
+            stale = [k for k, (_, since) in self._idle.items() if now - since >= _READER_IDLE_S]
+            closing = [self._idle.pop(k)[0] for k in stale]
+        for reader in closing:
+            with contextlib.suppress(Exception):
+                reader.close()
+        return len(closing)
+
+    def _sweep(self) -> None:
+        while True:
+            time.sleep(max(_READER_IDLE_S / 2, 0.05))
+            self.sweep()
+
+
+_READERS = _ReaderPool()
 
 
 class KafkaSource(Source):
@@ -248,6 +364,10 @@ class KafkaSource(Source):
         self.timeout = timeout
         self.metadata_refresh = metadata_refresh
         self._consumer: Any = None
+        #: On the driver: a consumer following every partition (see wait_for_data), and
+        #: per partition the offset it has seen records or the end up to.
+        self._watcher: Any = None
+        self._watched: dict[int, int] = {}
         self._partitions: list[int] = []
         self._partitions_at = 0.0
         #: On executors, per descriptor read: where runs of consecutive offsets start,
@@ -256,7 +376,8 @@ class KafkaSource(Source):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_consumer=None, _runs={})  # driver-only, not picklable; executor-only
+        # driver-only, not picklable; executor-only
+        state.update(_consumer=None, _watcher=None, _watched={}, _runs={})
         return state
 
     @property
@@ -280,6 +401,13 @@ class KafkaSource(Source):
             "auto.offset.reset": "error",
             "isolation.level": config.get("isolation.level", "read_committed"),
         })
+        # Latency: a kept reader's fetch waits at most this long at the partition's
+        # end (a seek, and a record produced meanwhile, wait for that fetch: 400 ms
+        # with librdkafka's 500 ms default), and small requests are sent at once.
+        config.setdefault("fetch.wait.max.ms", _FETCH_WAIT_MS)
+        config.setdefault("socket.nagle.disable", True)
+        # What a kept reader may hold fetched ahead, per partition (librdkafka: 64 MB).
+        config.setdefault("queued.max.messages.kbytes", 16_384)
         return config
 
     # --- driver ---------------------------------------------------------------------
@@ -354,11 +482,14 @@ class KafkaSource(Source):
         ends = self._ends(context, partitions)
         found = self._list_offsets(context, partitions, timestamp)
         result: dict[int, int] = {}
-        consumer = ck.Consumer(self._config(context))
+        readers: list[_PartitionReader] = []
+        config = self._config(context)
         try:
             for p in partitions:
                 offset = found[p] if found[p] >= 0 else ends[p]
-                for record in self._records(consumer, p, offset, ends[p],
+                reader = _PartitionReader(ck.Consumer(config), self.topic, p)
+                readers.append(reader)
+                for record in self._records(reader, offset, ends[p],
                                             _stage_of(self, context)):
                     if record.timestamp()[1] >= timestamp:
                         offset = record.offset()
@@ -367,7 +498,8 @@ class KafkaSource(Source):
                     offset = max(offset, ends[p])
                 result[p] = offset
         finally:
-            consumer.close()
+            for reader in readers:
+                reader.close()
         return result
 
     def latest_offsets(self, context: JobContext) -> Any:
@@ -379,6 +511,51 @@ class KafkaSource(Source):
         partitions = self._partition_ids(context)
         ends = self._ends(context, partitions)
         return {str(p): ends[p] for p in partitions}
+
+    def wait_for_data(self, offsets: Any, timeout: float, context: JobContext) -> bool:
+        """Runs on the driver: wake as soon as a partition has a record past ``offsets``.
+
+        A watcher consumer on the driver, assigned to every partition from
+        where the job stood when it first waited, follows the topic (under the
+        source's isolation level, so a record counts once it is committed) and
+        notes how far each partition went; it blocks in ``poll``, never spins.
+        Without it the job looked at the end offsets every 50 ms: 25 ms of
+        waiting per record on average. A True may be spurious (a transaction
+        marker moves the end too); the job then lists the offsets to see.
+        """
+        ck = _confluent_kafka()
+        if not isinstance(offsets, Mapping) or not offsets:
+            return super().wait_for_data(offsets, timeout, context)
+        wanted = {int(p): int(o) for p, o in offsets.items()}
+        if self._watcher is None:
+            config = self._config(context)
+            self._watcher = ck.Consumer(config)
+        new = [p for p in wanted if p not in self._watched]
+        if new:
+            self._watcher.incremental_assign(
+                [ck.TopicPartition(self.topic, p, wanted[p]) for p in new])
+            self._watched.update({p: wanted[p] for p in new})
+        deadline = time.monotonic() + max(timeout, 0.0)
+        while True:
+            if any(self._watched[p] > o for p, o in wanted.items()):
+                return True
+            messages = self._watcher.consume(num_messages=10_000, timeout=0)
+            if not messages:
+                rest = deadline - time.monotonic()
+                message = self._watcher.poll(rest) if rest > 0 else None
+                if message is None:
+                    return False
+                messages = [message]
+            for message in messages:
+                error = message.error()
+                if error is None:
+                    reached = message.offset() + 1
+                elif error.code() == ck.KafkaError._PARTITION_EOF:
+                    reached = message.offset()
+                else:  # let latest_offsets see (and name) what is wrong
+                    return True
+                p = message.partition()
+                self._watched[p] = max(self._watched.get(p, 0), reached)
 
     def plan_range(self, start: Any, end: Any, context: JobContext) -> Sequence[Any]:
         """Runs on the driver: ``(partition, start, end)`` per partition with new records.
@@ -422,58 +599,84 @@ class KafkaSource(Source):
     # --- executors ------------------------------------------------------------------
 
     def _records(
-        self, consumer: Any, partition: int, start: int, end: int, what: str
+        self, reader: _PartitionReader, start: int, end: int, what: str
     ) -> Iterator[Any]:
         """The records of ``[start, end)``; offsets may skip (transaction markers, compaction).
 
+        Stops as soon as it has the record at ``end - 1``, a record past it, or
+        the partition's end (an EOF event) at or after ``end``: nothing waits
+        out a timeout. Records already fetched (the reader is kept assigned
+        between reads, and its fetches run ahead) are taken without a wait;
+        otherwise it blocks in ``poll`` until the next record or EOF comes,
+        checking every :data:`_POLL_SLICE_S` that one came within ``timeout``.
         ``what``: the stage, for errors.
         """
         ck = _confluent_kafka()
         if end <= start:
             return
-        consumer.assign([ck.TopicPartition(self.topic, partition, start)])
+        consumer, partition = reader.consumer, reader.partition
+        fresh = reader.seek(start)
         deadline = time.monotonic() + self.timeout
         first = True
+        want = start  # the next offset this read needs
         try:
             while True:
-                batch = consumer.consume(num_messages=1000, timeout=0.5)
+                batch = consumer.consume(num_messages=min(max(end - want, 1), 10_000), timeout=0)
                 if not batch:
-                    position = consumer.position([ck.TopicPartition(self.topic, partition)])
-                    if position and position[0].offset >= end:
-                        return
-                    if time.monotonic() > deadline:
-                        self._check_held(consumer, partition, start, end, what)
-                        raise KafkaError(
-                            f"{what}: reading {self.topic}/{partition} offsets "
-                            f"{start}..{end}: no record for {self.timeout:g} s"
-                        )
-                    continue
+                    message = consumer.poll(min(_POLL_SLICE_S, max(deadline - time.monotonic(), 0)))
+                    if message is None:
+                        if time.monotonic() > deadline:
+                            self._check_held(consumer, partition, start, end, what)
+                            raise KafkaError(
+                                f"{what}: reading {self.topic}/{partition} offsets "
+                                f"{start}..{end}: no record for {self.timeout:g} s"
+                            )
+                        continue
+                    batch = [message]
                 deadline = time.monotonic() + self.timeout
-                for message in batch:
+                for i, message in enumerate(batch):
+                    last = i + 1 == len(batch)
                     error = message.error()
                     if error is not None:
                         if error.code() == ck.KafkaError._PARTITION_EOF:
+                            reader.next = message.offset()
                             if message.offset() >= end:
+                                if not last:  # the rest of the batch left the queue
+                                    reader.next = None
                                 return
                             continue
                         if error.code() == ck.KafkaError._AUTO_OFFSET_RESET:
+                            reader.next = None
                             self._check_held(consumer, partition, start, end, what)
+                        elif not fresh:
+                            # Left in a kept reader's queue while it waited between
+                            # reads (a broker restart...): start this read afresh, once.
+                            reader.assign(want)
+                            fresh = True
+                            break
+                        reader.next = None
                         raise KafkaError(
                             f"{what}: reading {self.topic}/{partition} at offset "
                             f"{start}..{end}: {error.str()}"
                         )
-                    if first and message.offset() > start:
+                    offset = message.offset()
+                    reader.next = offset + 1
+                    if first and offset > start:
                         # Offsets may skip (markers, compaction), but not below the
                         # log start: records deleted before the job read them.
                         self._check_held(consumer, partition, start, end, what)
                     first = False
-                    if message.offset() >= end:
+                    if offset >= end - 1 and not last:  # the rest of the batch left the queue
+                        reader.next = None
+                    if offset >= end:
                         return
+                    want = offset + 1
                     yield message
-                    if message.offset() >= end - 1:
+                    if offset >= end - 1:
                         return
-        finally:
-            consumer.unassign()
+        except BaseException:
+            reader.next = None  # where its queue stands is unknown: seek next time
+            raise
 
     def _check_held(
         self, consumer: Any, partition: int, start: int, end: int, what: str
@@ -503,13 +706,13 @@ class KafkaSource(Source):
         """Runs on an executor: the items of one partition's offset range, in order."""
         p, start, end = partition
         what = _stage_of(self, context)
-        key, consumer = _CONSUMERS.take(self._config(context))
+        key, reader = _READERS.take(self._config(context), self.topic, p)
         items: list[Any] = []
         runs: list[tuple[int, int]] = []
         ok = False
         try:
             value_of, key_of = self.value_deserializer, self.key_deserializer
-            for message in self._records(consumer, p, start, end, what):
+            for message in self._records(reader, start, end, what):
                 offset = message.offset()
                 if not runs or offset - runs[-1][1] != len(items) - runs[-1][0]:
                     runs.append((len(items), offset))  # offsets skipped (markers, compaction)
@@ -524,9 +727,9 @@ class KafkaSource(Source):
             ok = True
         finally:
             if ok:
-                _CONSUMERS.give_back(key, consumer)
+                _READERS.give_back(key, reader)
             else:
-                consumer.close()
+                reader.close()
         if len(self._runs) >= _RUNS_KEPT:
             self._runs.clear()
         self._runs[(p, start, end)] = runs
