@@ -134,3 +134,103 @@ def test_a_failed_compaction_names_the_stage_and_file_and_changes_nothing(
 def test_a_store_other_processes_cannot_see_compacts_inline() -> None:
     paths = StatePaths(Store("memory://sparkjet-compaction-test"), "/cp/state", key_groups=4)
     assert not compaction.shared(paths)
+
+
+
+@pytest.mark.parametrize("other_as_of", [COMPACT_EVERY, COMPACT_EVERY + 2])
+def test_a_compaction_whose_changelogs_are_pruned_under_it_skips_quietly(
+    paths: StatePaths, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture, other_as_of: int,
+) -> None:
+    """Two compactions of one range from two processes (the driver's and a Spark worker's).
+
+    Each process runs one compaction per range at a time, but not two processes:
+    the first lists the chain as of batch 11 and reads its full copy; meanwhile
+    the other folds the chain as of ``other_as_of``, and batch 13's task, reading
+    that copy, removes the files it replaces (:meth:`StatePaths.write`): the first
+    then finds a changelog gone (``FileNotFoundError`` on a ``.delta``).
+    """
+    run_batches(paths, 1, COMPACT_EVERY + 2)  # batch 1 a full copy, 2 to 12 changelogs
+    committed = COMPACT_EVERY + 1
+    load = StatePaths._load
+    raced: list[StateVersion] = []
+
+    def racing_load(self: StatePaths, stage: str, version: StateVersion) -> object:
+        data = load(self, stage, version)
+        if not raced:  # after the first file: the other compaction, then the next batch
+            raced.append(version)
+            other = self.compact("s", 0, 2, other_as_of)
+            assert other is not None and other.batch == other_as_of
+            run_batches(self, COMPACT_EVERY + 3, COMPACT_EVERY + 3)
+        return data
+
+    monkeypatch.setattr(StatePaths, "_load", racing_load)
+    caplog.set_level("DEBUG", logger="sparkjet")
+    request = cloudpickle.dumps((paths, "s", 0, 2, committed))
+    assert compaction.main(io.BytesIO(request)) == 0
+    assert raced and raced[0].full
+    assert capsys.readouterr().err == ""  # not a failure: the chain was superseded
+    assert any("superseded" in r.getMessage() and r.levelname == "DEBUG"
+               for r in caplog.records if r.name.startswith("sparkjet"))
+    # It wrote nothing; the state is the other's copy and the changelogs after it.
+    last = COMPACT_EVERY + 3
+    chain = paths.chain(paths.versions("s"), last, 0, 2)
+    assert [(v.batch, v.full) for v in chain] == [(other_as_of, True)] + [
+        (b, False) for b in range(other_as_of + 1, last + 1)]
+    assert [v for v in paths.versions("s") if v.full] == chain[:1]
+    assert paths.read("s", 0, 2, last)[0].values == expected(last)
+
+
+def test_a_changelog_gone_with_no_later_full_copy_is_still_a_failure(
+    paths: StatePaths, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    run_batches(paths, 1, COMPACT_EVERY + 1)
+    versions = paths.versions("s")
+    lost = versions[3]
+    load = StatePaths._load
+
+    def losing_load(self: StatePaths, stage: str, version: StateVersion) -> object:
+        if version == versions[1]:  # no write removed it: state is missing
+            self.store.remove(self.path(stage, lost))
+        return load(self, stage, version)
+
+    monkeypatch.setattr(StatePaths, "_load", losing_load)
+    request = cloudpickle.dumps((paths, "s", 0, 2, COMPACT_EVERY + 1))
+    assert compaction.main(io.BytesIO(request)) == 1
+    err = capsys.readouterr().err
+    assert "compaction of stage 's' key groups [0, 2)" in err
+    assert "FileNotFoundError" in err and lost.name in err
+    assert [v for v in paths.versions("s") if v.full] == versions[:1]
+
+
+def test_a_chain_a_later_full_copy_replaces_is_not_folded(paths: StatePaths) -> None:
+    """A copy as of batch 12 when batch 13's full copy stands would never be read.
+
+    Nor is it read from files the writes after that copy are removing: here a
+    changelog that updated a key, not added one, is gone, which the key counts
+    would not show.
+    """
+    run_batches(paths, 1, 4)
+    state, _ = paths.read("s", 0, 2, committed=4)
+    state.values["base"] = "updated"
+    paths.write("s", 0, 2, 5, state, ["base"], [], paths.versions("s"), background=True)
+    run_batches(paths, 6, COMPACT_EVERY + 2)
+    assert paths.read("s", 0, 2, COMPACT_EVERY + 2)[0].values["base"] == "updated"
+    run_batches(paths, COMPACT_EVERY + 3, COMPACT_EVERY + 3, background=False)  # a full copy
+    full = paths.versions("s")[-1]
+    assert full.full and full.batch == COMPACT_EVERY + 3
+    fifth = next(v for v in paths.versions("s") if v.batch == 5)
+    paths.store.remove(paths.path("s", fifth))
+    before = paths.versions("s")
+    assert paths.compact("s", 0, 2, COMPACT_EVERY + 2) is None
+    assert paths.versions("s") == before
+
+
+def test_a_pinned_chain_is_folded_though_a_later_full_copy_stands(paths: StatePaths) -> None:
+    """A snapshot export of batch 12 (pinned: its files stay) has its chain folded all the same."""
+    run_batches(paths, 1, COMPACT_EVERY + 2)
+    run_batches(paths, COMPACT_EVERY + 3, COMPACT_EVERY + 3, background=False)  # a full copy
+    assert paths.compact("s", 0, 2, COMPACT_EVERY + 2) is None
+    written = paths.with_pin(COMPACT_EVERY + 2).compact("s", 0, 2, COMPACT_EVERY + 2)
+    assert written is not None and written.full and written.batch == COMPACT_EVERY + 2
+    assert paths.read("s", 0, 2, COMPACT_EVERY + 2)[0].values == expected(COMPACT_EVERY + 2)

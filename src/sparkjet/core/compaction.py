@@ -12,8 +12,13 @@ thread would hold the Python worker's GIL while pickling) and returns at once.
 The child reads only committed files and writes one new file; it never
 removes anything, so a child that fails, is killed or races another does no
 harm: the chain just stays longer until a later compaction, or the task's own
-full copy at :data:`COMPACT_LIMIT`, shortens it. Stores that other processes
-cannot see (``memory://``) compact inline.
+full copy at :data:`COMPACT_LIMIT`, shortens it. Only one child per range
+runs from one process, but two processes (the driver's in-process engine and a
+Spark worker, or two workers) may compact one range at once, or the task may
+write a full copy itself: the next write then removes the chain a child is
+still reading. Such a child gives up quietly (superseded, said at DEBUG; see
+:meth:`StatePaths.compact`). Stores that other processes cannot see
+(``memory://``) compact inline.
 
 The child runs :func:`main` (``python -c`` importing it: ``-m`` would run a
 second copy of this module where the package's imports loaded it already);

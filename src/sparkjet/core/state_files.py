@@ -36,6 +36,7 @@ says (:class:`StateRange` to file name; see :meth:`StatePaths.counts`).
 from __future__ import annotations
 
 import gc
+import logging
 import uuid
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -57,6 +58,7 @@ _COMPACTED = "z"  # first character of a compaction's attempt id
 _SHARD_WIDTH = 4  # digits of a shard number in format-1/2 folder names
 _STATE_SUFFIX = ".state"
 _DELTA_SUFFIX = ".delta"
+log = logging.getLogger(__name__)
 #: A range's state is compacted into a full copy once its chain holds this many
 #: changelogs: off the critical path (:mod:`sparkjet.core.compaction`) where the
 #: store is shared between processes, else by the state task itself.
@@ -490,14 +492,37 @@ class StatePaths:
         then takes the copy and the changelogs after it, and the next write of
         the range removes the files it replaces. Returns the copy written, or
         None where there was nothing to fold (no changelog, or a chain over
-        other ranges, which the next batch's task rewrites itself).
+        other ranges, which the next batch's task rewrites itself) or the
+        chain is *superseded*: a full copy of a later batch covers the range
+        (the task's own, or another process's compaction; two processes may
+        compact one range at once), so the job never reads a copy as of
+        ``committed`` unless it is pinned (a snapshot export folds it), and
+        the writes after that copy remove the chain's files
+        (:meth:`write`), even while this reads them. A file gone under it
+        that is older than a full copy listed then is such a removal, not a
+        loss: said at DEBUG only. (Nor is a superseded chain folded from a
+        listing such removals have half done, which may lack a changelog.)
         """
         versions = self.versions(stage, lo, hi)
         chain = self.chain(versions, committed, lo, hi)
         if not chain or all(v.full for v in chain) or not all(
                 v.lo == lo and v.hi == hi for v in chain):
             return None
-        values, touched, _, timers = self.read_chain(stage, lo, hi, chain)
+        if self.pinned < committed and _replaced(versions, lo, hi, committed):
+            log.debug("stage %r key groups [%d, %d): compaction as of batch %d skipped, "
+                      "superseded by a later full copy", stage, lo, hi, committed)
+            return None
+        try:
+            values, touched, _, timers = self.read_chain(stage, lo, hi, chain)
+        except FileNotFoundError as exc:
+            listed = self.versions(stage, lo, hi)
+            gone = [v for v in chain if v not in listed]
+            if not gone or not all(_replaced(listed, lo, hi, v.batch) for v in gone):
+                raise
+            log.debug("stage %r key groups [%d, %d): compaction as of batch %d skipped, "
+                      "superseded: %d file(s) of its chain were removed after a later full "
+                      "copy (%s)", stage, lo, hi, committed, len(gone), self.store.redact(str(exc)))
+            return None
         # The indexes as the files make them up: as good as those files.
         content: dict[str, Any] = {"values": values, "touched": touched}
         if timers:
@@ -571,6 +596,12 @@ class StatePaths:
         live = set(self.chain(versions, committed, 0, self.key_groups))
         return [v for v in versions
                 if self.pinned < v.batch <= committed and v not in live]
+
+
+def _replaced(versions: list[StateVersion], lo: int, hi: int, batch: int) -> bool:
+    """Whether ``versions`` hold a full copy after ``batch`` for every key group in ``[lo, hi)``."""
+    return all(any(v.full and v.batch > batch and v.lo <= g < v.hi for v in versions)
+               for g in range(lo, hi))
 
 
 def _apply(
