@@ -237,6 +237,7 @@ PROMETHEUS_PREFIX = "sparkjet_"
 #: gauge. ``snapshotCount`` counts committed micro-batches (each one a checkpoint).
 PROMETHEUS_COUNTERS = frozenset({
     "receivedCount", "emittedCount", "deadLetters", "lateEventsDropped", "snapshotCount",
+    "storeRequests",
 })
 
 
@@ -246,8 +247,10 @@ def prometheus_text(jobs: Iterable[Job]) -> str:
     Jet's metric names after :data:`PROMETHEUS_PREFIX`: job metrics
     (``lastCommittedBatch``, ``processingRate``, ...) labelled by ``job_id``
     and ``job_name``, stage metrics (``receivedCount``, ``emittedCount``,
-    ``snapshotKeys``, ...) by ``stage`` too, and ``sparkjet_status`` 1 for the
-    job's status (label ``status``). Counters (:data:`PROMETHEUS_COUNTERS`)
+    ``snapshotKeys``, ...) by ``stage`` too, ``sparkjet_status`` 1 for the
+    job's status (label ``status``), and the store requests the job's driver
+    made by ``kind`` (``sparkjet_storeRequests_total``: list, get, head, put,
+    delete). Counters (:data:`PROMETHEUS_COUNTERS`)
     are typed ``counter`` and named with Prometheus's ``_total`` suffix
     (``sparkjet_receivedCount_total``); the rest are gauges.
     """
@@ -266,6 +269,10 @@ def prometheus_text(jobs: Iterable[Job]) -> str:
         values = job.get_metrics()
         for name, value in values.items():
             add(name, job_labels, value)
+        store = values.get("storeRequests")
+        if isinstance(store, dict):
+            for kind, count in (store.get("byKind") or {}).items():
+                add("storeRequests", {**job_labels, "kind": str(kind)}, count)
         for stage, stage_values in values.get("stages", {}).items():
             for name, value in stage_values.items():
                 add(name, {**job_labels, "stage": stage}, value)

@@ -72,6 +72,7 @@ from sparkjet.core.model import JobConfig, JobStatus, ProcessingGuarantee, Stage
 from sparkjet.core.planner import Plan
 from sparkjet.core.plugin_manager import PluginHost
 from sparkjet.core.snapshots import Manifest, Snapshot, SnapshotStore
+from sparkjet.core.store import requests as store_requests
 from sparkjet.core.store.fs import Store
 from sparkjet.core.store.job_records import JobRecords
 
@@ -237,7 +238,7 @@ class JobRunner:
         with self._park_lock:
             self._parked = False
         self.thread = threading.Thread(
-            target=self._run, args=(resuming,), name=f"sparkjet-job-{self.job.id}",
+            target=self._run_counted, args=(resuming,), name=f"sparkjet-job-{self.job.id}",
             daemon=False,
         )
         self.thread.start()
@@ -245,8 +246,14 @@ class JobRunner:
             self.watcher.start()
 
     def _watch(self) -> None:
-        self._take_requests_and_beat()
-        self._store_unwritten_outcome()
+        with store_requests.working_for(self.job.id):
+            self._take_requests_and_beat()
+            self._store_unwritten_outcome()
+
+    def _run_counted(self, resuming: bool) -> None:
+        """:meth:`_run`, its store requests counted for the job."""
+        with store_requests.working_for(self.job.id):
+            self._run(resuming)
 
     def _store_unwritten_outcome(self) -> None:
         """After the job ended: write the record its end left unwritten, until it lands."""
@@ -667,6 +674,7 @@ class JobRunner:
             self.execution_start, self.execution_completion, self._stage_metrics(),
             self.stream.progress if streaming else None,
             self.lease.record.restore if streaming else None,
+            store_requests.by_kind(self.job.id),
         )
 
     def _stage_metrics(self) -> dict[str, dict[str, int]]:

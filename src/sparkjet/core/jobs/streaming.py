@@ -48,6 +48,7 @@ from sparkjet.core.microbatch_loop import (
 from sparkjet.core.model import ProcessingGuarantee
 from sparkjet.core.planner import Plan
 from sparkjet.core.state_cache import CacheOwner
+from sparkjet.core.store import requests as store_requests
 from sparkjet.core.store.fs import Store
 
 if TYPE_CHECKING:
@@ -171,7 +172,8 @@ class StreamRun:
 
     def progress_change(self) -> Change:
         """The record's ``progress`` set to the loop's metrics now, stage counts included."""
-        progress = progress_metrics(self.plan, self.progress, self.job.config.metrics_enabled)
+        progress = progress_metrics(self.plan, self.progress, self.job.config.metrics_enabled,
+                                    store_requests.by_kind(self.job.id))
         return lambda r: replace(r, progress=progress)
 
     # --- the loop's host (core.microbatch_loop.LoopHost) ----------------------------
