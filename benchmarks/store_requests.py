@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import re
 import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from tests.request_proxy import CountingProxy
+from tests.request_proxy import counting as through_proxy
 
 from sparkjet import testing
 from sparkjet.aggregate import counting
@@ -26,7 +30,6 @@ from sparkjet.core.config import load_config
 from sparkjet.core.inprocess.engine import InProcessEngine
 from sparkjet.job import JobConfig, ProcessingGuarantee
 from sparkjet.pipeline import Pipeline, StreamSource
-from tests.request_proxy import CountingProxy, counting as through_proxy
 
 
 def _job_counts(job: Any) -> Counter[str]:
@@ -63,10 +66,15 @@ def measure(location: testing.StoreLocation, proxy: CountingProxy | None, idle: 
         time.sleep(3.0)
         server0 = proxy.snapshot() if proxy else Counter()
         job0 = _job_counts(job)
+        idle_from = len(proxy.log) if proxy else 0
         began = time.monotonic()
         time.sleep(idle)
         span = time.monotonic() - began
         server_idle = (proxy.snapshot() - server0) if proxy else Counter()
+        if show_log and proxy:
+            for (kind, method, url), n in Counter(
+                    (k, m, _shape(u)) for k, m, u in proxy.log[idle_from:]).most_common():
+                print(f"    idle: {n} x {kind} {method} {url}")
         job_idle = _job_counts(job) - job0
         # One event: from the publish to the commit, nothing else runs in the job.
         before = committed()
@@ -106,6 +114,11 @@ def _locations(workdir: Path) -> Iterator[list[tuple[str, testing.StoreLocation,
         gcs_proxied, gcs_proxy = stack.enter_context(through_proxy(gcs))
         out.append(("gcs", gcs_proxied.fresh(), gcs_proxy))
         yield out
+
+
+def _shape(url: str) -> str:
+    """A URL with its numbers and ids blanked, so the idle loop's requests group."""
+    return re.sub(r"[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}|[0-9a-f]{12}|\d{6,}", "#", url)
 
 
 def _shown(counts: Counter[str], per: float = 1.0) -> str:

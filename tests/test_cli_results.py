@@ -127,7 +127,8 @@ def test_metrics_of_a_finished_job_as_a_table_and_as_json(
     lines = out.splitlines()
     assert lines[0] == f"Job 'doubler' ({job.id}) finished: COMPLETED"
     assert lines[1].startswith("Execution start: 20")
-    assert lines[3:] == [
+    assert lines[3].startswith("Store requests: ") and "(list " in lines[3]
+    assert lines[4:] == [
         "STAGE             receivedCount  emittedCount",
         "double            5              5",
         "from-list(nums)   0              5",
@@ -347,6 +348,9 @@ def test_metrics_served_to_prometheus_from_another_process(
         text = scrape()
         assert f'sparkjet_status{{{labels},status="RUNNING"}} 1' in text.splitlines()
         assert re.search(rf"sparkjet_lastCommittedBatch\{{{labels}\}} [0-9]+", text)
+        # The driver's store requests, by kind, read from the job's record.
+        assert re.search(rf'sparkjet_storeRequests_total\{{{labels},kind="put"\}} [1-9][0-9]*',
+                         text)
         with pytest.raises(urllib.error.HTTPError, match="404"):
             urllib.request.urlopen(url.group(0).replace("/metrics", "/other"), timeout=10)
         job.cancel()

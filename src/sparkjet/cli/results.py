@@ -185,8 +185,15 @@ def metrics(args: argparse.Namespace, client: Client) -> int:
              ("Execution completion", values.get("executionCompletionTime", -1))]
     for label, millis in times:
         out(f"{label}: {format_time_millis(int(millis))}")
+    store = values.get("storeRequests")
+    if isinstance(store, Mapping):
+        by_kind = store.get("byKind") or {}
+        kinds = ", ".join(f"{kind} {_metric(by_kind[kind])}"
+                          for kind in sorted(by_kind, key=_kind_order))
+        out(f"Store requests: {_metric(store.get('total'))} ({kinds})")
     for key, value in values.items():
-        if key not in ("executionStartTime", "executionCompletionTime", "stages"):
+        if key not in ("executionStartTime", "executionCompletionTime", "stages",
+                       "storeRequests"):
             out(f"{key}: {shown(value)}")
     stages: Mapping[str, Mapping[str, Any]] = values.get("stages", {})
     if stages:
@@ -198,6 +205,15 @@ def metrics(args: argparse.Namespace, client: Client) -> int:
         for line in table(("STAGE", *columns), rows):
             out(line)
     return EXIT_OK
+
+
+#: The kinds of store request, in the order the store's metrics list them.
+_KINDS = ("list", "get", "head", "put", "delete")
+
+
+def _kind_order(kind: str) -> tuple[int, str]:
+    """Store request kinds as the store lists them (list, get, head, put, delete)."""
+    return (_KINDS.index(kind) if kind in _KINDS else len(_KINDS), kind)
 
 
 def _metric(value: Any) -> str:

@@ -71,8 +71,8 @@ class ControlDesk:
         request = request_id(payload)
         if chosen is Action.EXPORT_SNAPSHOT:
             # Not on the watcher's thread: it must go on beating while the export runs.
-            threading.Thread(target=store_requests.carried(self._export), args=(payload,), daemon=True,
-                             name=f"sparkjet-export-{self.lease.record.id}").start()
+            threading.Thread(target=store_requests.carried(self._export), args=(payload,),
+                             daemon=True, name=f"sparkjet-export-{self.lease.record.id}").start()
             return
         try:
             self.act(chosen, payload)

@@ -63,6 +63,7 @@ from sparkjet.core.jobs.record import (
     JobRecord,
     Lease,
     checkpoint_path,
+    lease_refresh_seconds,
     now_ms,
 )
 from sparkjet.core.jobs.seeding import seed_job
@@ -83,6 +84,15 @@ log = logging.getLogger("sparkjet.jobs")
 
 #: How often the watcher looks for control requests.
 CONTROL_POLL_SECONDS = 0.25
+#: On an object store (S3, GCS), where each look is a billed listing, how often
+#: the watcher looks at the control folder at least (``[engine]
+#: idle_poll_max_seconds`` if less).
+REMOTE_CONTROL_POLL_SECONDS = 2.0
+
+
+def _without_requests(progress: Mapping[str, Any]) -> dict[str, Any]:
+    """A record's progress but its store requests (they change with every look, not news)."""
+    return {k: v for k, v in progress.items() if k != "storeRequests"}
 
 
 @dataclass(frozen=True)
@@ -276,9 +286,37 @@ class JobRunner:
                         self._discard_checkpoint_of_failed()
                 return
 
+    def _control_every(self) -> float:
+        """How often the watcher takes control requests: every look, or on S3/GCS less often."""
+        if not self.services.store.object_store:
+            return 0.0
+        return min(REMOTE_CONTROL_POLL_SECONDS,
+                   max(self.services.engine_settings.idle_poll_max_seconds, CONTROL_POLL_SECONDS))
+
+    def _beat_due(self, change: Change | None) -> bool:
+        """Whether the heartbeat writes the record now.
+
+        Every :data:`HEARTBEAT_SECONDS` since the record was last written
+        when it would change (progress, a write that failed); when nothing
+        changed, on a local store as often, on S3 or GCS only when the lease
+        needs refreshing (:func:`lease_refresh_seconds`): a PUT and a fence
+        check saved each time.
+        """
+        since = time.monotonic() - self.lease.written_at
+        if since < HEARTBEAT_SECONDS:
+            return False
+        if not self.services.store.object_store or self.lease.unwritten is not None:
+            return True
+        if since >= lease_refresh_seconds():
+            return True
+        record = self.lease.record
+        return change is not None and _without_requests(change(record).progress) != (
+            _without_requests(record.progress))
+
     def _take_requests_and_beat(self) -> None:
-        last_beat = time.monotonic()
         failing = False
+        control_every = self._control_every()
+        last_control = float("-inf")
         while not self.done.wait(CONTROL_POLL_SECONDS):
             # The heartbeat has a try of its own: nothing the control folder
             # holds may stop it, or the job would be judged dead and taken over.
@@ -287,16 +325,20 @@ class JobRunner:
                     # Engines that cancel only running work: repeat until the runner
                     # sees the flag, so work started meanwhile stops too.
                     self.cancel()
-                self.control.take()
+                if time.monotonic() - last_control >= control_every:
+                    last_control = time.monotonic()
+                    self.control.take()
             except Exception:
                 log.exception("job %s: taking control requests failed", self.job.label)
-            if time.monotonic() - last_beat >= HEARTBEAT_SECONDS:
+            # A streaming job's heartbeat carries its progress too (a source's
+            # lag changes between batches, while the job idles or works).
+            if time.monotonic() - self.lease.written_at < HEARTBEAT_SECONDS:
+                continue
+            running = self.plan.streaming and self.stream.progress.last_committed >= 0
+            change = self.stream.progress_change() if running else None
+            if self._beat_due(change):
                 try:
-                    # A streaming job's heartbeat carries its progress too (a source's
-                    # lag changes between batches, while the job idles or works).
-                    running = self.plan.streaming and self.stream.progress.last_committed >= 0
-                    self.lease.write(self.stream.progress_change() if running else None)
-                    last_beat = time.monotonic()
+                    self.lease.write(change)
                 except JobFencedError as exc:
                     self._stop_fenced(exc)
                     return

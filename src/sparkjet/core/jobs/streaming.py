@@ -38,6 +38,7 @@ from sparkjet.core.jobs.metrics import progress_metrics
 from sparkjet.core.jobs.policy import ClusterWatch
 from sparkjet.core.jobs.record import Change, Lease
 from sparkjet.core.microbatch_loop import (
+    RELIST_SECONDS,
     Adaptive,
     LoopSettings,
     StopReason,
@@ -124,7 +125,9 @@ class StreamRun:
             checkpoint,
             LoopSettings(config.metrics_enabled, trigger, config.key_groups,
                          CacheOwner(self._store, self.job.id, config.state_cache_bytes),
-                         self._adaptive()),
+                         self._adaptive(),
+                         relist_seconds=max(RELIST_SECONDS,
+                                            self._engine_settings.idle_poll_max_seconds)),
             self,  # the loop's host
             self.progress,
         )

@@ -29,12 +29,12 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from sparkjet.core.errors import StoreError
 from sparkjet.core.naming import decode, json_loads
+from sparkjet.core.store import requests
 from sparkjet.core.store.commit_log import CommitLog
 from sparkjet.core.store.files import Entry
 from sparkjet.core.store.layout import StoreLayout
-from sparkjet.core.store import requests
 from sparkjet.core.store.memoryfs import ThreadSafeMemoryFileSystem
-from sparkjet.core.store.stream_log import StreamLog
+from sparkjet.core.store.stream_log import PollSettings, StreamLog
 
 log = logging.getLogger("sparkjet.store")
 
@@ -70,6 +70,8 @@ class Store:
         self._conditional: bool | None = None
         #: The store's time at a probe, and this process's monotonic time then.
         self._clock: tuple[float, float] | None = None
+        #: How streams are polled on an object store (the client sets its configuration's).
+        self.poll = PollSettings()
 
     def _error(self, message: str) -> StoreError:
         return StoreError(self.redact(message))
@@ -148,6 +150,14 @@ class Store:
             if name in names or (name == "gcs" and "gs" in names):
                 return name
         return str(names[0])
+
+    @property
+    def object_store(self) -> bool:
+        """Whether the store is remote (S3, GCS, ...): each request goes to a server and is billed.
+
+        False for a local folder and for memory.
+        """
+        return not (_is_local(self.fs) or self._memory)
 
     @property
     def _memory(self) -> bool:
@@ -514,14 +524,12 @@ class Store:
         """Run the listing ``call`` of ``path``; FileNotFoundError if the folder is absent.
 
         Counted as one listing per 1,000 entries (a page of S3's and GCS's
-        answers); an absent folder as S3 and GCS ask, a listing and a stat.
+        answers).
         """
         try:
             found = call()
         except FileNotFoundError:
             requests.count("list")
-            if not (_is_local(self.fs) or self._memory):
-                requests.count("list" if self._protocol == "s3" else "head")
             raise
         except Exception:
             requests.count("list")
@@ -533,10 +541,10 @@ class Store:
         """Base names of the entries in ``path`` (empty if it does not exist), listed afresh."""
         self._fresh(path)
         try:
-            entries = self._listing(path, lambda: self.fs.ls(path, detail=False))
+            entries = self._listing(path, lambda: self._ls(path, detail=False))
         except FileNotFoundError:
             return []
-        return sorted(e.rstrip("/").rsplit("/", 1)[-1] for e in entries)
+        return sorted(str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries)
 
     def entries(self, path: str) -> dict[str, Entry]:
         """The entries of the folder ``path`` by base name with their sizes and times.
@@ -546,11 +554,40 @@ class Store:
         """
         self._fresh(path)
         try:
-            found = self._listing(path, lambda: self.fs.ls(path, detail=True))
+            found = self._listing(path, lambda: self._ls(path, detail=True))
         except FileNotFoundError:
             return {}
         return {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]:
                 Entry(int(e.get("size") or 0), file_modified(e)) for e in found}
+
+    def _ls(self, path: str, detail: bool) -> list[Any]:
+        """The folder ``path`` listed, one request (a page of 1,000) on S3 and GCS.
+
+        s3fs and gcsfs follow an empty listing with a stat and another
+        listing (is ``path`` a file?); their listing call alone is asked
+        here, and an empty folder is absent (FileNotFoundError) as on
+        every filesystem.
+        """
+        protocol = self._protocol
+        raw = {"s3": "_lsdir", "gcs": "_do_list_objects"}.get(protocol)
+        method = getattr(self.fs, raw, None) if raw else None
+        if method is None:
+            found: list[Any] = self.fs.ls(path, detail=detail)
+            return found
+        from fsspec.asyn import sync
+
+        stripped = self.fs._strip_protocol(path).rstrip("/")
+        if protocol == "s3":
+            listed = sync(self.fs.loop, method, stripped, refresh=True)
+        else:  # gcsfs: objects and the prefixes below (its _ls would stat an empty folder)
+            items, prefixes = sync(self.fs.loop, method, stripped)
+            bucket = stripped.split("/", 1)[0]
+            listed = [*items, *({"name": f"{bucket}/{p.strip('/')}", "size": 0,
+                                 "type": "directory"} for p in prefixes)]
+        entries = [e for e in listed if str(e.get("name", "")).rstrip("/") != stripped]
+        if not entries:
+            raise FileNotFoundError(path)
+        return entries if detail else [e["name"] for e in entries]
 
     def find(self, path: str) -> dict[str, dict[str, Any]]:
         """Every file under the folder ``path`` with its details, listed afresh.
@@ -561,6 +598,12 @@ class Store:
         found: dict[str, dict[str, Any]] = self._listing(
             path, lambda: self.fs.find(path, detail=True)
         )
+        if not found and self._protocol in ("s3", "gcs"):
+            # Nothing under it: s3fs asks whether it is a file (a HEAD) and
+            # lists its parent, gcsfs lists again.
+            requests.count("list")
+            if self._protocol == "s3":
+                requests.count("head")
         return found
 
     def remove(self, path: str, recursive: bool = False) -> None:
