@@ -36,9 +36,10 @@ from tests.request_proxy import CountingProxy
 from tests.request_proxy import counting as through_proxy
 
 #: What one micro-batch of one event through a keyed count into a map costs
-#: under EXACTLY_ONCE on S3 and GCS (measured: 22, see docs/store.md), with
-#: room for the watcher's control look and lease write landing inside it.
-BATCH_REQUESTS_MOST = 22 + 3
+#: under EXACTLY_ONCE on S3 and GCS (measured: 19 to 22 in the driver, see
+#: docs/store.md; 50 before), with room for the watcher's control look and
+#: lease write and a state file replaced landing inside it.
+BATCH_REQUESTS_MOST = 22 + 5
 
 
 def test_requests_count_for_the_job_whose_thread_makes_them(tmp_path: Path) -> None:

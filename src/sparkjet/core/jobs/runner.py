@@ -90,11 +90,6 @@ CONTROL_POLL_SECONDS = 0.25
 REMOTE_CONTROL_POLL_SECONDS = 2.0
 
 
-def _without_requests(progress: Mapping[str, Any]) -> dict[str, Any]:
-    """A record's progress but its store requests (they change with every look, not news)."""
-    return {k: v for k, v in progress.items() if k != "storeRequests"}
-
-
 @dataclass(frozen=True)
 class Services:
     """What a runner needs from the client: the store, the plugins and the engine."""
@@ -293,25 +288,22 @@ class JobRunner:
         return min(REMOTE_CONTROL_POLL_SECONDS,
                    max(self.services.engine_settings.idle_poll_max_seconds, CONTROL_POLL_SECONDS))
 
-    def _beat_due(self, change: Change | None) -> bool:
+    def _beat_due(self) -> bool:
         """Whether the heartbeat writes the record now.
 
-        Every :data:`HEARTBEAT_SECONDS` since the record was last written
-        when it would change (progress, a write that failed); when nothing
-        changed, on a local store as often, on S3 or GCS only when the lease
-        needs refreshing (:func:`lease_refresh_seconds`): a PUT and a fence
-        check saved each time.
+        On a local store every :data:`HEARTBEAT_SECONDS` since the record
+        was last written. On S3 or GCS, where each write is a PUT and a fence
+        check, as often only while a write failed; else once the lease needs
+        refreshing (:func:`lease_refresh_seconds`): a streaming job's commits
+        write its progress, and what changes between them (a source's lag)
+        reaches the record within that time.
         """
         since = time.monotonic() - self.lease.written_at
         if since < HEARTBEAT_SECONDS:
             return False
         if not self.services.store.object_store or self.lease.unwritten is not None:
             return True
-        if since >= lease_refresh_seconds():
-            return True
-        record = self.lease.record
-        return change is not None and _without_requests(change(record).progress) != (
-            _without_requests(record.progress))
+        return since >= lease_refresh_seconds()
 
     def _take_requests_and_beat(self) -> None:
         failing = False
@@ -332,11 +324,9 @@ class JobRunner:
                 log.exception("job %s: taking control requests failed", self.job.label)
             # A streaming job's heartbeat carries its progress too (a source's
             # lag changes between batches, while the job idles or works).
-            if time.monotonic() - self.lease.written_at < HEARTBEAT_SECONDS:
-                continue
-            running = self.plan.streaming and self.stream.progress.last_committed >= 0
-            change = self.stream.progress_change() if running else None
-            if self._beat_due(change):
+            if self._beat_due():
+                running = self.plan.streaming and self.stream.progress.last_committed >= 0
+                change = self.stream.progress_change() if running else None
                 try:
                     self.lease.write(change)
                 except JobFencedError as exc:

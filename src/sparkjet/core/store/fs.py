@@ -72,6 +72,10 @@ class Store:
         self._clock: tuple[float, float] | None = None
         #: How streams are polled on an object store (the client sets its configuration's).
         self.poll = PollSettings()
+        #: Streams' partition counts read here: meta path -> (partitions, monotonic time).
+        self.stream_meta: dict[str, tuple[int, float]] = {}
+        #: Whole stream chunks a header's read fetched, for the read that follows.
+        self.read_ahead: dict[str, bytes] = {}
 
     def _error(self, message: str) -> StoreError:
         return StoreError(self.redact(message))

@@ -81,12 +81,15 @@ IDLE_POLL_MAX_SECONDS = 5.0
 #: Each look that finds nothing makes the next interval this many times as long
 #: (0.05 s, 0.2, 0.8, 3.2, then the most: at the most after 4.25 idle seconds).
 BACKOFF_FACTOR = 4.0
-#: How long this process trusts a stream's ``meta.json`` (its partition
-#: count) before reading it again.
+#: How long a store handle (a client's) trusts a stream's ``meta.json`` (its
+#: partition count) before reading it again.
 META_SECONDS = 60.0
 #: On a local store, how often a waiter stats the partition folders for
 #: appends by other processes (a chunk's create changes its folder's mtime).
 LOCAL_STAT_SECONDS = 0.005
+#: How much of a chunk the look for its header fetches (one ranged GET either
+#: way): a chunk that fits is kept for the read of its items that follows.
+HEAD_BYTES = 16 << 10
 #: A folder's mtime is the kernel's coarse clock: a change within this long of
 #: it may leave it as it was, so a waiter that saw one this recent lists again
 #: once this much time has passed.
@@ -155,19 +158,29 @@ class StreamLog:
                 f"got {partitions!r}"
             )
         meta = json.dumps({"format": 1, "partitions": partitions}).encode()
-        _META.pop(self._meta_key, None)
+        self._meta_cache.pop(self.paths.meta, None)
         return self.store.create_exclusive(self.paths.meta, meta)
 
     @property
-    def _meta_key(self) -> tuple[str, str]:
-        fs = getattr(self.store, "fs", None)
-        return type(fs).__name__, self.paths.meta
+    def _meta_cache(self) -> dict[str, tuple[int, float]]:
+        """The partition counts this store handle read, on S3 or GCS (elsewhere reads are free)."""
+        cache = getattr(self.store, "stream_meta", None)
+        return cache if isinstance(cache, dict) and self._where() == "remote" else {}
+
+    @property
+    def _ahead(self) -> dict[str, bytes]:
+        """Whole chunks a header's read fetched on S3 or GCS, kept on the store handle.
+
+        See :data:`HEAD_BYTES`; elsewhere a read is free, and nothing is kept.
+        """
+        cache = getattr(self.store, "read_ahead", None)
+        return cache if isinstance(cache, dict) and self._where() == "remote" else {}
 
     @property
     def partitions(self) -> int:
         """Number of partitions; StoreError naming the stream if it does not exist."""
         if self._partitions is None:
-            known = _META.get(self._meta_key)
+            known = self._meta_cache.get(self.paths.meta)
             if known is not None and time.monotonic() - known[1] < META_SECONDS:
                 self._partitions = known[0]
                 return known[0]
@@ -180,7 +193,7 @@ class StreamLog:
                     "create it with client.get_stream(name, partitions=N) first"
                 ) from None
             self._partitions = int(meta["partitions"])
-            _META[self._meta_key] = (self._partitions, time.monotonic())
+            self._meta_cache[self.paths.meta] = (self._partitions, time.monotonic())
         return self._partitions
 
     def chunk_starts(self, partition: int) -> list[int]:
@@ -223,7 +236,10 @@ class StreamLog:
 
     def _header(self, partition: int, start: int) -> tuple[int, str]:
         path = self.paths.chunk(partition, start)
-        head = self.store.read_range(path, 0, _HEADER.size + 512)
+        remote = self._where() == "remote"
+        head = self.store.read_range(path, 0, HEAD_BYTES if remote else _HEADER.size + 512)
+        if remote and len(head) < HEAD_BYTES:  # the whole chunk: its read need not fetch it
+            _read_ahead(self._ahead, path, head)
         if len(head) < _HEADER.size:
             raise self._corrupt(path, f"is truncated ({len(head)} bytes, no header)")
         count, token_len = _HEADER.unpack_from(head)
@@ -803,10 +819,10 @@ class StreamLog:
         if end <= start:
             return []
         known = _CHUNKS.get(self.paths.partition(partition))
-        if (known is not None and known[0] and known[0][0] <= start and known[2] >= end
-                and self._where() != "remote"):
-            # Listed or followed up to ``end`` already: the chunks holding the
-            # range are known. A trim since removes some: then list.
+        if known is not None and known[0] and known[0][0] <= start and known[2] >= end:
+            # Listed or followed up to ``end`` already (on S3 or GCS: the
+            # driver's look for data listed it): the chunks holding the range
+            # are known. A trim since removes some: then list.
             with contextlib.suppress(FileNotFoundError):
                 return self._read_chunks(partition, known[0], start, end)
         starts, marks = self._listing(partition)
@@ -879,7 +895,9 @@ class StreamLog:
         self, path: str, partition: int, start: int, next_start: int | None
     ) -> tuple[list[Any], str]:
         """One chunk's items and token, checked against its header and the next chunk's offset."""
-        raw = self.store.read_bytes(path)
+        raw = self._ahead.pop(path, None)
+        if raw is None:
+            raw = self.store.read_bytes(path)
         if len(raw) < _HEADER.size:
             raise self._corrupt(path, f"is truncated ({len(raw)} bytes, no header)")
         count, token_len = _HEADER.unpack_from(raw)
@@ -915,6 +933,20 @@ _LISTED: dict[str, tuple[int, int, tuple[int, int] | None, int]] = {}
 _CHUNKS: dict[str, tuple[list[int], dict[int, int], int, str]] = {}
 
 
+#: How many whole chunks a store handle keeps for reads to come (the oldest go).
+_READ_AHEAD_MOST = 256
+
+
+def _read_ahead(cache: dict[str, bytes], path: str, data: bytes) -> None:
+    """Keep a whole chunk a header's read fetched, until its items are read once.
+
+    Chunks never change once written; a trim removes only what readers passed.
+    """
+    if len(cache) >= _READ_AHEAD_MOST:
+        cache.pop(next(iter(cache)), None)
+    cache[path] = data
+
+
 def _remember_chunks(
     folder: str, starts: list[int], sizes: dict[int, int] | None, end: int, newest: str
 ) -> None:
@@ -937,9 +969,7 @@ _POLLED_AT: dict[tuple[str, int], float] = {}
 #: On an object store, each caller's poll interval now and the offsets it
 #: waited past then (:meth:`StreamLog._poll_due`).
 _BACKOFF: dict[tuple[str, int], tuple[float, list[int] | None]] = {}
-#: Streams' partition counts read from ``meta.json``: (filesystem, path) ->
-#: (partitions, when read, monotonic).
-_META: dict[tuple[str, str], tuple[int, float]] = {}
+
 
 
 def _relist_at(stamps: list[tuple[tuple[int, int] | None, int]]) -> float | None:
