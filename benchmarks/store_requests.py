@@ -5,23 +5,22 @@ the in-process engine, against a local folder, moto's S3 server and
 fake-gcs-server on 127.0.0.1 (each reached through a counting proxy, so the
 server's own count is shown beside the job's counters).
 
-    PYTHONPATH=src:. python benchmarks/store_requests.py [--idle SECONDS] [--log]
+    python benchmarks/store_requests.py [--idle SECONDS] [--log]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import re
+import sys
 import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-from tests.request_proxy import CountingProxy
-from tests.request_proxy import counting as through_proxy
 
 from sparkjet import testing
 from sparkjet.aggregate import counting
@@ -30,6 +29,12 @@ from sparkjet.core.config import load_config
 from sparkjet.core.inprocess.engine import InProcessEngine
 from sparkjet.job import JobConfig, ProcessingGuarantee
 from sparkjet.pipeline import Pipeline, StreamSource
+
+# The counting proxy lives with the tests, in the checkout.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+_proxy = importlib.import_module("tests.request_proxy")
+CountingProxy = _proxy.CountingProxy
+through_proxy = _proxy.counting
 
 
 def _job_counts(job: Any) -> Counter[str]:
