@@ -47,9 +47,9 @@ IDLE_POLL_SECONDS = 0.05
 #: turn for at most this long.
 WAIT_SLICE_SECONDS = 0.005
 #: While every source says no data came, the loop still looks at their
-#: offsets this often (in case one's wait missed an append); at the idle
-#: poll's most (``[engine] idle_poll_max_seconds``) if that is longer, since a
-#: wait on S3 or GCS says "nothing" only until its next look is due.
+#: offsets this often (in case one's wait missed an append); on S3 or GCS at
+#: the idle poll's most (``[engine] idle_poll_max_seconds``) if that is longer,
+#: since a wait there says "nothing" only until its next look is due.
 RELIST_SECONDS = 1.0
 
 

@@ -108,6 +108,16 @@ class StreamRun:
             return None
         return Adaptive(self._local_engine, settings)
 
+    def _relist_seconds(self) -> float:
+        """How often the loop lists its sources while their waits say nothing came.
+
+        On S3 or GCS a wait says "nothing" only until its next (backed-off)
+        look is due, so listing more often would undo the back-off.
+        """
+        if getattr(self._store, "object_store", False):
+            return max(RELIST_SECONDS, self._engine_settings.idle_poll_max_seconds)
+        return RELIST_SECONDS
+
     def run(self, checkpoint: Checkpoint) -> StopReason:
         """Run the loop on ``checkpoint`` until it stops; serve or refuse the exports left.
 
@@ -126,8 +136,7 @@ class StreamRun:
             LoopSettings(config.metrics_enabled, trigger, config.key_groups,
                          CacheOwner(self._store, self.job.id, config.state_cache_bytes),
                          self._adaptive(),
-                         relist_seconds=max(RELIST_SECONDS,
-                                            self._engine_settings.idle_poll_max_seconds)),
+                         relist_seconds=self._relist_seconds()),
             self,  # the loop's host
             self.progress,
         )
