@@ -173,11 +173,11 @@ class Store:
         return {"max_concurrency": 1} if self._protocol == "s3" else {}
 
     def _folder_for(self, path: str) -> None:
-        """Make ``path``'s folder where folders exist; object stores have none (no request).
+        """Make ``path``'s folder where folders exist; S3 and GCS have none (no request).
 
         s3fs and gcsfs would ask whether the bucket exists, a request per write.
         """
-        if _is_local(self.fs) or self._memory:
+        if self._protocol not in ("s3", "gcs"):
             self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
 
     def _count_stat(self, found: bool) -> None:
@@ -615,7 +615,7 @@ class Store:
         target = self._inside(path)
         if recursive and target == self.root:
             raise self._error(f"refusing to delete the whole store {self.shown_url!r}")
-        if recursive and not (_is_local(self.fs) or self._memory):
+        if recursive and self._protocol in ("s3", "gcs"):
             # A listing, then the deletes: S3 takes 1,000 keys a request, GCS one.
             try:
                 files = sorted(self.find(target))

@@ -714,9 +714,10 @@ class StreamLog:
         Appends in this process wake it at once (:mod:`.notify`). Appends by
         other processes: on a local store it stats the partition folders every
         :data:`LOCAL_STAT_SECONDS` (a few microseconds each); on an object
-        store it cannot tell without a listing, so it returns True once
-        :data:`REMOTE_POLL_SECONDS` have passed since it last did for this
-        caller (thread), False at an earlier ``timeout``. Never spins.
+        store it cannot tell without a listing, so it returns True once this
+        caller's (thread's) poll interval has passed since its last look,
+        False at an earlier ``timeout``; the interval backs off while the
+        stream is idle (:meth:`_poll_due`, :class:`PollSettings`). Never spins.
 
         What this process saw when it last listed a partition (its end offset,
         the generation of the stream's wake-ups, the folder's stamp, all taken
