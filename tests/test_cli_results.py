@@ -347,6 +347,9 @@ def test_metrics_served_to_prometheus_from_another_process(
         text = scrape()
         assert f'sparkjet_status{{{labels},status="RUNNING"}} 1' in text.splitlines()
         assert re.search(rf"sparkjet_lastCommittedBatch\{{{labels}\}} [0-9]+", text)
+        # The driver's store requests, by kind, read from the job's record.
+        assert re.search(rf'sparkjet_storeRequests_total\{{{labels},kind="put"\}} [1-9][0-9]*',
+                         text)
         with pytest.raises(urllib.error.HTTPError, match="404"):
             urllib.request.urlopen(url.group(0).replace("/metrics", "/other"), timeout=10)
         job.cancel()

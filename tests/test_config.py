@@ -582,7 +582,8 @@ def test_unknown_engine_key_is_refused_naming_the_known_ones() -> None:
 
     assert str(info.value) == (
         f"{path}: unknown key 'local_max_item' in [engine] (expected one of: adaptive, "
-        "cold_state_bytes, driver_state_bytes, local_max_bytes, local_max_items)"
+        "cold_state_bytes, driver_state_bytes, idle_poll_max_seconds, local_max_bytes, "
+        "local_max_items, stream_poll_seconds)"
     )
 
 
@@ -590,3 +591,30 @@ def test_bad_engine_value_in_connect_arguments() -> None:
     with pytest.raises(ConfigError, match=r"^connect\(\) arguments: \[engine\] "
                        r"local_max_bytes: expected a whole number of bytes, 0 or more, got -1"):
         sparkjet.connect(engine={"local_max_bytes": -1})
+
+
+# --- [engine]: how an idle streaming job polls S3 and GCS ---------------------------------
+
+
+def test_poll_settings_default_and_reach_the_store() -> None:
+    from sparkjet.core.store.stream_log import PollSettings
+
+    engine = load_config().engine
+    assert (engine.stream_poll_seconds, engine.idle_poll_max_seconds) == (0.05, 5.0)
+    write(Path("sparkjet.toml"), "[engine]\nstream_poll_seconds = 0.1\n"
+          "idle_poll_max_seconds = 30\n")
+    client = sparkjet.connect()
+    assert client.config.engine.idle_poll_max_seconds == 30
+    assert client.store.poll == PollSettings(first=0.1, most=30)
+
+
+@pytest.mark.parametrize("key", ["stream_poll_seconds", "idle_poll_max_seconds"])
+@pytest.mark.parametrize("value", ["0", "-1", '"5s"', "true"])
+def test_a_bad_poll_setting_is_refused_naming_it(key: str, value: str) -> None:
+    path = write(Path("sparkjet.toml"), f"[engine]\n{key} = {value}\n")
+
+    with pytest.raises(ConfigError) as info:
+        load_config()
+
+    assert str(info.value).startswith(
+        f"{path}: [engine] {key}: expected a number of seconds, more than 0, got ")

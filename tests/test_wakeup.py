@@ -21,7 +21,7 @@ from sparkjet.core.contracts import PluginStore, Source
 from sparkjet.core.microbatch_loop import waits_for_data
 from sparkjet.core.store import notify
 from sparkjet.core.store.fs import Store
-from sparkjet.core.store.stream_log import REMOTE_POLL_SECONDS, StreamLog
+from sparkjet.core.store.stream_log import BACKOFF_FACTOR, REMOTE_POLL_SECONDS, StreamLog
 from sparkjet.plugins.lists import ListSource
 from sparkjet.plugins.streams import StreamSource
 
@@ -215,24 +215,54 @@ def test_on_s3_a_wait_returns_true_after_the_poll_interval(tmp_path: Path) -> No
         log = StreamLog(location.store(), "events")
         log.create(2)
         # It cannot tell without a listing: True ("may be there") once a poll
-        # interval has passed since its last True to this caller, whether the
-        # caller waits long or in short slices (the loop asking several
-        # sources in turn): one listing per interval, not one per slice.
+        # interval has passed since this caller's last look, whether the caller
+        # waits long or in short slices (the loop asking several sources in
+        # turn): one listing per interval, not one per slice.
         ends = log.end_offsets()
-        for _ in range(2):
-            began = time.monotonic()
-            assert log.wait_for_append(ends, LONG) is True
-            told = time.monotonic()
-            assert REMOTE_POLL_SECONDS * 0.9 <= told - began < REMOTE_POLL_SECONDS + 2.0
+        began = time.monotonic()
+        assert log.wait_for_append(ends, LONG) is True
+        told = time.monotonic()
+        assert REMOTE_POLL_SECONDS * 0.9 <= told - began < REMOTE_POLL_SECONDS + 2.0
+        # Nothing came: the next look is due BACKOFF_FACTOR times later.
+        interval = REMOTE_POLL_SECONDS * BACKOFF_FACTOR
         answers = []
-        while time.monotonic() - told < REMOTE_POLL_SECONDS * 0.7:
+        while time.monotonic() - told < interval * 0.7:
             answers.append(log.wait_for_append(ends, 0.005))
         assert answers and not any(answers), f"slices said 'may be there' early: {answers}"
         while not log.wait_for_append(ends, 0.005):
-            assert time.monotonic() - told < REMOTE_POLL_SECONDS + 2.0
-        assert time.monotonic() - told >= REMOTE_POLL_SECONDS * 0.9
+            assert time.monotonic() - told < interval + 2.0
+        assert time.monotonic() - told >= interval * 0.9
+        # The caller's offsets moved (data came): it looks again after the first interval.
+        log.append(1, ["elsewhere"])
         ends = log.end_offsets()
         thread, out = _wait_in_thread(log, ends, LONG)
-        log.append(0, ["x"])
+        log.append(0, ["x"])  # in this process: wakes the waiter at once
         thread.join(LONG + 5)
         assert out[0][0] is True and out[0][1] < REMOTE_POLL_SECONDS + 2.0
+
+
+def test_an_idle_remote_poll_backs_off_to_its_most_and_starts_over_on_data() -> None:
+    """The intervals an object-store waiter looks at, counted, not timed: 4x up to the most."""
+    from sparkjet.core.store import stream_log
+
+    settings = stream_log.PollSettings(first=0.001, most=0.01)
+
+    class Remote:
+        poll = settings
+
+        class fs:  # stands in for an object store's filesystem
+            protocol = ("s3",)
+
+        layout = Store("memory://backoff").layout
+
+    log = StreamLog.__new__(StreamLog)
+    log.store, log.name = Remote(), "s"  # type: ignore[assignment]
+    log.paths = Remote.layout.stream_paths("s")
+    caller = (log.paths.folder, threading.get_ident())
+    seen = []
+    for ends in ([0], [0], [0], [0], [0], [1], [1]):
+        assert log.wait_for_append(ends, 5.0) is True
+        seen.append(stream_log._BACKOFF[caller][0])
+    # After each look that found nothing the interval grows (0.004, 0.01, most);
+    # offsets that moved start it over.
+    assert seen == [0.004, 0.01, 0.01, 0.01, 0.01, 0.004, 0.01]

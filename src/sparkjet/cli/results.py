@@ -185,8 +185,15 @@ def metrics(args: argparse.Namespace, client: Client) -> int:
              ("Execution completion", values.get("executionCompletionTime", -1))]
     for label, millis in times:
         out(f"{label}: {format_time_millis(int(millis))}")
+    store = values.get("storeRequests")
+    if isinstance(store, Mapping):
+        by_kind = store.get("byKind") or {}
+        kinds = ", ".join(f"{kind} {_metric(by_kind[kind])}"
+                          for kind in sorted(by_kind, key=_kind_order))
+        out(f"Store requests: {_metric(store.get('total'))} ({kinds})")
     for key, value in values.items():
-        if key not in ("executionStartTime", "executionCompletionTime", "stages"):
+        if key not in ("executionStartTime", "executionCompletionTime", "stages",
+                       "storeRequests"):
             out(f"{key}: {shown(value)}")
     stages: Mapping[str, Mapping[str, Any]] = values.get("stages", {})
     if stages:
@@ -198,6 +205,15 @@ def metrics(args: argparse.Namespace, client: Client) -> int:
         for line in table(("STAGE", *columns), rows):
             out(line)
     return EXIT_OK
+
+
+#: The kinds of store request, in the order the store's metrics list them.
+_KINDS = ("list", "get", "head", "put", "delete")
+
+
+def _kind_order(kind: str) -> tuple[int, str]:
+    """Store request kinds as the store lists them (list, get, head, put, delete)."""
+    return (_KINDS.index(kind) if kind in _KINDS else len(_KINDS), kind)
 
 
 def _metric(value: Any) -> str:
@@ -237,6 +253,7 @@ PROMETHEUS_PREFIX = "sparkjet_"
 #: gauge. ``snapshotCount`` counts committed micro-batches (each one a checkpoint).
 PROMETHEUS_COUNTERS = frozenset({
     "receivedCount", "emittedCount", "deadLetters", "lateEventsDropped", "snapshotCount",
+    "storeRequests",
 })
 
 
@@ -246,8 +263,10 @@ def prometheus_text(jobs: Iterable[Job]) -> str:
     Jet's metric names after :data:`PROMETHEUS_PREFIX`: job metrics
     (``lastCommittedBatch``, ``processingRate``, ...) labelled by ``job_id``
     and ``job_name``, stage metrics (``receivedCount``, ``emittedCount``,
-    ``snapshotKeys``, ...) by ``stage`` too, and ``sparkjet_status`` 1 for the
-    job's status (label ``status``). Counters (:data:`PROMETHEUS_COUNTERS`)
+    ``snapshotKeys``, ...) by ``stage`` too, ``sparkjet_status`` 1 for the
+    job's status (label ``status``), and the store requests a streaming job's driver
+    made by ``kind`` (``sparkjet_storeRequests_total``: list, get, head, put,
+    delete). Counters (:data:`PROMETHEUS_COUNTERS`)
     are typed ``counter`` and named with Prometheus's ``_total`` suffix
     (``sparkjet_receivedCount_total``); the rest are gauges.
     """
@@ -266,6 +285,10 @@ def prometheus_text(jobs: Iterable[Job]) -> str:
         values = job.get_metrics()
         for name, value in values.items():
             add(name, job_labels, value)
+        store = values.get("storeRequests")
+        if isinstance(store, dict):
+            for kind, count in (store.get("byKind") or {}).items():
+                add("storeRequests", {**job_labels, "kind": str(kind)}, count)
         for stage, stage_values in values.get("stages", {}).items():
             for name, value in stage_values.items():
                 add(name, {**job_labels, "stage": stage}, value)

@@ -27,6 +27,7 @@ from sparkjet.core.retention import Holders, Retention, TrimReport, trim_stream
 from sparkjet.core.snapshots import SnapshotStore, kind_for_url, snapshot_store
 from sparkjet.core.store.fs import Store
 from sparkjet.core.store.job_records import JobRecords
+from sparkjet.core.store.stream_log import PollSettings
 from sparkjet.core.store.structures import IList, IMap, IStream
 
 
@@ -45,6 +46,8 @@ class Client:
             )
         self.config = config
         self.store = Store(config.store_url, config.store_options, config.redact)
+        self.store.poll = PollSettings(config.engine.stream_poll_seconds,
+                                       config.engine.idle_poll_max_seconds)
         self.plugins = PluginHost(config.plugins_disable)
         self._engine = engine
         #: Whether the client was given its engine (then every batch runs there).

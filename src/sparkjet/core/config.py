@@ -64,8 +64,13 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], str]]] = {
         "local_max_bytes": ((int,), "a whole number of bytes, 0 or more"),
         "driver_state_bytes": ((int,), "a whole number of bytes, 0 or more"),
         "cold_state_bytes": ((int,), "a whole number of bytes, 0 or more"),
+        "stream_poll_seconds": ((int, float), "a number of seconds, more than 0"),
+        "idle_poll_max_seconds": ((int, float), "a number of seconds, more than 0"),
     },
 }
+
+#: ``[engine]`` keys that must be more than 0 (the other numbers may be 0).
+_POSITIVE = frozenset({"stream_poll_seconds", "idle_poll_max_seconds"})
 
 #: The keys of a ``[streams.<name>]`` table: stream retention limits.
 _STREAM_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
@@ -75,6 +80,12 @@ _STREAM_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
 }
 
 
+#: ``[engine]`` defaults: on S3 or GCS an idle streaming job first looks for
+#: new data this long after its last look, and makes the interval four times
+#: as long after each look that found nothing, up to the second (see
+#: docs/streaming.md).
+DEFAULT_STREAM_POLL_SECONDS = 0.05
+DEFAULT_IDLE_POLL_MAX_SECONDS = 5.0
 #: ``[engine]`` defaults: a micro-batch of at most this many items and bytes in
 #: all may run on the driver (the sizes the sources plan, before it runs).
 DEFAULT_LOCAL_MAX_ITEMS = 5000
@@ -99,6 +110,15 @@ class EngineSettings:
     state loaded, at most ``cold_state_bytes`` while it holds none (all of
     it would be read from the checkpoint first). See
     :func:`sparkjet.core.adaptive.choose_local`.
+
+    On an object store (S3, GCS), where another process's append is seen
+    only by listing, an idle streaming job looks for new data
+    ``stream_poll_seconds`` after its last look, and makes the interval four
+    times as long after each look that found nothing, up to
+    ``idle_poll_max_seconds``;
+    data starts it over. There an idle job also looks at its control folder
+    (requests from other processes) every 2 s, or ``idle_poll_max_seconds``
+    if less. See docs/streaming.md.
     """
 
     adaptive: bool = True
@@ -106,6 +126,8 @@ class EngineSettings:
     local_max_bytes: int = DEFAULT_LOCAL_MAX_BYTES
     driver_state_bytes: int = DEFAULT_DRIVER_STATE_BYTES
     cold_state_bytes: int = DEFAULT_COLD_STATE_BYTES
+    stream_poll_seconds: float = DEFAULT_STREAM_POLL_SECONDS
+    idle_poll_max_seconds: float = DEFAULT_IDLE_POLL_MAX_SECONDS
 
 
 @dataclass
@@ -272,7 +294,8 @@ def _check(data: Mapping[str, Any], where: str) -> None:
                 raise ConfigError(
                     f"{where}: [{section}] {key}: expected {expected}, got {_kind(value)}"
                 )
-            if section == "engine" and key != "adaptive" and cast(int, value) < 0:
+            if section == "engine" and key != "adaptive" and (
+                    cast(float, value) < 0 or (key in _POSITIVE and not cast(float, value) > 0)):
                 raise ConfigError(
                     f"{where}: [{section}] {key}: expected {expected}, got {_kind(value)}"
                 )

@@ -47,7 +47,9 @@ IDLE_POLL_SECONDS = 0.05
 #: turn for at most this long.
 WAIT_SLICE_SECONDS = 0.005
 #: While every source says no data came, the loop still looks at their
-#: offsets this often (in case one's wait missed an append).
+#: offsets this often (in case one's wait missed an append); on S3 or GCS at
+#: the idle poll's most (``[engine] idle_poll_max_seconds``) if that is longer,
+#: since a wait there says "nothing" only until its next look is due.
 RELIST_SECONDS = 1.0
 
 
@@ -201,6 +203,8 @@ class LoopSettings:
     cache_owner: CacheOwner | None = None
     #: Small micro-batches run on the driver (None: every batch on the engine).
     adaptive: Adaptive | None = None
+    #: How often the loop lists its sources while their waits say nothing came.
+    relist_seconds: float = RELIST_SECONDS
 
 
 @dataclass(frozen=True)
@@ -432,13 +436,18 @@ class StreamLoop:
         hooks = RunHooks(cancelled=host.cancelled, before_commit=host.check_fence)
         quiet_until = 0.0  # till then the sources said nothing came: no need to list them
         listed = 0.0  # when the loop last listed the sources' offsets
+        # The batch found unplanned: only this driver plans it from then on
+        # (a plan is created only if absent, and write_plan returns one that
+        # stands), so an idle loop does not read the plan's file every look.
+        unplanned = -1
         while True:
             reason = self._stop_asked()
             if reason is not None:
                 return reason
             started = time.monotonic()
-            planned = self.checkpoint.planned(batch)
+            planned = None if batch == unplanned else self.checkpoint.planned(batch)
             if planned is None:
+                unplanned = batch
                 if time.monotonic() < quiet_until:
                     latest = {self.plan.name(n): ends.get(self.plan.name(n))
                               for n in self.sources}
@@ -460,7 +469,7 @@ class StreamLoop:
                         self.progress.lag[stage] = behind
                 if latest == ends and not self._time_due(now_ms):
                     if not self._wait_for_data(ends, now_ms):
-                        quiet_until = listed + RELIST_SECONDS
+                        quiet_until = listed + self.settings.relist_seconds
                     continue
                 # As many state tasks as the cluster runs at once, at most one
                 # per key group; the plan fixes it so a replay runs the same.

@@ -46,6 +46,7 @@ from typing import Any, NamedTuple
 
 from sparkjet.core.model import JobStatus
 from sparkjet.core.state_files import RangeState
+from sparkjet.core.store import requests as store_requests
 from sparkjet.core.store.fs import Store
 from sparkjet.core.store.job_records import JobRecords
 
@@ -55,6 +56,10 @@ log = logging.getLogger(__name__)
 
 #: How often the sweeper reads the records of the jobs whose state is cached here.
 SWEEP_SECONDS = 5.0
+#: On S3 or GCS, where reading a job's record is a billed GET, the sweeper
+#: reads each job's record this often at most (its entries may then stay up
+#: to this long after the job stopped).
+REMOTE_SWEEP_SECONDS = 30.0
 #: Keys sampled (half from the oldest, half from the newest) to estimate a range's size.
 SAMPLE_KEYS = 64
 #: The statuses of a job that runs no micro-batch now, nor soon.
@@ -92,6 +97,14 @@ class CacheOwner:
         except ValueError:
             return None
         return status not in _STOPPED
+
+
+def _object_store(store: Any) -> bool:
+    """Whether ``store`` is S3, GCS or the like (requests are billed); False if it cannot tell."""
+    try:
+        return bool(getattr(store, "object_store", False))
+    except Exception:
+        return False
 
 
 class Entry(NamedTuple):
@@ -177,6 +190,8 @@ class StateCache:
         self._lock = threading.Lock()
         self._sweeper: threading.Thread | None = None
         self._pid = os.getpid()
+        #: When (monotonic) the sweeper last read each job's record.
+        self._asked: dict[str, float] = {}
 
     def take(self, key: RangeKey) -> Entry | None:
         """Take the entry for a range out (a task works on it; a failed task leaves none)."""
@@ -251,7 +266,18 @@ class StateCache:
         """Drop the entries of jobs no longer running; returns their ids."""
         with self._lock:
             owners = {e.owner.job_id: e.owner for e in self._entries.values()}
-        stopped = [job for job, owner in owners.items() if owner.running() is False]
+        stopped = []
+        now = time.monotonic()
+        for job, owner in owners.items():
+            if (_object_store(owner.store)
+                    and now - self._asked.get(job, float("-inf")) < REMOTE_SWEEP_SECONDS):
+                continue
+            self._asked[job] = now
+            with store_requests.working_for(job):  # the job's requests: it keeps the entries
+                if owner.running() is False:
+                    stopped.append(job)
+        for job in set(self._asked) - set(owners):
+            del self._asked[job]
         for job in stopped:
             dropped = self.drop_job(job)
             # DEBUG: housekeeping on a background thread, which must not reach the

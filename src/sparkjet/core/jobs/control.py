@@ -22,6 +22,7 @@ from sparkjet.core.errors import JobStateError
 from sparkjet.core.jobs.lifecycle import Action
 from sparkjet.core.jobs.record import Answer, JobRecord, Lease, now_ms
 from sparkjet.core.snapshots import Manifest
+from sparkjet.core.store import requests as store_requests
 from sparkjet.core.store.job_records import JobRecords
 
 log = logging.getLogger("sparkjet.jobs")
@@ -70,8 +71,8 @@ class ControlDesk:
         request = request_id(payload)
         if chosen is Action.EXPORT_SNAPSHOT:
             # Not on the watcher's thread: it must go on beating while the export runs.
-            threading.Thread(target=self._export, args=(payload,), daemon=True,
-                             name=f"sparkjet-export-{self.lease.record.id}").start()
+            threading.Thread(target=store_requests.carried(self._export), args=(payload,),
+                             daemon=True, name=f"sparkjet-export-{self.lease.record.id}").start()
             return
         try:
             self.act(chosen, payload)

@@ -31,6 +31,7 @@ from sparkjet.core.errors import JobStateError
 from sparkjet.core.exports import ExportCut, cut_export, export_state, release_cut
 from sparkjet.core.planner import Plan
 from sparkjet.core.snapshots import Manifest, SnapshotStore
+from sparkjet.core.store import requests as store_requests
 
 if TYPE_CHECKING:
     from sparkjet.core.jobs.handle import Job
@@ -125,7 +126,8 @@ class ExportQueue:
                 continue
             self.hold(cut)  # before the next batch is planned
             thread = threading.Thread(
-                target=self._export, args=(request, export, checkpoint, cut), daemon=True,
+                target=store_requests.carried(self._export),
+                args=(request, export, checkpoint, cut), daemon=True,
                 name=f"sparkjet-export-{self.job_id}")
             self._threads.append(thread)
             thread.start()

@@ -18,6 +18,7 @@ from sparkjet.core.graph import SinkSpec, WindowSpec
 from sparkjet.core.microbatch_loop import StreamProgress
 from sparkjet.core.model import StageCount
 from sparkjet.core.planner import Plan
+from sparkjet.core.store import requests
 
 __all__ = ["job_metrics", "progress_metrics", "stage_metrics"]
 
@@ -53,30 +54,44 @@ def stage_metrics(
     return stages
 
 
-def progress_metrics(plan: Plan, progress: StreamProgress, enabled: bool) -> dict[str, Any]:
+def progress_metrics(
+    plan: Plan, progress: StreamProgress, enabled: bool,
+    store_requests: Mapping[str, int] | None = None,
+) -> dict[str, Any]:
     """A streaming job's record ``progress``: the loop's metrics now, and its stages'.
 
     The stages are empty when the job's metrics are off (``enabled`` False).
+    ``store_requests``: the job's store requests by kind, shown as
+    ``storeRequests`` (see :func:`job_metrics`).
     """
     stages = stage_metrics(plan, progress.stage_totals, progress) if enabled else {}
-    return {**progress.as_metrics(), "stages": stages}
+    shown = {**progress.as_metrics(), "stages": stages}
+    if store_requests is not None:
+        shown["storeRequests"] = requests.as_metrics(store_requests)
+    return shown
 
 
 def job_metrics(
     start_ms: int, completion_ms: int, stages: dict[str, dict[str, int]],
     progress: StreamProgress | None, restore: Mapping[str, Any] | None,
+    store_requests: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """The whole of ``Job.get_metrics()`` for a job running here (see there).
 
     A streaming job (``progress`` given) adds the loop's metrics and, if it
     started from a snapshot, which stages that restored (``restore``, from
-    its record).
+    its record). ``store_requests``: the requests the job's driver made to
+    the store, by kind (:mod:`sparkjet.core.store.requests`), shown as
+    ``storeRequests``: ``{"total": n, "byKind": {"list": n, "get": n,
+    "head": n, "put": n, "delete": n}}``.
     """
     metrics: dict[str, Any] = {
         "executionStartTime": start_ms,
         "executionCompletionTime": completion_ms,
         "stages": stages,
     }
+    if store_requests is not None:
+        metrics["storeRequests"] = requests.as_metrics(store_requests)
     if progress is not None:
         metrics.update(progress.as_metrics())
         if restore:

@@ -63,6 +63,7 @@ from sparkjet.core.jobs.record import (
     JobRecord,
     Lease,
     checkpoint_path,
+    lease_refresh_seconds,
     now_ms,
 )
 from sparkjet.core.jobs.seeding import seed_job
@@ -72,6 +73,7 @@ from sparkjet.core.model import JobConfig, JobStatus, ProcessingGuarantee, Stage
 from sparkjet.core.planner import Plan
 from sparkjet.core.plugin_manager import PluginHost
 from sparkjet.core.snapshots import Manifest, Snapshot, SnapshotStore
+from sparkjet.core.store import requests as store_requests
 from sparkjet.core.store.fs import Store
 from sparkjet.core.store.job_records import JobRecords
 
@@ -82,6 +84,10 @@ log = logging.getLogger("sparkjet.jobs")
 
 #: How often the watcher looks for control requests.
 CONTROL_POLL_SECONDS = 0.25
+#: On an object store (S3, GCS), where each look is a billed listing, how often
+#: the watcher looks at the control folder at least (``[engine]
+#: idle_poll_max_seconds`` if less).
+REMOTE_CONTROL_POLL_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -237,7 +243,7 @@ class JobRunner:
         with self._park_lock:
             self._parked = False
         self.thread = threading.Thread(
-            target=self._run, args=(resuming,), name=f"sparkjet-job-{self.job.id}",
+            target=self._run_counted, args=(resuming,), name=f"sparkjet-job-{self.job.id}",
             daemon=False,
         )
         self.thread.start()
@@ -245,8 +251,14 @@ class JobRunner:
             self.watcher.start()
 
     def _watch(self) -> None:
-        self._take_requests_and_beat()
-        self._store_unwritten_outcome()
+        with store_requests.working_for(self.job.id):
+            self._take_requests_and_beat()
+            self._store_unwritten_outcome()
+
+    def _run_counted(self, resuming: bool) -> None:
+        """:meth:`_run`, its store requests counted for the job."""
+        with store_requests.working_for(self.job.id):
+            self._run(resuming)
 
     def _store_unwritten_outcome(self) -> None:
         """After the job ended: write the record its end left unwritten, until it lands."""
@@ -269,9 +281,34 @@ class JobRunner:
                         self._discard_checkpoint_of_failed()
                 return
 
+    def _control_every(self) -> float:
+        """How often the watcher takes control requests: every look, or on S3/GCS less often."""
+        if not self.services.store.object_store:
+            return 0.0
+        return min(REMOTE_CONTROL_POLL_SECONDS,
+                   max(self.services.engine_settings.idle_poll_max_seconds, CONTROL_POLL_SECONDS))
+
+    def _beat_due(self) -> bool:
+        """Whether the heartbeat writes the record now.
+
+        On a local store every :data:`HEARTBEAT_SECONDS` since the record
+        was last written. On S3 or GCS, where each write is a PUT and a fence
+        check, as often only while a write failed; else once the lease needs
+        refreshing (:func:`lease_refresh_seconds`): a streaming job's commits
+        write its progress, and what changes between them (a source's lag)
+        reaches the record within that time.
+        """
+        since = time.monotonic() - self.lease.written_at
+        if since < HEARTBEAT_SECONDS:
+            return False
+        if not self.services.store.object_store or self.lease.unwritten is not None:
+            return True
+        return since >= lease_refresh_seconds()
+
     def _take_requests_and_beat(self) -> None:
-        last_beat = time.monotonic()
         failing = False
+        control_every = self._control_every()
+        last_control = float("-inf")
         while not self.done.wait(CONTROL_POLL_SECONDS):
             # The heartbeat has a try of its own: nothing the control folder
             # holds may stop it, or the job would be judged dead and taken over.
@@ -280,16 +317,18 @@ class JobRunner:
                     # Engines that cancel only running work: repeat until the runner
                     # sees the flag, so work started meanwhile stops too.
                     self.cancel()
-                self.control.take()
+                if time.monotonic() - last_control >= control_every:
+                    last_control = time.monotonic()
+                    self.control.take()
             except Exception:
                 log.exception("job %s: taking control requests failed", self.job.label)
-            if time.monotonic() - last_beat >= HEARTBEAT_SECONDS:
+            # A streaming job's heartbeat carries its progress too (a source's
+            # lag changes between batches, while the job idles or works).
+            if self._beat_due():
+                running = self.plan.streaming and self.stream.progress.last_committed >= 0
+                change = self.stream.progress_change() if running else None
                 try:
-                    # A streaming job's heartbeat carries its progress too (a source's
-                    # lag changes between batches, while the job idles or works).
-                    running = self.plan.streaming and self.stream.progress.last_committed >= 0
-                    self.lease.write(self.stream.progress_change() if running else None)
-                    last_beat = time.monotonic()
+                    self.lease.write(change)
                 except JobFencedError as exc:
                     self._stop_fenced(exc)
                     return
@@ -667,6 +706,9 @@ class JobRunner:
             self.execution_start, self.execution_completion, self._stage_metrics(),
             self.stream.progress if streaming else None,
             self.lease.record.restore if streaming else None,
+            # A streaming job's (its idle looks are what cost); a batch job's are
+            # counted too (store_requests.by_kind) but not shown yet.
+            store_requests.by_kind(self.job.id) if streaming else None,
         )
 
     def _stage_metrics(self) -> dict[str, dict[str, int]]:

@@ -38,6 +38,7 @@ from sparkjet.core.jobs.metrics import progress_metrics
 from sparkjet.core.jobs.policy import ClusterWatch
 from sparkjet.core.jobs.record import Change, Lease
 from sparkjet.core.microbatch_loop import (
+    RELIST_SECONDS,
     Adaptive,
     LoopSettings,
     StopReason,
@@ -48,6 +49,7 @@ from sparkjet.core.microbatch_loop import (
 from sparkjet.core.model import ProcessingGuarantee
 from sparkjet.core.planner import Plan
 from sparkjet.core.state_cache import CacheOwner
+from sparkjet.core.store import requests as store_requests
 from sparkjet.core.store.fs import Store
 
 if TYPE_CHECKING:
@@ -106,6 +108,16 @@ class StreamRun:
             return None
         return Adaptive(self._local_engine, settings)
 
+    def _relist_seconds(self) -> float:
+        """How often the loop lists its sources while their waits say nothing came.
+
+        On S3 or GCS a wait says "nothing" only until its next (backed-off)
+        look is due, so listing more often would undo the back-off.
+        """
+        if getattr(self._store, "object_store", False):
+            return max(RELIST_SECONDS, self._engine_settings.idle_poll_max_seconds)
+        return RELIST_SECONDS
+
     def run(self, checkpoint: Checkpoint) -> StopReason:
         """Run the loop on ``checkpoint`` until it stops; serve or refuse the exports left.
 
@@ -123,7 +135,8 @@ class StreamRun:
             checkpoint,
             LoopSettings(config.metrics_enabled, trigger, config.key_groups,
                          CacheOwner(self._store, self.job.id, config.state_cache_bytes),
-                         self._adaptive()),
+                         self._adaptive(),
+                         relist_seconds=self._relist_seconds()),
             self,  # the loop's host
             self.progress,
         )
@@ -171,7 +184,8 @@ class StreamRun:
 
     def progress_change(self) -> Change:
         """The record's ``progress`` set to the loop's metrics now, stage counts included."""
-        progress = progress_metrics(self.plan, self.progress, self.job.config.metrics_enabled)
+        progress = progress_metrics(self.plan, self.progress, self.job.config.metrics_enabled,
+                                    store_requests.by_kind(self.job.id))
         return lambda r: replace(r, progress=progress)
 
     # --- the loop's host (core.microbatch_loop.LoopHost) ----------------------------

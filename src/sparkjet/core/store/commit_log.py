@@ -60,6 +60,12 @@ class LogCursor:
     producers: dict[str, int] = field(default_factory=dict)
 
 
+#: The record each writer (by writer index path) committed last through
+#: :meth:`CommitLog.commit_once` in this process: its next commit need not
+#: read it back (a micro-batch sink's commit is a GET cheaper).
+_OWN: dict[tuple[str, str], Record] = {}
+
+
 def _seq_is_int(index: Any) -> None:
     """Checks a writer index (``{"seq": <int>}``)."""
     int(index["seq"])
@@ -234,7 +240,13 @@ class CommitLog:
         bases = self.bases()
         floor = bases[-1] if bases else 0
         cursor = LogCursor()
-        own = self._read_record(after) if after > floor else None
+        # The record this process committed last for the writer, if the index
+        # still names it: records never change, so it is not read again.
+        mine = _OWN.get(self._own_key(index))
+        if after > floor and mine is not None and mine.seq == after:
+            own: Record | None = mine
+        else:
+            own = self._read_record(after) if after > floor else None
         if after > floor and own is None and self._newest_base() < after:
             # The writer's last record is neither in the log nor folded: the index
             # is damaged. Committing after it would leave a gap no reader passes.
@@ -263,7 +275,13 @@ class CommitLog:
             return None  # committed before and folded into the base since
         seq = self._append(_record_payload(op, parts, token, producer, batch), last, floor)
         self.store.write_bytes(index, json.dumps({"seq": seq}).encode())
+        # Without its parts: a later commit looks only at its number and writer.
+        _OWN[self._own_key(index)] = Record(seq, op, [], token, producer, batch)
         return seq
+
+    def _own_key(self, index: str) -> tuple[str, str]:
+        """Where :data:`_OWN` keeps a writer's last record: its filesystem and index path."""
+        return type(getattr(self.store, "fs", None)).__name__, index
 
     def _newest_base(self) -> int:
         """The record number the newest base folds up to, listed afresh (0: none)."""

@@ -29,11 +29,12 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from sparkjet.core.errors import StoreError
 from sparkjet.core.naming import decode, json_loads
+from sparkjet.core.store import requests
 from sparkjet.core.store.commit_log import CommitLog
 from sparkjet.core.store.files import Entry
 from sparkjet.core.store.layout import StoreLayout
 from sparkjet.core.store.memoryfs import ThreadSafeMemoryFileSystem
-from sparkjet.core.store.stream_log import StreamLog
+from sparkjet.core.store.stream_log import PollSettings, StreamLog
 
 log = logging.getLogger("sparkjet.store")
 
@@ -69,6 +70,12 @@ class Store:
         self._conditional: bool | None = None
         #: The store's time at a probe, and this process's monotonic time then.
         self._clock: tuple[float, float] | None = None
+        #: How streams are polled on an object store (the client sets its configuration's).
+        self.poll = PollSettings()
+        #: Streams' partition counts read here: meta path -> (partitions, monotonic time).
+        self.stream_meta: dict[str, tuple[int, float]] = {}
+        #: Whole stream chunks a header's read fetched, for the read that follows.
+        self.read_ahead: dict[str, bytes] = {}
 
     def _error(self, message: str) -> StoreError:
         return StoreError(self.redact(message))
@@ -138,6 +145,57 @@ class Store:
             )
         return normal
 
+    @property
+    def _protocol(self) -> str:
+        """``"s3"``, ``"gcs"``, ``"file"``, ``"memory"`` or the filesystem's first protocol."""
+        protocol = self.fs.protocol
+        names = protocol if isinstance(protocol, tuple) else (protocol,)
+        for name in ("s3", "gcs", "file", "memory"):
+            if name in names or (name == "gcs" and "gs" in names):
+                return name
+        return str(names[0])
+
+    @property
+    def object_store(self) -> bool:
+        """Whether the store is remote (S3, GCS, ...): each request goes to a server and is billed.
+
+        False for a local folder and for memory.
+        """
+        return not (_is_local(self.fs) or self._memory)
+
+    @property
+    def _memory(self) -> bool:
+        return self._protocol == "memory"
+
+    @property
+    def _one_get(self) -> dict[str, Any]:
+        """What makes a whole-file read one GET (s3fs would HEAD first to size a parallel read)."""
+        return {"max_concurrency": 1} if self._protocol == "s3" else {}
+
+    def _folder_for(self, path: str) -> None:
+        """Make ``path``'s folder where folders exist; S3 and GCS have none (no request).
+
+        s3fs and gcsfs would ask whether the bucket exists, a request per write.
+        """
+        if self._protocol not in ("s3", "gcs"):
+            self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+
+    def _count_stat(self, found: bool) -> None:
+        """Count one existence check or stat as S3 and GCS answer it.
+
+        S3: a HEAD, and a listing when nothing is found (a folder of that
+        name?). GCS: the object's metadata and a listing at once, and often
+        the metadata again (counted as two HEADs and a listing).
+        """
+        protocol = self._protocol
+        if protocol == "gcs":
+            requests.count("head", 2)
+            requests.count("list")
+        else:
+            requests.count("head")
+            if not found and protocol == "s3":
+                requests.count("list")
+
     def _fresh(self, path: str) -> None:
         with contextlib.suppress(Exception):
             self.fs.invalidate_cache(path)
@@ -145,8 +203,9 @@ class Store:
     def read_bytes(self, path: str) -> bytes:
         """The whole file ``path``; FileNotFoundError if it does not exist."""
         self._fresh(path)  # s3fs sizes a read from its (maybe stale) listing cache
+        requests.count("get")
         try:
-            data: bytes = self.fs.cat_file(path)
+            data: bytes = self.fs.cat_file(path, **self._one_get)
             return data
         except FileNotFoundError:
             raise
@@ -156,6 +215,7 @@ class Store:
     def read_range(self, path: str, start: int, end: int) -> bytes:
         """Bytes ``start`` to ``end`` of ``path`` (fewer if the file is shorter)."""
         self._fresh(path)
+        requests.count("get")
         try:
             data: bytes = self.fs.cat_file(path, start=start, end=end)
             return data
@@ -209,8 +269,9 @@ class Store:
 
     def write_bytes(self, path: str, data: bytes) -> None:
         """Write a whole file; readers see the old or the new content, never a mix."""
+        requests.count("put")
         try:
-            self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+            self._folder_for(path)
             if _is_local(self.fs):
                 tmp = _complete_temp_file(path, data)
                 try:
@@ -244,6 +305,7 @@ class Store:
 
     def _create_only(self, path: str, data: bytes) -> None:
         """The filesystem's own create-only write; FileExistsError if ``path`` exists."""
+        requests.count("put")
         if _implements_pipe_file(self.fs):
             self.fs.pipe_file(path, data, mode="create")
         else:
@@ -253,7 +315,7 @@ class Store:
     def _probe_conditional(self) -> bool:
         path = self.layout.new_probe()
         try:
-            self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+            self._folder_for(path)
             try:
                 self._create_only(path, b"1")
             except (ValueError, NotImplementedError, TypeError):
@@ -274,6 +336,7 @@ class Store:
                 f"cannot probe store {self.shown_url!r} for create-only writes: {exc}"
             ) from exc
         finally:
+            requests.count("delete")
             with contextlib.suppress(Exception):
                 self.fs.rm(path)
 
@@ -287,8 +350,9 @@ class Store:
         (a writer token or a nonce in the payload).
         """
         try:
-            self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+            self._folder_for(path)
             if _is_local(self.fs):
+                requests.count("put")
                 tmp = _complete_temp_file(path, data)
                 try:
                     os.link(tmp, path)  # atomic, fails if path exists; content complete
@@ -304,6 +368,7 @@ class Store:
                 # Check, then write: documented as racy; EXACTLY_ONCE is refused here.
                 if self.exists(path):
                     return False
+                requests.count("put")
                 self.fs.pipe_file(path, data)
                 return True
             try:
@@ -335,11 +400,14 @@ class Store:
         self._fresh(path)
         try:
             info: dict[str, Any] = self.fs.info(path)
-            return info
         except FileNotFoundError:
+            self._count_stat(found=False)
             raise
         except Exception as exc:
+            self._count_stat(found=True)
             raise self._error(f"cannot stat {path!r} in store {self.shown_url!r}: {exc}") from exc
+        self._count_stat(found=True)
+        return info
 
     def modified(self, path: str) -> float | None:
         """When ``path`` was last written, in seconds since the epoch by the store's own clock.
@@ -351,11 +419,14 @@ class Store:
         try:
             stamp = self.fs.modified(path)
         except (FileNotFoundError, NotImplementedError, IsADirectoryError) as exc:
+            self._count_stat(found=not isinstance(exc, FileNotFoundError))
             if isinstance(exc, FileNotFoundError):
                 raise
             return None
         except Exception as exc:
+            self._count_stat(found=True)
             raise self._error(f"cannot stat {path!r} in store {self.shown_url!r}: {exc}") from exc
+        self._count_stat(found=True)
         return _seconds(stamp)
 
     def now(self) -> float | None:
@@ -395,6 +466,7 @@ class Store:
             self.write_bytes(path, b"")
             return self.modified(path)
         finally:
+            requests.count("delete")
             with contextlib.suppress(Exception):
                 self.fs.rm(path)
 
@@ -414,37 +486,69 @@ class Store:
         """Whether ``path`` exists, asked afresh."""
         self._fresh(path)
         try:
-            return bool(self.fs.exists(path))
+            found = bool(self.fs.exists(path))
         except Exception as exc:
+            self._count_stat(found=True)
             raise self._error(f"cannot stat {path!r} in store {self.shown_url!r}: {exc}") from exc
+        self._count_stat(found=found)
+        return found
+
+    def file_exists(self, path: str) -> bool:
+        """Whether the file ``path`` exists, in one request on every store.
+
+        For files only (a folder is not found). An S3 or GCS existence check
+        (:meth:`exists`) costs a HEAD and, when the file is absent, a listing
+        to look for a folder of that name (GCS: two or three requests either
+        way); this reads the file instead, one GET, so it suits small files
+        (a claim, a marker).
+        """
+        if _is_local(self.fs) or self._memory:
+            return self.exists(path)
+        try:
+            self.read_bytes(path)
+        except FileNotFoundError:
+            return False
+        return True
 
     def size(self, path: str) -> int:
         """The size of ``path`` in bytes, asked afresh."""
         self._fresh(path)
         try:
-            return int(self.fs.size(path))
+            size = int(self.fs.size(path))
         except FileNotFoundError:
+            self._count_stat(found=False)
             raise
         except Exception as exc:
+            self._count_stat(found=True)
             raise self._error(f"cannot stat {path!r} in store {self.shown_url!r}: {exc}") from exc
+        self._count_stat(found=True)
+        return size
 
     def _listing(self, path: str, call: Callable[[], _T]) -> _T:
-        """Run the listing ``call`` of ``path``; FileNotFoundError if the folder is absent."""
+        """Run the listing ``call`` of ``path``; FileNotFoundError if the folder is absent.
+
+        Counted as one listing per 1,000 entries (a page of S3's and GCS's
+        answers).
+        """
         try:
-            return call()
+            found = call()
         except FileNotFoundError:
+            requests.count("list")
             raise
-        except Exception as exc:
-            raise self._error(f"cannot list {path!r} in store {self.shown_url!r}: {exc}") from exc
+        except Exception:
+            requests.count("list")
+            raise
+        requests.count("list", _pages(found))
+        return found
 
     def listdir(self, path: str) -> list[str]:
         """Base names of the entries in ``path`` (empty if it does not exist), listed afresh."""
         self._fresh(path)
         try:
-            entries = self._listing(path, lambda: self.fs.ls(path, detail=False))
+            entries = self._listing(path, lambda: self._ls(path, detail=False))
         except FileNotFoundError:
             return []
-        return sorted(e.rstrip("/").rsplit("/", 1)[-1] for e in entries)
+        return sorted(str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries)
 
     def entries(self, path: str) -> dict[str, Entry]:
         """The entries of the folder ``path`` by base name with their sizes and times.
@@ -454,11 +558,40 @@ class Store:
         """
         self._fresh(path)
         try:
-            found = self._listing(path, lambda: self.fs.ls(path, detail=True))
+            found = self._listing(path, lambda: self._ls(path, detail=True))
         except FileNotFoundError:
             return {}
         return {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]:
                 Entry(int(e.get("size") or 0), file_modified(e)) for e in found}
+
+    def _ls(self, path: str, detail: bool) -> list[Any]:
+        """The folder ``path`` listed, one request (a page of 1,000) on S3 and GCS.
+
+        s3fs and gcsfs follow an empty listing with a stat and another
+        listing (is ``path`` a file?); their listing call alone is asked
+        here, and an empty folder is absent (FileNotFoundError) as on
+        every filesystem.
+        """
+        protocol = self._protocol
+        raw = {"s3": "_lsdir", "gcs": "_do_list_objects"}.get(protocol)
+        method = getattr(self.fs, raw, None) if raw else None
+        if method is None:
+            found: list[Any] = self.fs.ls(path, detail=detail)
+            return found
+        from fsspec.asyn import sync
+
+        stripped = self.fs._strip_protocol(path).rstrip("/")
+        if protocol == "s3":
+            listed = sync(self.fs.loop, method, stripped, refresh=True)
+        else:  # gcsfs: objects and the prefixes below (its _ls would stat an empty folder)
+            items, prefixes = sync(self.fs.loop, method, stripped)
+            bucket = stripped.split("/", 1)[0]
+            listed = [*items, *({"name": f"{bucket}/{p.strip('/')}", "size": 0,
+                                 "type": "directory"} for p in prefixes)]
+        entries = [e for e in listed if str(e.get("name", "")).rstrip("/") != stripped]
+        if not entries:
+            raise FileNotFoundError(path)
+        return entries if detail else [e["name"] for e in entries]
 
     def find(self, path: str) -> dict[str, dict[str, Any]]:
         """Every file under the folder ``path`` with its details, listed afresh.
@@ -469,6 +602,12 @@ class Store:
         found: dict[str, dict[str, Any]] = self._listing(
             path, lambda: self.fs.find(path, detail=True)
         )
+        if not found and self._protocol in ("s3", "gcs"):
+            # Nothing under it: s3fs asks whether it is a file (a HEAD) and
+            # lists its parent, gcsfs lists again.
+            requests.count("list")
+            if self._protocol == "s3":
+                requests.count("head")
         return found
 
     def remove(self, path: str, recursive: bool = False) -> None:
@@ -476,14 +615,32 @@ class Store:
         target = self._inside(path)
         if recursive and target == self.root:
             raise self._error(f"refusing to delete the whole store {self.shown_url!r}")
-        with contextlib.suppress(FileNotFoundError):
-            self.fs.rm(target, recursive=recursive)
+        if recursive and self._protocol in ("s3", "gcs"):
+            # A listing, then the deletes: S3 takes 1,000 keys a request, GCS one.
+            try:
+                files = sorted(self.find(target))
+            except FileNotFoundError:
+                files = []
+            if files:
+                requests.count("delete", _pages(files) if self._protocol == "s3" else len(files))
+                with contextlib.suppress(FileNotFoundError):
+                    self.fs.rm(files)
+            else:  # a file, or nothing: as asked
+                requests.count("delete")
+                with contextlib.suppress(FileNotFoundError):
+                    self.fs.rm(target, recursive=True)
+        else:
+            requests.count("delete")
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm(target, recursive=recursive)
         self._fresh(target)
 
     def move(self, src: str, dst: str) -> None:
         """Rename ``src`` to ``dst`` inside the store."""
         target = self._inside(dst)
-        self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+        self._folder_for(target)
+        requests.count("put")  # a copy on S3 and GCS (or a rename), then the delete
+        requests.count("delete")
         self.fs.mv(self._inside(src), target)
 
     # --- data structures ---------------------------------------------------
@@ -512,6 +669,12 @@ class Store:
     def map_names(self) -> list[str]:
         """Names of the maps in the store."""
         return [self.layout.name_of(n) for n in self.listdir(self.layout.maps)]
+
+
+def _pages(found: Any) -> int:
+    """The requests a listing of ``found`` took: S3 and GCS answer 1,000 entries a page."""
+    size = len(found) if isinstance(found, (list, dict)) else 0
+    return max(1, -(-size // 1000))
 
 
 def _seconds(stamp: Any) -> float | None:

@@ -56,6 +56,7 @@ import struct
 import threading
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sparkjet.core.errors import StoreError
@@ -71,16 +72,48 @@ _BATCH = "@"
 PENDING_WAIT_SECONDS = 30.0
 _MAX_PARTITIONS = 4096
 #: On an object store (S3, GCS), how long :meth:`StreamLog.wait_for_append`
-#: waits before saying data may be there (other processes' appends are seen
-#: only by listing). A constant for now, not a setting.
+#: first waits before saying data may be there (other processes' appends are
+#: seen only by listing): the default of ``[engine] stream_poll_seconds``.
 REMOTE_POLL_SECONDS = 0.05
+#: While a stream stays idle, the remote poll interval grows up to this:
+#: the default of ``[engine] idle_poll_max_seconds``.
+IDLE_POLL_MAX_SECONDS = 5.0
+#: Each look that finds nothing makes the next interval this many times as long
+#: (0.05 s, 0.2, 0.8, 3.2, then the most: at the most after 4.25 idle seconds).
+BACKOFF_FACTOR = 4.0
+#: How long a store handle (a client's) trusts a stream's ``meta.json`` (its
+#: partition count) before reading it again.
+META_SECONDS = 60.0
 #: On a local store, how often a waiter stats the partition folders for
 #: appends by other processes (a chunk's create changes its folder's mtime).
 LOCAL_STAT_SECONDS = 0.005
+#: How much of a chunk the look for its header fetches (one ranged GET either
+#: way): a chunk that fits is kept for the read of its items that follows.
+HEAD_BYTES = 16 << 10
 #: A folder's mtime is the kernel's coarse clock: a change within this long of
 #: it may leave it as it was, so a waiter that saw one this recent lists again
 #: once this much time has passed.
 _MTIME_SETTLE_NS = 20_000_000
+
+
+@dataclass(frozen=True)
+class PollSettings:
+    """How often a waiter on an object store lists a stream's partitions.
+
+    The first look comes ``first`` seconds after the last; each look that
+    finds nothing new makes the interval :data:`BACKOFF_FACTOR` times as
+    long, up to ``most``; data (the
+    caller's offsets moved, or an append in this process) starts it over.
+    """
+
+    first: float = REMOTE_POLL_SECONDS
+    most: float = IDLE_POLL_MAX_SECONDS
+
+
+def poll_settings(store: Any) -> PollSettings:
+    """The poll settings a store carries (a client's configuration), or the defaults."""
+    settings = getattr(store, "poll", None)
+    return settings if isinstance(settings, PollSettings) else PollSettings()
 
 
 def _partitions_of(meta: Any) -> None:
@@ -125,12 +158,32 @@ class StreamLog:
                 f"got {partitions!r}"
             )
         meta = json.dumps({"format": 1, "partitions": partitions}).encode()
+        self._meta_cache.pop(self.paths.meta, None)
         return self.store.create_exclusive(self.paths.meta, meta)
+
+    @property
+    def _meta_cache(self) -> dict[str, tuple[int, float]]:
+        """The partition counts this store handle read, on S3 or GCS (elsewhere reads are free)."""
+        cache = getattr(self.store, "stream_meta", None)
+        return cache if isinstance(cache, dict) and self._where() == "remote" else {}
+
+    @property
+    def _ahead(self) -> dict[str, bytes]:
+        """Whole chunks a header's read fetched on S3 or GCS, kept on the store handle.
+
+        See :data:`HEAD_BYTES`; elsewhere a read is free, and nothing is kept.
+        """
+        cache = getattr(self.store, "read_ahead", None)
+        return cache if isinstance(cache, dict) and self._where() == "remote" else {}
 
     @property
     def partitions(self) -> int:
         """Number of partitions; StoreError naming the stream if it does not exist."""
         if self._partitions is None:
+            known = self._meta_cache.get(self.paths.meta)
+            if known is not None and time.monotonic() - known[1] < META_SECONDS:
+                self._partitions = known[0]
+                return known[0]
             try:
                 meta = self.store.read_json(
                     self.paths.meta, f"stream {self.name!r}: meta", check=_partitions_of)
@@ -140,6 +193,7 @@ class StreamLog:
                     "create it with client.get_stream(name, partitions=N) first"
                 ) from None
             self._partitions = int(meta["partitions"])
+            self._meta_cache[self.paths.meta] = (self._partitions, time.monotonic())
         return self._partitions
 
     def chunk_starts(self, partition: int) -> list[int]:
@@ -182,7 +236,10 @@ class StreamLog:
 
     def _header(self, partition: int, start: int) -> tuple[int, str]:
         path = self.paths.chunk(partition, start)
-        head = self.store.read_range(path, 0, _HEADER.size + 512)
+        remote = self._where() == "remote"
+        head = self.store.read_range(path, 0, HEAD_BYTES if remote else _HEADER.size + 512)
+        if remote and len(head) < HEAD_BYTES:  # the whole chunk: its read need not fetch it
+            _read_ahead(self._ahead, path, head)
         if len(head) < _HEADER.size:
             raise self._corrupt(path, f"is truncated ({len(head)} bytes, no header)")
         count, token_len = _HEADER.unpack_from(head)
@@ -261,8 +318,10 @@ class StreamLog:
             at = time.time_ns()
             stamp = _stamp(folder) if self._where() == "local" else None
             starts, marks, sizes = self._sized_listing(partition)
+            if self._where() == "remote":
+                _POLLED_AT[(self.paths.folder, threading.get_ident())] = time.monotonic()
             try:
-                end, newest = self._end(partition, starts, marks)
+                end, newest = self._end(partition, starts, marks, _CHUNKS.get(folder), sizes)
                 _LISTED[folder] = (end, seen, stamp, at)
                 _remember_chunks(folder, starts, sizes, end, newest)
                 return starts, marks, end
@@ -271,14 +330,28 @@ class StreamLog:
                     raise  # not a trim: the chunk is missing
                 continue
 
-    def _end(self, partition: int, starts: list[int], marks: list[int]) -> tuple[int, str]:
+    def _end(
+        self, partition: int, starts: list[int], marks: list[int],
+        known: tuple[list[int], dict[int, int], int, str] | None = None,
+        sizes: dict[int, int] | None = None,
+    ) -> tuple[int, str]:
         """The end offset of a partition listed as ``starts`` and ``marks``, and its token.
 
         The token: the newest chunk's writer token ("" without chunks).
+        ``known``: what this process last saw of the partition; when its
+        newest chunk is the listing's newest too (chunks never change once
+        written), its end stands without reading the chunk's header again:
+        on S3 and GCS, where the listing's size of it must match too (a
+        stream removed and created again is not taken for the one seen).
         """
         mark = marks[-1] if marks else 0
         if not starts:
             return mark, ""
+        newest = starts[-1]
+        if (known is not None and known[0] and known[0][-1] == newest and known[3]
+                and sizes is not None and newest in sizes
+                and known[1].get(newest) == sizes[newest]):
+            return max(known[2], mark), known[3]
         count, token = self._header(partition, starts[-1])
         return max(starts[-1] + count, mark), token
 
@@ -641,9 +714,10 @@ class StreamLog:
         Appends in this process wake it at once (:mod:`.notify`). Appends by
         other processes: on a local store it stats the partition folders every
         :data:`LOCAL_STAT_SECONDS` (a few microseconds each); on an object
-        store it cannot tell without a listing, so it returns True once
-        :data:`REMOTE_POLL_SECONDS` have passed since it last did for this
-        caller (thread), False at an earlier ``timeout``. Never spins.
+        store it cannot tell without a listing, so it returns True once this
+        caller's (thread's) poll interval has passed since its last look,
+        False at an earlier ``timeout``; the interval backs off while the
+        stream is idle (:meth:`_poll_due`, :class:`PollSettings`). Never spins.
 
         What this process saw when it last listed a partition (its end offset,
         the generation of the stream's wake-ups, the folder's stamp, all taken
@@ -669,17 +743,7 @@ class StreamLog:
             fresh = True
         with notify.Waiter(key, seen) as waiter:
             if kind == "remote":
-                # Due a poll interval after this caller's last "may be there"
-                # (a caller is a thread: a job's loop): one waiting in short
-                # slices (a loop asking several sources in turn) lists once per
-                # interval, not once per slice.
-                caller = (key, threading.get_ident())
-                now = time.monotonic()
-                due = _POLLED.setdefault(caller, now) + REMOTE_POLL_SECONDS
-                if not waiter.wait(min(deadline, due) - now) and time.monotonic() < due:
-                    return False
-                _POLLED[caller] = time.monotonic()
-                return True
+                return self._poll_due(waiter, ends, deadline)
             if fresh and self._past(ends):
                 return True
             if kind == "memory":  # every writer is in this process, so every append signals
@@ -696,6 +760,39 @@ class StreamLog:
                     relist = None
                     if self._past(ends):
                         return True
+
+    def _poll_due(self, waiter: notify.Waiter, ends: Sequence[int], deadline: float) -> bool:
+        """On an object store: wait until this caller's next look is due (True) or ``deadline``.
+
+        A caller is a thread (a job's loop): one waiting in short slices (a
+        loop asking several sources in turn) lists once per interval, not
+        once per slice. The interval backs off while the stream stays idle
+        (:class:`PollSettings`): it starts at ``first`` after the caller's
+        offsets moved (data came) or an append in this process woke it, and
+        grows :data:`BACKOFF_FACTOR`-fold after each look that found nothing,
+        up to ``most``. Any
+        listing of the stream by the caller (:meth:`end_offsets`) counts as
+        a look.
+        """
+        settings = poll_settings(self.store)
+        caller = (self.paths.folder, threading.get_ident())
+        now = time.monotonic()
+        last = _POLLED_AT.setdefault(caller, now)
+        interval, seen = _BACKOFF.get(caller, (settings.first, None))
+        if seen is not None and seen != list(ends):
+            interval = settings.first  # data came since the last look
+        _BACKOFF[caller] = (interval, list(ends))
+        due = last + interval
+        if waiter.wait(min(deadline, due) - now):
+            _BACKOFF[caller] = (settings.first, list(ends))  # an append here: look now
+            _POLLED_AT[caller] = time.monotonic()
+            return True
+        if time.monotonic() < due:
+            return False
+        _POLLED_AT[caller] = time.monotonic()
+        _BACKOFF[caller] = (min(max(interval * BACKOFF_FACTOR, settings.first), settings.most),
+                            list(ends))
+        return True
 
     def _past(self, ends: Sequence[int]) -> bool:
         """Whether the stream's end offsets are other than ``ends`` now (one listing)."""
@@ -723,10 +820,10 @@ class StreamLog:
         if end <= start:
             return []
         known = _CHUNKS.get(self.paths.partition(partition))
-        if (known is not None and known[0] and known[0][0] <= start and known[2] >= end
-                and self._where() != "remote"):
-            # Listed or followed up to ``end`` already: the chunks holding the
-            # range are known. A trim since removes some: then list.
+        if known is not None and known[0] and known[0][0] <= start and known[2] >= end:
+            # Listed or followed up to ``end`` already (on S3 or GCS: the
+            # driver's look for data listed it): the chunks holding the range
+            # are known. A trim since removes some: then list.
             with contextlib.suppress(FileNotFoundError):
                 return self._read_chunks(partition, known[0], start, end)
         starts, marks = self._listing(partition)
@@ -799,7 +896,9 @@ class StreamLog:
         self, path: str, partition: int, start: int, next_start: int | None
     ) -> tuple[list[Any], str]:
         """One chunk's items and token, checked against its header and the next chunk's offset."""
-        raw = self.store.read_bytes(path)
+        raw = self._ahead.pop(path, None)
+        if raw is None:
+            raw = self.store.read_bytes(path)
         if len(raw) < _HEADER.size:
             raise self._corrupt(path, f"is truncated ({len(raw)} bytes, no header)")
         count, token_len = _HEADER.unpack_from(raw)
@@ -835,6 +934,20 @@ _LISTED: dict[str, tuple[int, int, tuple[int, int] | None, int]] = {}
 _CHUNKS: dict[str, tuple[list[int], dict[int, int], int, str]] = {}
 
 
+#: How many whole chunks a store handle keeps for reads to come (the oldest go).
+_READ_AHEAD_MOST = 256
+
+
+def _read_ahead(cache: dict[str, bytes], path: str, data: bytes) -> None:
+    """Keep a whole chunk a header's read fetched, until its items are read once.
+
+    Chunks never change once written; a trim removes only what readers passed.
+    """
+    if len(cache) >= _READ_AHEAD_MOST:
+        cache.pop(next(iter(cache)), None)
+    cache[path] = data
+
+
 def _remember_chunks(
     folder: str, starts: list[int], sizes: dict[int, int] | None, end: int, newest: str
 ) -> None:
@@ -851,8 +964,13 @@ def _remember_chunks(
 
 
 #: On an object store, when (monotonic) each caller (stream folder, thread)
-#: was last told data may be there: its next poll is due an interval later.
-_POLLED: dict[tuple[str, int], float] = {}
+#: last looked (listed, or was told data may be there): its next look is due
+#: an interval later.
+_POLLED_AT: dict[tuple[str, int], float] = {}
+#: On an object store, each caller's poll interval now and the offsets it
+#: waited past then (:meth:`StreamLog._poll_due`).
+_BACKOFF: dict[tuple[str, int], tuple[float, list[int] | None]] = {}
+
 
 
 def _relist_at(stamps: list[tuple[tuple[int, int] | None, int]]) -> float | None:
