@@ -127,7 +127,8 @@ def test_metrics_of_a_finished_job_as_a_table_and_as_json(
     lines = out.splitlines()
     assert lines[0] == f"Job 'doubler' ({job.id}) finished: COMPLETED"
     assert lines[1].startswith("Execution start: 20")
-    assert lines[3:] == [
+    assert lines[3].startswith("Store requests: ") and "(list " in lines[3]
+    assert lines[4:] == [
         "STAGE             receivedCount  emittedCount",
         "double            5              5",
         "from-list(nums)   0              5",

@@ -264,7 +264,7 @@ def prometheus_text(jobs: Iterable[Job]) -> str:
     (``lastCommittedBatch``, ``processingRate``, ...) labelled by ``job_id``
     and ``job_name``, stage metrics (``receivedCount``, ``emittedCount``,
     ``snapshotKeys``, ...) by ``stage`` too, ``sparkjet_status`` 1 for the
-    job's status (label ``status``), and the store requests a streaming job's driver
+    job's status (label ``status``), and the store requests the job's driver
     made by ``kind`` (``sparkjet_storeRequests_total``: list, get, head, put,
     delete). Counters (:data:`PROMETHEUS_COUNTERS`)
     are typed ``counter`` and named with Prometheus's ``_total`` suffix

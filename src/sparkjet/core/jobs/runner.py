@@ -706,9 +706,7 @@ class JobRunner:
             self.execution_start, self.execution_completion, self._stage_metrics(),
             self.stream.progress if streaming else None,
             self.lease.record.restore if streaming else None,
-            # A streaming job's (its idle looks are what cost); a batch job's are
-            # counted too (store_requests.by_kind) but not shown yet.
-            store_requests.by_kind(self.job.id) if streaming else None,
+            store_requests.by_kind(self.job.id),
         )
 
     def _stage_metrics(self) -> dict[str, dict[str, int]]:
