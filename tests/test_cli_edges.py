@@ -246,6 +246,7 @@ def test_prometheus_types_follow_jets_semantics_counters_end_in_total(
         "sparkjet_receivedCount_total": "counter",
         "sparkjet_emittedCount_total": "counter",
         "sparkjet_deadLetters_total": "counter",
+        "sparkjet_storeRequests_total": "counter",
     }
     labels = f'job_id="{job.id}",job_name="typed",stage="parse"'
     assert f"sparkjet_deadLetters_total{{{labels}}} 1" in out.splitlines()
