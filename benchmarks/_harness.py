@@ -110,6 +110,43 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def submit_running(client: Any, pipeline: Any, config: Any, label: str) -> Any:
+    """Submit a job and wait until it runs; raise if it ends or has not started in 60 s."""
+    from sparkjet.job import JobStatus
+
+    job = client.get_jet().submit(pipeline, config)
+    deadline = time.monotonic() + 60
+    while job.status is not JobStatus.RUNNING:
+        if job.is_terminal() or time.monotonic() > deadline:
+            job.join(0)
+            raise RuntimeError(f"{label}: job is {job.status.value}")
+        time.sleep(0.01)
+    return job
+
+
+@contextlib.contextmanager
+def kafka_client(master: str, bootstrap: str | None) -> Iterator[tuple[Any, str, bool]]:
+    """A client with the Kafka plugin, the broker's address, and whether it is Tansu.
+
+    The broker is ``bootstrap`` when given, else a Tansu broker started on
+    127.0.0.1 for the run (``tests/kafka_broker.py``) and stopped after it.
+    """
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.kafka_broker
+    from tests.kafka_broker import TansuBroker
+
+    from sparkjet.contrib import kafka
+
+    broker = None if bootstrap else TansuBroker()
+    try:
+        client = connect(master)
+        if "kafka" not in {info.name for info in client.list_plugins()}:
+            client.register_plugin(kafka, "kafka")
+        yield client, bootstrap or (broker.bootstrap if broker else ""), broker is not None
+    finally:
+        if broker is not None:
+            broker.stop()
+
+
 @contextlib.contextmanager
 def s3_client(master: str) -> Iterator[Any]:
     """A sparkjet client whose store is on moto's S3 server on 127.0.0.1, as the tests use."""
@@ -160,15 +197,7 @@ class JobContender(Contender):
 
     def submit(self, pipeline: Any, config: Any) -> None:
         """Submit the job and wait until it runs; raise if it ends or has not started in 60 s."""
-        from sparkjet.job import JobStatus
-
-        self.job = self.client.get_jet().submit(pipeline, config)
-        deadline = time.monotonic() + 60
-        while self.job.status is not JobStatus.RUNNING:
-            if self.job.is_terminal() or time.monotonic() > deadline:
-                self.job.join(0)
-                raise RuntimeError(f"{self.label}: job is {self.job.status.value}")
-            time.sleep(0.01)
+        self.job = submit_running(self.client, pipeline, config, self.label)
 
     def publish(self, payload: Any) -> None:
         self.stream.publish_all(payload)  # pickles: counted in any timer around it

@@ -28,18 +28,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import sys
 import time
 import uuid
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
-from _harness import connect
+from _harness import kafka_client, submit_running
 
 from sparkjet.aggregate import counting
 from sparkjet.errors import JobCancelledError
-from sparkjet.job import JobConfig, JobStatus, ProcessingGuarantee
+from sparkjet.job import JobConfig, ProcessingGuarantee
 from sparkjet.pipeline import Pipeline, StreamSource
 
 WARMUP = 2_000
@@ -116,16 +114,9 @@ def start_job(client: Any, source: Any, map_name: str, interval_ms: int) -> Any:
     p = Pipeline.create()
     (p.read_from(source).group_by(lambda e: e["user"]).aggregate(counting())
      .set_name("per-user").write_to(Pipeline.to_map(map_name)))
-    job = client.get_jet().submit(p, JobConfig(
+    return submit_running(client, p, JobConfig(
         name=map_name, processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
-        snapshot_interval_millis=interval_ms))
-    deadline = time.monotonic() + 60
-    while job.status is not JobStatus.RUNNING:
-        if job.is_terminal() or time.monotonic() > deadline:
-            job.join(0)
-            raise RuntimeError(f"{map_name}: job is {job.status.value}")
-        time.sleep(0.01)
-    return job
+        snapshot_interval_millis=interval_ms), map_name)
 
 
 def wait_total(job: Any, sink: Any, total: int, poll: float) -> float:
@@ -222,20 +213,12 @@ def stop(job: Any) -> None:
 
 def main() -> None:
     args = parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.kafka_broker
     from confluent_kafka.admin import AdminClient, NewTopic
-    from tests.kafka_broker import TansuBroker
 
-    from sparkjet.contrib import kafka
     from sparkjet.contrib.kafka import KafkaSource
     from sparkjet.plugin import JobContext
 
-    broker = None if args.bootstrap else TansuBroker()
-    bootstrap = args.bootstrap or (broker.bootstrap if broker else "")
-    try:
-        client = connect(args.master)
-        if "kafka" not in {info.name for info in client.list_plugins()}:
-            client.register_plugin(kafka, "kafka")
+    with kafka_client(args.master, args.bootstrap) as (client, bootstrap, tansu):
         topic = f"bench-{uuid.uuid4().hex[:8]}"
         admin = AdminClient({"bootstrap.servers": bootstrap})
         for future in admin.create_topics([NewTopic(topic, PARTITIONS, 1)]).values():
@@ -244,7 +227,7 @@ def main() -> None:
         warm = [{"user": f"u{i % keys}"} for i in range(WARMUP)]
         events = [{"user": f"u{i % keys}"} for i in range(args.n)]
         print(f"{args.n:,} events over {keys:,} users, {PARTITIONS} partitions, broker "
-              f"{'Tansu' if broker else bootstrap}, {args.master}, Spark {client.spark.version}; "
+              f"{'Tansu' if tansu else bootstrap}, {args.master}, Spark {client.spark.version}; "
               f"EXACTLY_ONCE, snapshot interval {args.interval_ms} ms", flush=True)
         rates: dict[str, float] = {}
 
@@ -328,9 +311,6 @@ def main() -> None:
             print(f"  {label:<36}{ms:>9.1f} ms{ms / plain:>9.2f}x")
         print("  (x: over the plain producer's; a micro-batch also waits for the loop's "
               "interval and plans, runs and commits a Spark job)")
-    finally:
-        if broker is not None:
-            broker.stop()
 
 
 if __name__ == "__main__":

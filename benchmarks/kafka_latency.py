@@ -39,15 +39,13 @@ import argparse
 import contextlib
 import json
 import random
-import sys
 import threading
 import time
 import uuid
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
-from _harness import connect
+from _harness import kafka_client, percentile, submit_running
 
 PARTITIONS = 5
 TIMEOUT = 120.0
@@ -253,22 +251,17 @@ class SparkjetJob:
                  guarantee: str) -> None:
         from sparkjet.aggregate import counting
         from sparkjet.contrib.kafka import KafkaSink, KafkaSource
-        from sparkjet.job import JobConfig, JobStatus, ProcessingGuarantee
+        from sparkjet.job import JobConfig, ProcessingGuarantee
         from sparkjet.pipeline import Pipeline
 
         p = Pipeline.create()
         (p.read_from(KafkaSource(source, bootstrap)).group_by(lambda e: e["k"])
          .aggregate(counting()).set_name("counts")
          .write_to(KafkaSink(target, bootstrap, key=lambda kv: kv[0])))
-        self.job = client.get_jet().submit(p, JobConfig(
+        self.job = submit_running(client, p, JobConfig(
             name=f"kafka-latency-{guarantee.lower()}-{uuid.uuid4().hex[:6]}",
-            processing_guarantee=ProcessingGuarantee[guarantee], snapshot_interval_millis=1))
-        deadline = time.monotonic() + 60
-        while self.job.status is not JobStatus.RUNNING:
-            if self.job.is_terminal() or time.monotonic() > deadline:
-                self.job.join(0)
-                raise RuntimeError(f"sparkjet {guarantee}: job is {self.job.status.value}")
-            time.sleep(0.01)
+            processing_guarantee=ProcessingGuarantee[guarantee], snapshot_interval_millis=1),
+            f"sparkjet {guarantee}")
 
     def check(self) -> None:
         """Raise the job's failure if it ended."""
@@ -288,12 +281,6 @@ class SparkjetJob:
             self.job.cancel()
             with contextlib.suppress(JobCancelledError):
                 self.job.join(60)
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The ``q`` quantile of ``values`` (nearest rank)."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def run_contender(label: str, make: Any, bootstrap: str, args: argparse.Namespace,
@@ -387,20 +374,10 @@ def run_contender(label: str, make: Any, bootstrap: str, args: argparse.Namespac
 def main() -> None:
     """Start Tansu (unless --bootstrap), run every contender, print the tables."""
     args = parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.kafka_broker
-    from tests.kafka_broker import TansuBroker
-
-    from sparkjet.contrib import kafka
-
-    broker = None if args.bootstrap else TansuBroker()
-    bootstrap = args.bootstrap or (broker.bootstrap if broker else "")
-    try:
-        client = connect(args.master)
-        if "kafka" not in {info.name for info in client.list_plugins()}:
-            client.register_plugin(kafka, "kafka")
+    with kafka_client(args.master, args.bootstrap) as (client, bootstrap, tansu):
         print(f"{args.rate:,} records/s for {args.seconds:g} s (after {args.warmup_seconds:g} s "
               f"warm-up), {args.keys:,} keys, {PARTITIONS} partitions, broker "
-              f"{'Tansu' if broker else bootstrap}, {args.master}, Spark {client.spark.version};"
+              f"{'Tansu' if tansu else bootstrap}, {args.master}, Spark {client.spark.version};"
               " snapshot_interval_millis=1", flush=True)
         contenders: dict[str, Any] = {
             "plain confluent-kafka loop": lambda s, t: PlainLoop(bootstrap, s, t)}
@@ -457,9 +434,6 @@ def main() -> None:
                 p50, p99 = percentile(lats, 0.5), percentile(lats, 0.99)
                 print(f"  {label:<30} p50 {p50 / p50_t:.2f}x target, p99 {p99 / p99_t:.2f}x "
                       "target")
-    finally:
-        if broker is not None:
-            broker.stop()
 
 
 if __name__ == "__main__":
