@@ -616,3 +616,41 @@ def test_a_submit_that_fails_part_way_leaves_no_files(
     with pytest.raises(sparkjet_errors.StoreError, match="store down"):
         client.get_jet().submit(_stream_pipeline(), JobConfig(name="half-submitted"))
     assert set(client.store.listdir(client.store.layout.jobs)) == before
+
+
+def test_the_heartbeat_outlives_a_failure_to_gather_its_progress(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watcher keeps beating (and taking control requests) when building the progress fails.
+
+    A watcher thread that died would leave the job judged dead after the
+    stale limit and taken over while this driver runs on.
+    """
+    from sparkjet.core.client import Client
+    from sparkjet.core.config import load_config
+    from sparkjet.core.inprocess.engine import InProcessEngine
+    from sparkjet.core.jobs.streaming import StreamRun
+
+    original = StreamRun.progress_change
+    calls: list[int] = []
+
+    def fails_once(self: StreamRun) -> Any:
+        if threading.current_thread().name.startswith("sparkjet-watch-"):  # the heartbeat's
+            calls.append(1)
+            if len(calls) == 1:
+                raise RuntimeError("progress could not be gathered")
+        return original(self)
+
+    monkeypatch.setattr(StreamRun, "progress_change", fails_once)
+    client = Client(load_config({"store": {"url": store_url}, "spark": TEST_SPARK}),
+                    engine=InProcessEngine(2))
+    client.get_stream("events", partitions=1).publish(1)
+    job = client.get_jet().submit(_stream_pipeline(), JobConfig(name="beats"))
+    try:
+        wait_until(lambda: client.get_list("out").size() == 1, what="the first micro-batch")
+        wait_until(lambda: len(calls) >= 2, what="a heartbeat after the one that failed")
+        assert job.status is JobStatus.RUNNING
+    finally:
+        job.cancel()
+        with pytest.raises(sparkjet_errors.JobCancelledError):
+            job.join(timeout=60)

@@ -28,7 +28,7 @@ from sparkjet.core.jobs.record import lease_refresh_seconds, read_record
 from sparkjet.core.store import requests, stream_log
 from sparkjet.core.store.fs import Store
 from sparkjet.core.store.job_records import JobRecords
-from sparkjet.errors import JobCancelledError
+from sparkjet.errors import JobCancelledError, StoreError
 from sparkjet.job import JobConfig, ProcessingGuarantee
 from sparkjet.pipeline import Pipeline, StreamSource
 from sparkjet.testing import StoreLocation
@@ -230,3 +230,71 @@ def test_one_event_micro_batch_requests_are_bounded(
             assert sum(batch.values()) <= BATCH_REQUESTS_MOST, dict(batch)
     finally:
         _stop(job)
+
+
+# --- what the caches that save requests must not hide ------------------------------------
+
+
+@pytest.fixture(params=["s3", "gcs"])
+def remote(request: pytest.FixtureRequest) -> StoreLocation:
+    """A fresh S3 or GCS folder (no proxy)."""
+    location: StoreLocation = request.getfixturevalue(f"{request.param}_location")
+    return location.fresh()
+
+
+@contextlib.contextmanager
+def _another_process(location: StoreLocation) -> Iterator[Store]:
+    """A store handle as another process has: what it does leaves this process's caches alone.
+
+    The stream log keeps what it saw of each partition per process
+    (``_CHUNKS``, ``_LISTED``); they are put back as they were afterwards.
+    """
+    saved = dict(stream_log._CHUNKS), dict(stream_log._LISTED)
+    try:
+        yield location.store(separate_client=True)
+    finally:
+        for cache, before in zip((stream_log._CHUNKS, stream_log._LISTED), saved, strict=True):
+            cache.clear()
+            cache.update(before)
+
+
+def _made_anew(location: StoreLocation, name: str, partitions: int, items: list[Any]) -> None:
+    """Another process deletes stream ``name``, makes it anew and publishes ``items``."""
+    with _another_process(location) as theirs:
+        log = theirs.stream_log(name)
+        theirs.remove(log.paths.folder, recursive=True)
+        assert log.create(partitions)
+        if items:
+            theirs.stream_log(name).publish_all(items)
+
+
+@pytest.mark.storage
+def test_a_write_splits_by_the_partitions_a_stream_made_anew_has(remote: StoreLocation) -> None:
+    ours = remote.store(separate_client=True)
+    log = ours.stream_log("s")
+    assert log.create(4)
+    log.publish_all(["before"])  # this handle has read (and keeps) the count 4
+    _made_anew(remote, "s", 2, [])
+    ours.stream_log("s").publish_all(list(range(8)))
+    with _another_process(remote) as theirs:
+        fresh = theirs.stream_log("s")
+        assert fresh.partitions == 2
+        assert sorted(item for p in range(2) for item in fresh.read_held(p)) == list(range(8))
+    with pytest.raises(StoreError, match="made anew with other partitions"):
+        ours.stream_log("s").append_batch("w", "t", [[1], [2], [3], [4]])
+
+
+@pytest.mark.storage
+def test_a_chunk_kept_by_a_look_is_not_read_for_a_stream_made_anew(
+        remote: StoreLocation, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(stream_log, "READ_AHEAD_SECONDS", 0.2)
+    ours = remote.store(separate_client=True)
+    log = ours.stream_log("r")
+    assert log.create(1)
+    log.publish_all(["old-1", "old-2"])
+    assert log.end_offsets() == [2]  # the look reads the chunk's header: it keeps the chunk
+    _made_anew(remote, "r", 1, ["new-1", "new-2"])  # chunks of the same names and sizes
+    time.sleep(0.3)  # past the kept copy's life (patched above)
+    again = ours.stream_log("r")
+    assert again.end_offsets() == [2]
+    assert again.read(0, 0, 2) == ["new-1", "new-2"]

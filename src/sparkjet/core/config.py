@@ -82,8 +82,8 @@ _STREAM_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
 
 #: ``[engine]`` defaults: on S3 or GCS an idle streaming job first looks for
 #: new data this long after its last look, and makes the interval four times
-#: as long after each look that found nothing, up to the second (see
-#: docs/streaming.md).
+#: as long after each look that found nothing, up to ``idle_poll_max_seconds``
+#: (see docs/streaming.md).
 DEFAULT_STREAM_POLL_SECONDS = 0.05
 DEFAULT_IDLE_POLL_MAX_SECONDS = 5.0
 #: ``[engine]`` defaults: a micro-batch of at most this many items and bytes in

@@ -18,7 +18,8 @@ per process, and the three rules it keeps:
   dropped, when the process unfreezes, collects once and freezes again.
 - **Owned by its job.** Each entry names its job (:class:`CacheOwner`). While
   the process holds entries, a daemon thread reads each owning job's record
-  every :data:`SWEEP_SECONDS` and drops the entries of a job that is no longer
+  every :data:`SWEEP_SECONDS` (:data:`REMOTE_SWEEP_SECONDS` on S3 and GCS, where
+  each read is billed) and drops the entries of a job that is no longer
   running (suspended, completed, failed or cancelled, or its record gone), so
   the memory goes back without any task running here. A record that cannot be
   read keeps its entries (the store may be briefly away).

@@ -325,9 +325,10 @@ class JobRunner:
             # A streaming job's heartbeat carries its progress too (a source's
             # lag changes between batches, while the job idles or works).
             if self._beat_due():
-                running = self.plan.streaming and self.stream.progress.last_committed >= 0
-                change = self.stream.progress_change() if running else None
                 try:
+                    running = (self.plan.streaming
+                               and self.stream.progress.last_committed >= 0)
+                    change = self.stream.progress_change() if running else None
                     self.lease.write(change)
                 except JobFencedError as exc:
                     self._stop_fenced(exc)

@@ -75,7 +75,7 @@ class Store:
         #: Streams' partition counts read here: meta path -> (partitions, monotonic time).
         self.stream_meta: dict[str, tuple[int, float]] = {}
         #: Whole stream chunks a header's read fetched, for the read that follows.
-        self.read_ahead: dict[str, bytes] = {}
+        self.read_ahead: dict[str, tuple[bytes, float]] = {}
 
     def _error(self, message: str) -> StoreError:
         return StoreError(self.redact(message))

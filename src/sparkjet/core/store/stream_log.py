@@ -87,6 +87,11 @@ META_SECONDS = 60.0
 #: On a local store, how often a waiter stats the partition folders for
 #: appends by other processes (a chunk's create changes its folder's mtime).
 LOCAL_STAT_SECONDS = 0.005
+#: How long a chunk kept by a header's read serves the read of its items: the
+#: read a look is for comes within a micro-batch; a copy older than this (or
+#: of another size than the newest listing says) is fetched again, as a stream
+#: deleted and made anew by another process has new chunks under old names.
+READ_AHEAD_SECONDS = 2.0
 #: How much of a chunk the look for its header fetches (one ranged GET either
 #: way): a chunk that fits is kept for the read of its items that follows.
 HEAD_BYTES = 16 << 10
@@ -168,7 +173,7 @@ class StreamLog:
         return cache if isinstance(cache, dict) and self._where() == "remote" else {}
 
     @property
-    def _ahead(self) -> dict[str, bytes]:
+    def _ahead(self) -> dict[str, tuple[bytes, float]]:
         """Whole chunks a header's read fetched on S3 or GCS, kept on the store handle.
 
         See :data:`HEAD_BYTES`; elsewhere a read is free, and nothing is kept.
@@ -195,6 +200,18 @@ class StreamLog:
             self._partitions = int(meta["partitions"])
             self._meta_cache[self.paths.meta] = (self._partitions, time.monotonic())
         return self._partitions
+
+    def _partitions_now(self) -> int:
+        """The partition count read afresh, for a write.
+
+        A count cached by this handle or its store (:data:`META_SECONDS`) may
+        be older than the stream: another process may have deleted it and
+        made it anew with other partitions, and items split by the old count
+        would land in folders no reader lists. A write pays one read.
+        """
+        self._meta_cache.pop(self.paths.meta, None)
+        self._partitions = None
+        return self.partitions
 
     def chunk_starts(self, partition: int) -> list[int]:
         """The first offsets of ``partition``'s chunks, in order (listed afresh)."""
@@ -512,7 +529,7 @@ class StreamLog:
         Without ``partition_of`` items go round-robin from a random partition.
         """
         batch = list(items)
-        n = self.partitions
+        n = self._partitions_now()
         buckets: list[list[Any]] = [[] for _ in range(n)]
         places: list[list[int]] = [[] for _ in range(n)]
         first = random.randrange(n)
@@ -665,9 +682,10 @@ class StreamLog:
         splitting again could append another item set to the partitions that
         had not landed yet, losing some items and doubling others.
         """
-        if len(buckets) != self.partitions:
+        if len(buckets) != self._partitions_now():
             raise StoreError(
-                f"stream {self.name!r}: {len(buckets)} buckets for {self.partitions} partitions"
+                f"stream {self.name!r}: {len(buckets)} buckets for {self.partitions} partitions "
+                "(was the stream deleted and made anew with other partitions?)"
             )
         pending = self.paths.pending(writer, token)
         starts = self.writer_starts(writer)
@@ -855,7 +873,9 @@ class StreamLog:
                     path, f"starts at offset {chunk_start}, but the chunk before it ends at "
                     f"{expected}: offsets {expected} to {chunk_start - 1} are missing"
                 )
-            items, token = self._items(path, partition, chunk_start, chunk_end)
+            listed = _CHUNKS.get(self.paths.partition(partition))
+            size = listed[1].get(chunk_start) if listed is not None else None
+            items, token = self._items(path, partition, chunk_start, chunk_end, size)
             lo = max(start - chunk_start, 0)
             hi = min(end - chunk_start, len(items))
             if token.startswith(_BATCH) and not self._counts(
@@ -893,10 +913,18 @@ class StreamLog:
                 # Trimmed while reading: read what is held now.
 
     def _items(
-        self, path: str, partition: int, start: int, next_start: int | None
+        self, path: str, partition: int, start: int, next_start: int | None,
+        size: int | None = None,
     ) -> tuple[list[Any], str]:
-        """One chunk's items and token, checked against its header and the next chunk's offset."""
-        raw = self._ahead.pop(path, None)
+        """One chunk's items and token, checked against its header and the next chunk's offset.
+
+        ``size``: the chunk's size in bytes as the newest listing of its
+        folder gave it. A copy kept by a header's read (:func:`_read_ahead`)
+        is used only when it has that size and is younger than
+        :data:`READ_AHEAD_SECONDS`: a stream deleted and made anew by another
+        process has new chunks under the old names.
+        """
+        raw = _kept(self._ahead, path, size)
         if raw is None:
             raw = self.store.read_bytes(path)
         if len(raw) < _HEADER.size:
@@ -938,14 +966,26 @@ _CHUNKS: dict[str, tuple[list[int], dict[int, int], int, str]] = {}
 _READ_AHEAD_MOST = 256
 
 
-def _read_ahead(cache: dict[str, bytes], path: str, data: bytes) -> None:
+def _read_ahead(cache: dict[str, tuple[bytes, float]], path: str, data: bytes) -> None:
     """Keep a whole chunk a header's read fetched, until its items are read once.
 
     Chunks never change once written; a trim removes only what readers passed.
+    The loop and the tasks it runs in the driver share the cache: the oldest
+    entry's eviction may meet another thread's pop, which is no harm.
     """
     if len(cache) >= _READ_AHEAD_MOST:
-        cache.pop(next(iter(cache)), None)
-    cache[path] = data
+        with contextlib.suppress(RuntimeError, StopIteration):
+            cache.pop(next(iter(cache)), None)
+    cache[path] = (data, time.monotonic())
+
+
+def _kept(cache: dict[str, tuple[bytes, float]], path: str, size: int | None) -> bytes | None:
+    """The copy of ``path`` :func:`_read_ahead` kept, if it has ``size`` bytes and is recent."""
+    kept = cache.pop(path, None)
+    if kept is None or size is None:
+        return None
+    data, at = kept
+    return data if len(data) == size and time.monotonic() - at < READ_AHEAD_SECONDS else None
 
 
 def _remember_chunks(
