@@ -618,3 +618,14 @@ def test_a_bad_poll_setting_is_refused_naming_it(key: str, value: str) -> None:
 
     assert str(info.value).startswith(
         f"{path}: [engine] {key}: expected a number of seconds, more than 0, got ")
+
+
+def test_a_first_poll_longer_than_the_most_is_refused_naming_both() -> None:
+    path = write(Path("sparkjet.toml"), "[engine]\nstream_poll_seconds = 10\n")
+
+    with pytest.raises(ConfigError) as info:
+        load_config()
+
+    assert str(info.value) == (
+        f"{path}: [engine] stream_poll_seconds (10) is more than idle_poll_max_seconds (5): "
+        "an idle job's first look cannot wait longer than the most it backs off to")

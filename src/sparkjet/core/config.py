@@ -416,3 +416,10 @@ def _apply(config: Config, data: Mapping[str, Any], where: str) -> None:
         config.streams.setdefault(key, {}).update(table)
     if data.get("engine"):
         config.engine = replace(config.engine, **data["engine"])
+        first, most = config.engine.stream_poll_seconds, config.engine.idle_poll_max_seconds
+        if first > most:
+            raise ConfigError(
+                f"{where}: [engine] stream_poll_seconds ({first:g}) is more than "
+                f"idle_poll_max_seconds ({most:g}): an idle job's first look cannot wait "
+                "longer than the most it backs off to"
+            )
