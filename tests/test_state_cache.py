@@ -212,6 +212,12 @@ class _Records(logging.Handler):
         self.records.append(record)
 
 
+def _drop_of_j(record: logging.LogRecord) -> bool:
+    """Whether ``record`` is a sweeper's line about dropping job ``j``'s state."""
+    message = record.getMessage()
+    return "of job j:" in message and "no longer runs" in message
+
+
 def test_the_sweeper_drops_a_stopped_jobs_state_with_no_task_running(store: Store) -> None:
     logger = logging.getLogger("sparkjet.core.state_cache")
     handler, level = _Records(), logger.level
@@ -227,12 +233,13 @@ def test_the_sweeper_drops_a_stopped_jobs_state_with_no_task_running(store: Stor
         wait_until(lambda: cache.jobs() == {}, 10, "the sweeper to drop the job's state")
         # Housekeeping on a background thread stays below INFO: a CLI command
         # running in the same process would print it on its stderr (CI caught one).
-        wait_until(lambda: any("no longer runs" in r.getMessage() for r in handler.records),
+        wait_until(lambda: any(_drop_of_j(r) for r in handler.records),
                    10, "the sweeper to log the drop")  # it logs once the entries are gone
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
-    drops = [r for r in handler.records if "no longer runs" in r.getMessage()]
+    # Only this job's: the process-wide cache's sweeper drops other tests' jobs meanwhile.
+    drops = [r for r in handler.records if _drop_of_j(r)]
     assert [r.levelno for r in drops] == [logging.DEBUG]
 
 
