@@ -351,7 +351,16 @@ class SmallDisk:
             (self.root / "ballast").unlink()
 
     def temp_files(self) -> list[Path]:
-        return sorted(self.root.rglob("*.tmp"))
+        """The temp files in the store now; a folder removed while listed is skipped.
+
+        ``Path.rglob`` fails when a folder it is about to enter goes (a job
+        stopping removes its checkpoint folder); ``os.walk`` passes over it.
+        """
+        return sorted(
+            Path(folder) / name
+            for folder, _, names in os.walk(self.root)
+            for name in names if name.endswith(".tmp")
+        )
 
     def assert_no_temp_file_stays(self, timeout: float = 60) -> None:
         """No write leaves its temp file behind: each one seen now is gone once its write ends.
