@@ -18,7 +18,7 @@ import pickle
 import time
 import uuid
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sparkjet.core.errors import StoreError
@@ -60,10 +60,21 @@ class LogCursor:
     producers: dict[str, int] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class _Own:
+    """A writer's last record committed through :meth:`CommitLog.commit_once` here."""
+
+    #: The record, without its parts: a later commit looks only at its number and writer.
+    record: Record
+    #: The newest base as listed right after the record was created.
+    floor: int
+
+
 #: The record each writer (by writer index path) committed last through
 #: :meth:`CommitLog.commit_once` in this process: its next commit need not
-#: read it back (a micro-batch sink's commit is a GET cheaper).
-_OWN: dict[tuple[str, str], Record] = {}
+#: read it back, nor list the bases first (a micro-batch sink's commit is
+#: two requests cheaper).
+_OWN: dict[tuple[str, str], _Own] = {}
 
 
 def _seq_is_int(index: Any) -> None:
@@ -188,25 +199,35 @@ class CommitLog:
 
     def _append(self, payload: bytes, after: int, floor: int) -> int:
         """Create the record ``payload`` after ``after`` and the newest base ``floor``."""
-        seq = max(after, floor) + 1
+        return self._settle(payload, self._create_from(payload, max(after, floor) + 1))[0]
+
+    def _create_from(self, payload: bytes, seq: int) -> int:
+        """Create ``payload`` as the first free record number from ``seq`` on; that number."""
+        while not self.store.create_exclusive(self.paths.record(seq), payload):
+            seq += 1  # another writer took that number: the next one
+        return seq
+
+    def _settle(self, payload: bytes, seq: int) -> tuple[int, int]:
+        """Record ``seq`` was created: past any fold made meanwhile; its number and the floor.
+
+        A fold made meanwhile that covers the number would hide the record
+        (readers start after the newest base): it is committed again after
+        the base. Folds the log when :data:`FOLD_EVERY` records follow the base.
+        """
         while True:
-            while not self.store.create_exclusive(self.paths.record(seq), payload):
-                seq += 1  # another writer took that number: the next one
             bases = self.bases()
-            if not bases or bases[-1] < seq:
+            floor = bases[-1] if bases else 0
+            if floor < seq:
                 break
-            # A fold made meanwhile covers this number: readers start after
-            # it, so the record would never be seen. Commit it after the base.
             self.store.remove(self.paths.record(seq))
-            floor = bases[-1]
-            seq = floor + 1
+            seq = self._create_from(payload, floor + 1)
         if seq - floor >= FOLD_EVERY:
             try:
                 self.fold()
             except Exception as exc:  # the commit stands; the next commit folds
                 log.warning("%s: folding the log failed (the next commit tries again): %s",
                             self.label, self.store.redact(str(exc)))
-        return seq
+        return seq, floor
 
     def commit_once(
         self,
@@ -237,13 +258,23 @@ class CommitLog:
             raw = None
         after = 0 if raw is None else int(self.store.decode(
             index, raw, json_loads, f"{self.label}: writer index", check=_seq_is_int)["seq"])
+        payload = _record_payload(op, parts, token, producer, batch)
+        # The record this process committed last for the writer, if the index
+        # still names it: records never change, so it is not read again.
+        kept = _OWN.get(self._own_key(index))
+        mine = kept.record if kept is not None and kept.record.seq == after else None
+        if kept is not None and mine is not None and after > kept.floor:
+            if mine.writer == token:
+                return None  # this batch's record, committed here before
+            # The steady case: the next number, created only if free. Free, no
+            # record follows the writer's own, so none of them holds the token.
+            if self.store.create_exclusive(self.paths.record(after + 1), payload):
+                return self._indexed(index, *self._settle(payload, after + 1),
+                                     Record(0, op, [], token, producer, batch))
         bases = self.bases()
         floor = bases[-1] if bases else 0
         cursor = LogCursor()
-        # The record this process committed last for the writer, if the index
-        # still names it: records never change, so it is not read again.
-        mine = _OWN.get(self._own_key(index))
-        if after > floor and mine is not None and mine.seq == after:
+        if after > floor and mine is not None:
             own: Record | None = mine
         else:
             own = self._read_record(after) if after > floor else None
@@ -273,10 +304,14 @@ class CommitLog:
         if producer is not None and batch is not None and (
                 batch <= cursor.producers.get(producer, -1)):
             return None  # committed before and folded into the base since
-        seq = self._append(_record_payload(op, parts, token, producer, batch), last, floor)
+        seq = self._create_from(payload, max(last, floor) + 1)
+        return self._indexed(index, *self._settle(payload, seq),
+                             Record(0, op, [], token, producer, batch))
+
+    def _indexed(self, index: str, seq: int, floor: int, record: Record) -> int:
+        """Record ``seq`` stands: the writer's index names it; kept as this process's own."""
         self.store.write_bytes(index, json.dumps({"seq": seq}).encode())
-        # Without its parts: a later commit looks only at its number and writer.
-        _OWN[self._own_key(index)] = Record(seq, op, [], token, producer, batch)
+        _OWN[self._own_key(index)] = _Own(replace(record, seq=seq), floor)
         return seq
 
     def _own_key(self, index: str) -> tuple[str, str]:
