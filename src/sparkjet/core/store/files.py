@@ -41,6 +41,9 @@ class StoreFiles(Protocol):
     def read_bytes(self, path: str) -> bytes:
         """A whole file; FileNotFoundError if absent."""
 
+    def read_many(self, paths: list[str]) -> dict[str, bytes]:
+        """Whole files by path, fetched at once where it can; FileNotFoundError if one is absent."""
+
     def read_range(self, path: str, start: int, end: int) -> bytes:
         """Bytes ``start`` to ``end`` of ``path`` (fewer if the file is shorter)."""
 

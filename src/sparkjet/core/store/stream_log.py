@@ -860,6 +860,9 @@ class StreamLog:
         skipped = 0
         expected = None  # where the next chunk must start
         first = max(bisect.bisect_right(starts, start) - 1, 0)  # the chunk holding ``start``
+        fetched = self._fetch(partition, [
+            c for i, c in enumerate(starts[first:], first)
+            if c < end and (i + 1 == len(starts) or starts[i + 1] > start)])
         for i in range(first, len(starts)):
             chunk_start = starts[i]
             chunk_end = starts[i + 1] if i + 1 < len(starts) else None
@@ -875,7 +878,8 @@ class StreamLog:
                 )
             listed = _CHUNKS.get(self.paths.partition(partition))
             size = listed[1].get(chunk_start) if listed is not None else None
-            items, token = self._items(path, partition, chunk_start, chunk_end, size)
+            items, token = self._items(path, partition, chunk_start, chunk_end, size,
+                                       fetched.get(path))
             lo = max(start - chunk_start, 0)
             hi = min(end - chunk_start, len(items))
             if token.startswith(_BATCH) and not self._counts(
@@ -912,9 +916,18 @@ class StreamLog:
                     raise
                 # Trimmed while reading: read what is held now.
 
+    def _fetch(self, partition: int, starts: list[int]) -> dict[str, bytes]:
+        """The chunks at ``starts`` not kept from a look, fetched at once (see ``read_many``)."""
+        listed = _CHUNKS.get(self.paths.partition(partition))
+        sizes = listed[1] if listed is not None else {}
+        paths = [self.paths.chunk(partition, c) for c in starts]
+        wanted = [path for c, path in zip(starts, paths, strict=True)
+                  if _kept(self._ahead, path, sizes.get(c)) is None]
+        return self.store.read_many(wanted) if len(wanted) > 1 else {}
+
     def _items(
         self, path: str, partition: int, start: int, next_start: int | None,
-        size: int | None = None,
+        size: int | None = None, raw: bytes | None = None,
     ) -> tuple[list[Any], str]:
         """One chunk's items and token, checked against its header and the next chunk's offset.
 
@@ -924,7 +937,8 @@ class StreamLog:
         :data:`READ_AHEAD_SECONDS`: a stream deleted and made anew by another
         process has new chunks under the old names.
         """
-        raw = _kept(self._ahead, path, size)
+        if raw is None:
+            raw = _kept(self._ahead, path, size)
         if raw is None:
             raw = self.store.read_bytes(path)
         if len(raw) < _HEADER.size:
