@@ -67,6 +67,14 @@ class FakeExecution:
     def stage_counts(self) -> dict[StageCount, int]:
         return dict(self.counts)
 
+    def commit(self) -> None:
+        """A micro-batch's sinks commit: the fake engine wrote nothing, so nothing lands."""
+        self.engine.commits.append(self.call)
+
+    def abort(self) -> None:
+        """A micro-batch the loop will not commit (its driver was fenced off)."""
+        self.engine.aborts.append(self.call)
+
 
 class FakeEngine:
     """See the module docstring."""
@@ -81,6 +89,9 @@ class FakeEngine:
         self.executors: frozenset[str] | None = None
         self.bound: dict[str, str] = {}  # thread name -> job id
         self.cancelled_jobs: list[str] = []
+        #: Micro-batches whose sinks the loop committed, and those it aborted.
+        self.commits: list[Call] = []
+        self.aborts: list[Call] = []
 
     def parallelism(self) -> int:
         return self._parallelism

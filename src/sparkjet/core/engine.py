@@ -77,6 +77,10 @@ class BatchWork:
     now_ms: int
     #: Per windowed stage, its event time in this batch (the plan's watermarks).
     windows: Mapping[str, WindowClock] = field(default_factory=dict)
+    #: Per stateful stage, its state folder's entries as the driver listed them
+    #: for this batch, so its state tasks do not each list it again (a stage
+    #: missing here: each task lists it). See :meth:`StatePaths.versions`.
+    listed: Mapping[str, list[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -130,6 +134,26 @@ class Execution(Protocol):
         """The per-stage counts so far (empty when metrics are off); safe from any thread."""
 
 
+class MicroBatch(Execution, Protocol):
+    """One micro-batch on the engine: :meth:`run` does its work, its commit is the loop's.
+
+    :meth:`run` reads, folds and writes (state files, what each sink will
+    commit) and returns; the sinks commit only when the checkpoint's commit
+    sequence (:class:`sparkjet.core.batch_commit.BatchCommit`) calls
+    :meth:`commit`, after its fence check, or are aborted by :meth:`abort`.
+    """
+
+    def commit(self) -> None:
+        """Commit the dead letters, then each sink's writes, with the batch id.
+
+        Raises ``JobFailedError`` naming the stage whose sink failed (the
+        writes not committed yet are aborted).
+        """
+
+    def abort(self) -> None:
+        """Abort every sink's writes not committed yet (the batch will not commit)."""
+
+
 class Engine(Protocol):
     """The engine a job's work runs on; every method is called on the driver."""
 
@@ -155,7 +179,7 @@ class Engine(Protocol):
     def batch(self, job: JobRun, hooks: RunHooks) -> Execution:
         """A batch job's whole plan, ready to :meth:`~Execution.run`."""
 
-    def micro_batch(self, job: JobRun, work: BatchWork, hooks: RunHooks) -> Execution:
+    def micro_batch(self, job: JobRun, work: BatchWork, hooks: RunHooks) -> MicroBatch:
         """One micro-batch of a streaming plan, ready to :meth:`~Execution.run`.
 
         ``job.checkpoint_id`` must be set: the sinks commit with the batch id

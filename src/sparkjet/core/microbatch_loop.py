@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sparkjet.core.adaptive import ask_sizes, choose_local
-from sparkjet.core.checkpoint import KEEP_LOG, BatchPlan, Checkpoint, CommitRecord
+from sparkjet.core.batch_commit import BatchCommit
+from sparkjet.core.checkpoint import BatchPlan, Checkpoint, CommitRecord
 from sparkjet.core.config import EngineSettings
 from sparkjet.core.contracts import JobContext, Source
 from sparkjet.core.contracts import source_lag as source_lag  # moved; still importable here
@@ -37,6 +38,7 @@ from sparkjet.core.graph import KeyedSpec, Transform, WindowSpec
 from sparkjet.core.model import DEFAULT_KEY_GROUPS, StageCount
 from sparkjet.core.planner import Plan
 from sparkjet.core.state_cache import CACHE, CacheOwner
+from sparkjet.core.store import requests as store_requests
 
 log = logging.getLogger("sparkjet.streaming")
 
@@ -128,6 +130,10 @@ class StreamProgress:
     #: Micro-batches run here on the driver (small ones, adaptive) and on Spark.
     local_batches: int = 0
     spark_batches: int = 0
+    #: The store requests the driver made for the last micro-batch, by kind: from
+    #: the look at the sources that found its data to its commit point (requests
+    #: of tasks that ran on Spark executors are not in it).
+    batch_requests: dict[str, int] = field(default_factory=dict)
 
     def as_metrics(self) -> dict[str, Any]:
         """Jet-style names: rates are items per second of the last micro-batch.
@@ -149,6 +155,7 @@ class StreamProgress:
             if self.previous_batch_end_ms > 0 and span > 0 else 0.0,
             "localBatches": self.local_batches,
             "sparkBatches": self.spark_batches,
+            "lastBatchStoreRequests": sum(self.batch_requests.values()),
         }
 
 
@@ -254,7 +261,9 @@ class StreamLoop:
         #: Set by :meth:`wake`: ends a pause between batches early.
         self._woken = threading.Event()
         #: Whether the job keeps keyed state.
-        self._stateful = any(isinstance(n.spec, KeyedSpec) for n in plan.nodes)
+        #: The names of the keyed stages, whose state the checkpoint keeps.
+        self._state_stages = [plan.name(n) for n in plan.nodes if isinstance(n.spec, KeyedSpec)]
+        self._stateful = bool(self._state_stages)
         #: Whether :attr:`progress` knows the size of the job's keyed state (once
         #: a batch ran here, or from the start for a new checkpoint).
         self._state_known = not self._stateful
@@ -426,110 +435,105 @@ class StreamLoop:
         self.ends = ends
         self.progress.last_committed = committed
         self.progress.snapshots = committed + 1  # batches are numbered from 0
-        # Which state files count, per batch whose commit record is kept.
-        counted = self.checkpoint.counted()
-        state = self.checkpoint.state(groups)
+        # The one owner of each batch's plan, fence, sink commits and commit point.
+        commits = BatchCommit(self.checkpoint, self.checkpoint.state(groups), host.check_fence)
         batch = committed + 1
         # What every micro-batch of this run shares: the job, and the host's callbacks.
         job = JobRun(self.plan, self.job_context, metrics=self.settings.metrics,
                      cache_owner=self.settings.cache_owner, checkpoint_id=self.checkpoint.id)
-        hooks = RunHooks(cancelled=host.cancelled, before_commit=host.check_fence)
+        hooks = RunHooks(cancelled=host.cancelled)
         quiet_until = 0.0  # till then the sources said nothing came: no need to list them
         listed = 0.0  # when the loop last listed the sources' offsets
-        # The batch found unplanned: only this driver plans it from then on
-        # (a plan is created only if absent, and write_plan returns one that
-        # stands), so an idle loop does not read the plan's file every look.
+        # The batch found unplanned, or the one after a batch this driver
+        # committed: only this driver plans it from then on (a plan is created
+        # only if absent, and write_plan returns one that stands), so neither
+        # an idle loop's looks nor each new batch read the plan's file.
         unplanned = -1
         while True:
-            reason = self._stop_asked()
-            if reason is not None:
-                return reason
-            started = time.monotonic()
-            planned = None if batch == unplanned else self.checkpoint.planned(batch)
-            if planned is None:
-                unplanned = batch
-                if time.monotonic() < quiet_until:
-                    latest = {self.plan.name(n): ends.get(self.plan.name(n))
-                              for n in self.sources}
+            # What this look costs in store requests, and if it runs a batch, the batch.
+            with store_requests.tally() as spent:
+                reason = self._stop_asked()
+                if reason is not None:
+                    return reason
+                started = time.monotonic()
+                planned = None if batch == unplanned else commits.planned(batch)
+                if planned is None:
+                    unplanned = batch
+                    if time.monotonic() < quiet_until:
+                        latest = {self.plan.name(n): ends.get(self.plan.name(n))
+                                  for n in self.sources}
+                    else:
+                        latest = {
+                            self.plan.name(n): latest_offsets(
+                                self.sources[n].source, self.job_context(n),
+                                ends.get(self.plan.name(n)))
+                            for n in self.sources
+                        }
+                        listed = time.monotonic()
+                    quiet_until = 0.0
+                    self._check_forward(ends, latest)
+                    now_ms = int(time.time() * 1000)
+                    self._know_partitions(latest, now_ms)
+                    for stage, offsets in latest.items():
+                        behind = source_lag(ends.get(stage), offsets)
+                        if behind is not None:
+                            self.progress.lag[stage] = behind
+                    if latest == ends and not self._time_due(now_ms):
+                        if not self._wait_for_data(ends, now_ms):
+                            quiet_until = listed + self.settings.relist_seconds
+                        continue
+                    # As many state tasks as the cluster runs at once, at most one
+                    # per key group; the plan fixes it so a replay runs the same.
+                    planned = BatchPlan(batch, ends, latest, now_ms,
+                                        max(1, min(self.engine.parallelism(), groups)),
+                                        self._watermarks(now_ms) if self.windows else None,
+                                        self._early(now_ms))
+                    planned = commits.plan(planned)
                 else:
-                    latest = {
-                        self.plan.name(n): latest_offsets(
-                            self.sources[n].source, self.job_context(n),
-                            ends.get(self.plan.name(n)))
-                        for n in self.sources
-                    }
-                    listed = time.monotonic()
-                quiet_until = 0.0
-                self._check_forward(ends, latest)
-                now_ms = int(time.time() * 1000)
-                self._know_partitions(latest, now_ms)
-                for stage, offsets in latest.items():
-                    behind = source_lag(ends.get(stage), offsets)
-                    if behind is not None:
-                        self.progress.lag[stage] = behind
-                if latest == ends and not self._time_due(now_ms):
-                    if not self._wait_for_data(ends, now_ms):
-                        quiet_until = listed + self.settings.relist_seconds
-                    continue
-                # As many state tasks as the cluster runs at once, at most one
-                # per key group; the plan fixes it so a replay runs the same.
-                planned = BatchPlan(batch, ends, latest, now_ms,
-                                    max(1, min(self.engine.parallelism(), groups)),
-                                    self._watermarks(now_ms) if self.windows else None,
-                                    self._early(now_ms))
-                host.check_fence()
-                planned = self.checkpoint.write_plan(planned)
-            else:
-                log.info("replaying micro-batch %d with its recorded offsets", batch)
-            clocks = self._clocks(planned)
-            engine, local = self._engine_for(planned)
-            work = BatchWork(
-                batch=batch, committed=batch - 1, source_ranges=planned.source_ranges(),
-                state=state.with_counted(counted).with_pin(host.pinned_batch()),
-                tasks=planned.state_tasks(groups), now_ms=planned.time_ms, windows=clocks,
-            )
-            result = engine.micro_batch(job, work, hooks).run()
-            duration_ms = int((time.monotonic() - started) * 1000)
-            files = dict(result.state_files)
-            counted[batch] = files
-            event_time = self.event_time.after(
-                result.event_times, planned.time_ms,
-                {stage: clock.current for stage, clock in clocks.items()})
-            totals = dict(self.progress.stage_totals)
-            for key, value in result.items.items():
-                totals[key] = totals.get(key, 0) + value
-            host.check_fence()
-            if not self.checkpoint.write_commit(
-                CommitRecord(batch, planned.ends, int(time.time() * 1000), duration_ms, files,
-                             event_time=event_time, totals=totals,
-                             engine="local" if local else "spark"),
-                state.with_counted(counted),
-            ):
-                host.check_fence()  # committed by another driver: this one was replaced
-                log.warning("micro-batch %d was committed already; going on after it", batch)
-                counted = self.checkpoint.counted()  # its record names the files that count
-                theirs = self.checkpoint.commit_record(batch)
-                event_time = theirs.event_time or EventTime()
-                totals = theirs.totals if theirs.totals is not None else totals
-            self.event_time = event_time
-            self.progress.stage_totals = totals
-            for old in [b for b in counted if b <= batch - 2 * KEEP_LOG]:
-                del counted[old]  # its record is gone, and the files that did not count
-            self._record(result, batch, duration_ms)
-            self._state_known = True
-            if local:
-                self.progress.local_batches += 1
-            else:
-                self.progress.spark_batches += 1
-            ends = planned.ends
-            self.ends = ends
-            batch += 1
-            host.batch_committed()
-            trigger = self.settings.trigger_seconds
-            rest = trigger - (time.monotonic() - started)
-            while rest > 0 and self._stop_asked() is None:
-                self._pause(min(rest, IDLE_POLL_SECONDS))
+                    log.info("replaying micro-batch %d with its recorded offsets", batch)
+                clocks = self._clocks(planned)
+                engine, local = self._engine_for(planned)
+                work = BatchWork(
+                    batch=batch, committed=batch - 1, source_ranges=planned.source_ranges(),
+                    state=commits.state(host.pinned_batch()),
+                    tasks=planned.state_tasks(groups), now_ms=planned.time_ms, windows=clocks,
+                    listed=commits.listed(self._state_stages),
+                )
+                run = engine.micro_batch(job, work, hooks)
+                result = run.run()
+                duration_ms = int((time.monotonic() - started) * 1000)
+                event_time = self.event_time.after(
+                    result.event_times, planned.time_ms,
+                    {stage: clock.current for stage, clock in clocks.items()})
+                totals = dict(self.progress.stage_totals)
+                for key, value in result.items.items():
+                    totals[key] = totals.get(key, 0) + value
+                mine = CommitRecord(batch, planned.ends, int(time.time() * 1000), duration_ms,
+                                    dict(result.state_files), event_time=event_time, totals=totals,
+                                    engine="local" if local else "spark")
+                standing = commits.commit(run, mine)
+                if standing is not mine:  # another driver's record of the batch stands
+                    event_time = standing.event_time or EventTime()
+                    totals = standing.totals if standing.totals is not None else totals
+                self.event_time = event_time
+                self.progress.stage_totals = totals
+                self._record(result, batch, duration_ms)
+                self.progress.batch_requests = dict(spent)
+                self._state_known = True
+                if local:
+                    self.progress.local_batches += 1
+                else:
+                    self.progress.spark_batches += 1
+                ends = planned.ends
+                self.ends = ends
+                batch += 1
+                unplanned = batch
+                host.batch_committed()
+                trigger = self.settings.trigger_seconds
                 rest = trigger - (time.monotonic() - started)
+                while rest > 0 and self._stop_asked() is None:
+                    self._pause(min(rest, IDLE_POLL_SECONDS))
+                    rest = trigger - (time.monotonic() - started)
 
     def _record(self, result: BatchResult, batch: int, duration_ms: int) -> None:
         p = self.progress

@@ -301,17 +301,21 @@ class StatePaths:
         return f"{self.stage_dir(stage)}/{version.name}"
 
     def versions(
-        self, stage: str, lo: int = 0, hi: int | None = None, counted_only: bool = True
+        self, stage: str, lo: int = 0, hi: int | None = None, counted_only: bool = True,
+        entries: list[str] | None = None,
     ) -> list[StateVersion]:
         """Every state file of a stage overlapping key groups ``[lo, hi)``, oldest first.
 
-        Listed afresh; without the files that do not count (:meth:`counts`)
-        unless ``counted_only`` is False.
+        Listed afresh, or from ``entries``, the stage folder's listing taken
+        since the last commit (a micro-batch's driver lists it once for all
+        its state tasks: a range's files are removed only by the range's own
+        task, after it read them); without the files that do not count
+        (:meth:`counts`) unless ``counted_only`` is False.
         """
         hi = self.key_groups if hi is None else hi
         folder = self.stage_dir(stage)
         found: list[StateVersion | None] = []
-        for entry in self.store.listdir(folder):
+        for entry in self.store.listdir(folder) if entries is None else entries:
             if len(entry) == _SHARD_WIDTH and entry.isdigit():
                 if lo <= int(entry) < hi:  # a format-1/2 shard folder
                     found.extend(_parse_version(e, entry)

@@ -293,15 +293,18 @@ class JobRunner:
 
         On a local store every :data:`HEARTBEAT_SECONDS` since the record
         was last written. On S3 or GCS, where each write is a PUT and a fence
-        check, as often only while a write failed; else once the lease needs
-        refreshing (:func:`lease_refresh_seconds`): a streaming job's commits
-        write its progress, and what changes between them (a source's lag)
-        reaches the record within that time.
+        check, as often only while a write failed or micro-batches committed
+        since (their progress, which the loop leaves to the heartbeat there);
+        else once the lease needs refreshing (:func:`lease_refresh_seconds`):
+        what changes while the job idles (a source's lag) reaches the record
+        within that time.
         """
         since = time.monotonic() - self.lease.written_at
         if since < HEARTBEAT_SECONDS:
             return False
         if not self.services.store.object_store or self.lease.unwritten is not None:
+            return True
+        if self.plan.streaming and self.stream.progress_unwritten:
             return True
         return since >= lease_refresh_seconds()
 

@@ -99,6 +99,8 @@ class StreamRun:
         self._last_cluster_check = 0.0
         #: The micro-batch loop running (or last run) here.
         self._loop: StreamLoop | None = None
+        #: A micro-batch committed since the record last took the progress (S3, GCS).
+        self.progress_unwritten = False
 
     def _adaptive(self) -> Adaptive | None:
         """Where small micro-batches run, if adaptive micro-batches are on for the job."""
@@ -184,6 +186,7 @@ class StreamRun:
 
     def progress_change(self) -> Change:
         """The record's ``progress`` set to the loop's metrics now, stage counts included."""
+        self.progress_unwritten = False
         progress = progress_metrics(self.plan, self.progress, self.job.config.metrics_enabled,
                                     store_requests.by_kind(self.job.id))
         return lambda r: replace(r, progress=progress)
@@ -207,9 +210,16 @@ class StreamRun:
         """After each committed micro-batch: its progress and stage counts into the job record.
 
         So other processes (``sparkjet metrics``, ``status``, a Prometheus
-        scrape) read what this one does.
+        scrape) read what this one does. On a local store at once; on S3 or
+        GCS, where a write is a PUT and a fence check, the watcher's next
+        heartbeat writes it (:attr:`progress_unwritten`), within
+        :data:`~sparkjet.core.jobs.record.HEARTBEAT_SECONDS`: a busy job
+        writes its record at most every 2 s, not at every micro-batch.
         """
-        self._lease.write(self.progress_change())
+        if getattr(self._store, "object_store", False):
+            self.progress_unwritten = True
+        else:
+            self._lease.write(self.progress_change())
 
     def stop_reason(self) -> StopReason | None:
         """Why the loop should stop before its next batch (cancel, suspend, restart, cluster)."""

@@ -29,6 +29,9 @@ KINDS = ("list", "get", "head", "put", "delete")
 
 _current: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "sparkjet_store_job", default=None)
+#: Where the requests made inside :func:`tally` on this thread are also counted.
+_tallies: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar(
+    "sparkjet_store_tally", default=None)
 _lock = threading.Lock()
 #: Per job id (None: no job), the count of each kind.
 _counts: dict[str | None, dict[str, int]] = {}
@@ -37,11 +40,29 @@ _counts: dict[str | None, dict[str, int]] = {}
 def count(kind: str, n: int = 1) -> None:
     """Count ``n`` requests of ``kind`` for the job this thread works for."""
     job = _current.get()
+    tally = _tallies.get()
     with _lock:
         counts = _counts.get(job)
         if counts is None:
             counts = _counts[job] = dict.fromkeys(KINDS, 0)
         counts[kind] += n
+        if tally is not None:
+            tally[kind] += n
+
+
+@contextlib.contextmanager
+def tally() -> Iterator[dict[str, int]]:
+    """The requests made inside, on this thread, by kind (a micro-batch's, for its metrics).
+
+    Counted for the thread's job as well; requests of other threads (the
+    job's watcher) are not in it.
+    """
+    counts = dict.fromkeys(KINDS, 0)
+    token = _tallies.set(counts)
+    try:
+        yield counts
+    finally:
+        _tallies.reset(token)
 
 
 @contextlib.contextmanager

@@ -183,6 +183,9 @@ class PlanRun:
 
     #: Whether tasks report event times (the watermark) and state ranges: a micro-batch's do.
     _streaming = False
+    #: Whether :meth:`run` commits the sinks (a batch job's); a micro-batch's
+    #: commit is the checkpoint's (:meth:`commit`, see :class:`MicroBatchRun`).
+    _commits_in_run = True
 
     def __init__(self, datasets: Datasets, job: JobRun, hooks: RunHooks) -> None:
         self.plan: Plan = job.plan
@@ -222,7 +225,8 @@ class PlanRun:
                     flow = self._materialize_shared(node, flow)
                 if flow is not None:
                     flows[node] = flow
-            self._commit_all()
+            if self._commits_in_run:
+                self._commit_all()
             return self._result()
         except BaseException as exc:
             self._abort_all()
@@ -230,6 +234,19 @@ class PlanRun:
             raise error from error.__cause__
         finally:
             self.data.release()
+
+    def commit(self) -> None:
+        """Commit what :meth:`run` left to commit; raises JobFailedError naming the stage."""
+        try:
+            self._commit_all()
+        except BaseException as exc:
+            self._abort_all()
+            error = self._job_error(exc)
+            raise error from error.__cause__
+
+    def abort(self) -> None:
+        """Abort the sinks' writes not committed yet."""
+        self._abort_all()
 
     def _result(self) -> BatchResult:
         """What the run did, once its work has ended."""
@@ -468,10 +485,14 @@ class MicroBatchRun(PlanRun):
       groups' state as of the last committed batch (or finds it still loaded
       from the batch before), folds the batch in, writes what changed and
       emits the updated results;
-    - sinks commit with the batch id, so a replayed batch lands once.
+    - sinks commit with the batch id, so a replayed batch lands once, and
+      only when the checkpoint's commit sequence calls :meth:`commit` after
+      its fence check (:class:`sparkjet.core.batch_commit.BatchCommit`):
+      :meth:`run` leaves them written, not committed.
     """
 
     _streaming = True
+    _commits_in_run = False
 
     def __init__(
         self, datasets: Datasets, job: JobRun, work: BatchWork, hooks: RunHooks
@@ -496,6 +517,7 @@ class MicroBatchRun(PlanRun):
         self.now_ms = work.now_ms
         self.cache_owner = job.cache_owner
         self.windows = dict(work.windows)
+        self.listed = dict(work.listed)
         #: Per source stage, the partition each engine partition read (for the watermark).
         self._partitions: dict[str, list[str]] = {}
 
@@ -536,7 +558,7 @@ class MicroBatchRun(PlanRun):
         mapped = self._map_side(fold, spec, name, flow)
         task = StateTask(
             fold, name, state_ttl_ms(spec), self.state, self.batch, self.committed,
-            self.now_ms, self.reports, self.tasks, self.cache_owner,
+            self.now_ms, self.reports, self.tasks, self.cache_owner, self.listed.get(name),
         )
         shuffled = self.data.shuffle_to_tasks(mapped, self.tasks, self.state.key_groups, name)
         return Flow(self.data.map_partitions(shuffled, task, None))

@@ -41,6 +41,7 @@ class StateTask(Task):
         reports: Reports | None,
         tasks: int,
         owner: CacheOwner | None = None,
+        listed: list[str] | None = None,
     ) -> None:
         self.fold, self.stage, self.ttl_ms, self.paths = fold, stage, ttl_ms, paths
         self.batch, self.committed, self.now_ms = batch, committed, now_ms
@@ -49,6 +50,8 @@ class StateTask(Task):
         self.tasks = tasks
         #: The job the state is kept loaded for between batches (None: not kept).
         self.owner = owner
+        #: The stage folder's entries as the driver listed them for the batch (None: list).
+        self.listed = listed
 
     def __call__(self, task: int, records: Iterator[tuple[Any, Any]]) -> Iterator[Any]:
         lo, hi = task_range(task, self.tasks, self.paths.key_groups)
@@ -107,7 +110,7 @@ class StateTask(Task):
         """The batch's outputs, the range's keys and bytes after it, and the file written ("")."""
         paths, stage = self.paths, self.stage
         groups = group_parts(records)
-        versions = paths.versions(stage, lo, hi)
+        versions = paths.versions(stage, lo, hi, entries=self.listed)
         chain = StatePaths.chain(versions, self.committed, lo, hi)
         # Files written by tasks of other ranges (the batch before ran with
         # another number of tasks): this batch writes a full copy of its own.
