@@ -150,10 +150,18 @@ def kafka_client(master: str, bootstrap: str | None) -> Iterator[tuple[Any, str,
 @contextlib.contextmanager
 def s3_client(master: str) -> Iterator[Any]:
     """A sparkjet client whose store is on moto's S3 server on 127.0.0.1, as the tests use."""
-    import sparkjet
-    from sparkjet.testing import moto_s3_server
+    with store_client("s3", master) as client:
+        yield client
 
-    with tempfile.TemporaryDirectory() as workdir, moto_s3_server(Path(workdir)) as location:
+
+@contextlib.contextmanager
+def store_client(kind: str, master: str) -> Iterator[Any]:
+    """A sparkjet client whose store is on S3 (moto) or GCS (fake-gcs-server) on 127.0.0.1."""
+    import sparkjet
+    from sparkjet.testing import fake_gcs_server, moto_s3_server
+
+    server = {"s3": moto_s3_server, "gcs": fake_gcs_server}[kind]
+    with tempfile.TemporaryDirectory() as workdir, server(Path(workdir)) as location:
         yield sparkjet.connect(store=location.fresh().connect_overrides(),
                                spark={"master": master})
 
