@@ -154,6 +154,14 @@ def test_the_stores_counts_match_what_the_server_was_asked(
         assert set(store.entries(folder)) == {"a", "b"}
         assert store.file_exists(f"{folder}/a") and not store.file_exists(f"{folder}/c")
         store.remove(f"{folder}/a")
+        store.write_bytes(f"{folder}/c", b"4")
+        store.write_bytes(f"{folder}/d", b"5")
+        both = [f"{folder}/c", f"{folder}/d"]
+        assert store.read_many(both) == {both[0]: b"4", both[1]: b"5"}  # one GET each, at once
+        with pytest.raises(FileNotFoundError):
+            store.read_many([both[0], f"{folder}/missing"])
+        store.remove_many([*both, f"{folder}/gone-already"])
+        assert store.listdir(folder) == ["b"]
         store.remove(folder, recursive=True)
     server = proxy.snapshot() - before_server
     counted = Counter({k: v for k, v in requests.by_kind(job).items() if v})

@@ -418,10 +418,10 @@ class Checkpoint:
             old = {b for b in self._batches(_COMMITS) if b <= batch - KEEP_LOG}
             if state is not None and old:
                 state.remove_uncounted(old)
-            for folder in (_OFFSETS, _COMMITS):
-                for b in self._batches(folder):
-                    if b <= batch - KEEP_LOG:
-                        self.store.remove(f"{self.root}/{_batch_file(folder, b)}")
+            self.store.remove_many([
+                f"{self.root}/{_batch_file(folder, b)}"
+                for folder in (_OFFSETS, _COMMITS) for b in self._batches(folder)
+                if b <= batch - KEEP_LOG])
         return True
 
     def counted(self) -> Counted:

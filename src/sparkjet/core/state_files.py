@@ -285,10 +285,10 @@ class StatePaths:
 
     def remove_uncounted(self, batches: set[int]) -> None:
         """Remove the files of ``batches`` that do not count (before their records go)."""
-        for stage in self.stages():
-            for version in self.versions(stage, counted_only=False):
-                if version.batch in batches and not self.counts(stage, version):
-                    self.store.remove(self.path(stage, version))
+        self.store.remove_many([
+            self.path(stage, version) for stage in self.stages()
+            for version in self.versions(stage, counted_only=False)
+            if version.batch in batches and not self.counts(stage, version)])
 
     def stage_dir(self, stage: str) -> str:
         """The folder of one stage's state."""

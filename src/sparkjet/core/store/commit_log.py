@@ -470,11 +470,9 @@ class CommitLog:
                              "producers": cursor.producers}, protocol=PICKLE_PROTOCOL)
         if not self.store.create_exclusive(self.paths.base(cursor.seq), data):
             return None
-        for seq in self.sequences():
-            if seq <= cursor.seq:
-                self.store.remove(self.paths.record(seq))
-        for seq in bases:
-            self.store.remove(self.paths.base(seq))
+        self.store.remove_many(
+            [self.paths.record(seq) for seq in self.sequences() if seq <= cursor.seq]
+            + [self.paths.base(seq) for seq in bases])
         return cursor.seq
 
     def payload(self, record: Record) -> Iterable[Any]:

@@ -106,3 +106,6 @@ class StoreFiles(Protocol):
 
     def remove(self, path: str, recursive: bool = False) -> None:
         """Delete ``path`` (a whole folder with ``recursive``)."""
+
+    def remove_many(self, paths: list[str]) -> None:
+        """Delete the files ``paths``, together where the store can (those gone: no error)."""

@@ -657,6 +657,31 @@ class Store:
                 self.fs.rm(target, recursive=recursive)
         self._fresh(target)
 
+    def remove_many(self, paths: list[str]) -> None:
+        """Delete the files ``paths`` (those already gone are no error).
+
+        On S3 one request per 1,000 files (a bulk delete), on GCS one
+        delete each, sent together: a fold removing a hundred records, or a
+        checkpoint its old plans, waits about one round trip, not one each.
+        """
+        if len(paths) < 2 or not self.object_store:
+            for path in paths:
+                self.remove(path)
+            return
+        targets = [self._inside(path) for path in paths]
+        requests.count("delete", _pages(targets) if self._protocol == "s3" else len(targets))
+        try:
+            self.fs.rm(targets)
+        except FileNotFoundError:
+            for target in targets:  # one was gone already: the rest one by one
+                with contextlib.suppress(FileNotFoundError):
+                    self.fs.rm(target)
+        except Exception as exc:
+            raise self._error(f"cannot delete {len(paths)} files ({paths[0]!r}, ...) in store "
+                              f"{self.shown_url!r}: {exc}") from exc
+        for target in targets:
+            self._fresh(target)
+
     def move(self, src: str, dst: str) -> None:
         """Rename ``src`` to ``dst`` inside the store."""
         target = self._inside(dst)
