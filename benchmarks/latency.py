@@ -62,8 +62,36 @@ from sparkjet.pipeline import Pipeline, StreamSource, WindowDefinition
 QUERIES = ("rolling", "tumbling")
 STORES = ("local", "s3", "gcs")
 TARGET_RATE = 100  # events/s: the rate the targets are set at
-TARGET_P50_MS = 25.0
-TARGET_P99_MS = 100.0
+#: Per store, the (p50, p99) targets in ms: issue 25 on the local store, issue 32 on S3 and GCS.
+TARGETS_MS = {"local": (25.0, 100.0), "s3": (100.0, 300.0), "gcs": (100.0, 300.0)}
+#: The requests of a steady one-event micro-batch on S3 and GCS (docs/store.md).
+BATCH_REQUESTS = 12
+
+
+def server_floor(client: Any, rounds: int = 15) -> tuple[float, float, float]:
+    """The store server's own median LIST, GET and create-only PUT, in ms, as it is now.
+
+    Measured after a store's runs, so the server holds what they left (moto
+    lists by scanning every key of the bucket): the baseline a micro-batch's
+    sequential requests cannot beat.
+    """
+    store = client.store
+    folder = store.path("latency-floor", f"{os.getpid()}-{time.monotonic_ns()}")
+    times: dict[str, list[float]] = {"list": [], "get": [], "put": []}
+    for n in range(rounds):
+        path = f"{folder}/{n}"
+        began = time.perf_counter()
+        store.create_exclusive(path, b"x" * 64)
+        times["put"].append(time.perf_counter() - began)
+        began = time.perf_counter()
+        store.read_bytes(path)
+        times["get"].append(time.perf_counter() - began)
+        began = time.perf_counter()
+        store.listdir(folder)
+        times["list"].append(time.perf_counter() - began)
+    store.remove(folder, recursive=True)
+    medians = {kind: statistics.median(taken) * 1000 for kind, taken in times.items()}
+    return medians["list"], medians["get"], medians["put"]
 WINDOW_MS = 1000
 TICK = 0.01  # seconds: the shortest pause between publish calls
 TIMEOUT = 120.0
@@ -478,6 +506,7 @@ def main() -> None:
           f"sink read every {args.poll_ms:g} ms, on {args.master}, Spark {client.spark.version}; "
           f"load average {os.getloadavg()[0]:.1f}")
     table: list[tuple[str, str, str, int, dict[str, Any]]] = []
+    floors: dict[str, float] = {}  # per remote store: a batch's requests at the server's speed
     with stores(args, client) as chosen:
         for store, store_client in chosen:
             print(f"\n=== store {store} ===")
@@ -488,25 +517,39 @@ def main() -> None:
                         continue
                     for rate, row in run(contender, query, rates, args, jobs).items():
                         table.append((store, query, contender.label, rate, row))
+            if store != "local":
+                listed, got, put = server_floor(store_client)
+                floors[store] = (4 * listed + 3 * got + 5 * put)
+                print(f"  the server now: LIST {listed:.1f} ms, GET {got:.1f} ms, PUT "
+                      f"{put:.1f} ms (medians); a one-event batch's {BATCH_REQUESTS} requests "
+                      f"(4 LIST, 3 GET, 5 PUT) one after the other: {floors[store]:.0f} ms")
     print()
     print(f"{'store':<7}{'query':<10}{'contender':<30}{'rate':>6}{'n':>7}{'p50':>9}{'p90':>9}"
           f"{'p99':>9}{'p50/target':>12}{'p99/target':>12}")
     for store, query, label, rate, r in table:
+        p50_target, p99_target = TARGETS_MS[store]
         print(f"{store:<7}{query:<10}{label:<30}{rate:>4}/s{r['n']:>7}{r['p50']:>6.0f} ms"
-              f"{r['p90']:>6.0f} ms{r['p99']:>6.0f} ms{r['p50'] / TARGET_P50_MS:>11.2f}x"
-              f"{r['p99'] / TARGET_P99_MS:>11.2f}x")
+              f"{r['p90']:>6.0f} ms{r['p99']:>6.0f} ms{r['p50'] / p50_target:>11.2f}x"
+              f"{r['p99'] / p99_target:>11.2f}x")
+    for store, floor in floors.items():
+        rows = [r for s, _, _, rate, r in table if s == store and rate == TARGET_RATE]
+        for r in rows:
+            print(f"{store}: p50 {r['p50']:.0f} ms is {r['p50'] / floor:.1f}x the {floor:.0f} ms "
+                  f"its server takes for a batch's {BATCH_REQUESTS} requests in sequence")
     print("\n(rolling: one event, publish to its count in the map; tumbling: one window, "
           "publishing the event past its end to its result in the list; /target: the "
           "figure over the target, at or below 1.00x meets it)")
-    print(f"\ntargets (local store, {TARGET_RATE} events/s): p50 <= {TARGET_P50_MS:.0f} ms, "
-          f"p99 <= {TARGET_P99_MS:.0f} ms")
-    judged = [row for row in table if row[0] == "local" and row[3] == TARGET_RATE]
+    print(f"\ntargets at {TARGET_RATE} events/s: " + "; ".join(
+        f"{store} p50 <= {p50:.0f} ms, p99 <= {p99:.0f} ms"
+        for store, (p50, p99) in TARGETS_MS.items()))
+    judged = [row for row in table if row[3] == TARGET_RATE]
     if not judged:
-        print(f"  (nothing measured at {TARGET_RATE} events/s on the local store)")
-    for _, query, label, _, r in judged:
-        ok = r["p50"] <= TARGET_P50_MS and r["p99"] <= TARGET_P99_MS
-        print(f"  {query:<9} {label:<30} {'met' if ok else 'MISSED'}: p50 "
-              f"{r['p50'] - TARGET_P50_MS:+.0f} ms, p99 {r['p99'] - TARGET_P99_MS:+.0f} ms "
+        print(f"  (nothing measured at {TARGET_RATE} events/s)")
+    for store, query, label, _, r in judged:
+        p50_target, p99_target = TARGETS_MS[store]
+        ok = r["p50"] <= p50_target and r["p99"] <= p99_target
+        print(f"  {store:<6} {query:<9} {label:<30} {'met' if ok else 'MISSED'}: p50 "
+              f"{r['p50'] - p50_target:+.0f} ms, p99 {r['p99'] - p99_target:+.0f} ms "
               f"from the target")
 
 
