@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkjet.core.adaptive import PlannedSize, choose_local, resolve_adaptive
+from sparkjet.core.adaptive import PlannedSize, choose_local, resolve_adaptive, worth_warming
 from sparkjet.core.config import EngineSettings
 from sparkjet.job import JobConfig
 
@@ -153,3 +153,30 @@ def test_a_source_that_cannot_say_its_size_is_unknown_and_named(
     assert choose_local(sizes, state_bytes=0, driver_holds_state=False,
                         settings=EngineSettings(), enabled=True) == (
         False, "size unknown for source 'orders'")
+
+
+@pytest.mark.parametrize(
+    ("sizes", "state", "warm", "worth"),
+    [
+        # on Spark only because the driver holds none of a state that fits it: warm it
+        ({"a": (1, None)}, 51, False, True),
+        ({"a": (1, None)}, 500, False, True),
+        # the driver holds some already, or the state is small enough to read cold
+        ({"a": (1, None)}, 51, True, False),
+        ({"a": (1, None)}, 50, False, False),
+        ({"a": (1, None)}, 0, False, False),
+        # too big for the driver, or the batch itself goes to Spark
+        ({"a": (1, None)}, 501, False, False),
+        ({"a": (101, None)}, 51, False, False),
+        ({"a": (2, 1001)}, 51, False, False),
+        ({"a": None}, 51, False, False),
+    ],
+)
+def test_a_state_is_worth_warming_when_it_alone_keeps_a_batch_off_the_driver(
+    sizes: Mapping[str, PlannedSize], state: int, warm: bool, worth: bool
+) -> None:
+    assert worth_warming(sizes, state_bytes=state, driver_holds_state=warm,
+                         settings=SMALL) is worth
+    if worth:  # the batch goes to Spark now, and would run here were the state warm
+        assert not choose(sizes, state=state, warm=False)[0]
+        assert choose(sizes, state=state, warm=True)[0]

@@ -21,6 +21,12 @@ fails is the reason given):
 
 The reason is a short line for logs and metrics: ``"small: 12 items"``,
 ``"large: 9000 items > 5000"``, ``"size unknown for source 'clicks'"``.
+
+A batch that goes to Spark only because the driver holds none of a state
+that fits ``driver_state_bytes`` (rule 5's second half) is the case
+:func:`worth_warming` names: the loop then loads the state into the driver
+in the background (:mod:`sparkjet.core.state_warming`), so the next small
+batches find it there.
 """
 
 from __future__ import annotations
@@ -108,3 +114,25 @@ def choose_local(
     if known_bytes:
         shown += f", {known_bytes} bytes"
     return True, shown
+
+
+def worth_warming(
+    sizes: Mapping[str, PlannedSize],
+    *,
+    state_bytes: int,
+    driver_holds_state: bool,
+    settings: EngineSettings,
+) -> bool:
+    """Whether to load the job's state into the driver in the background.
+
+    True when this batch goes to Spark only because the driver holds none of
+    the state and it is over ``cold_state_bytes`` (a read on the loop would
+    hold the batch up), while it fits ``driver_state_bytes``: the batch
+    would run on the driver if the state were loaded there. Asked with the
+    same arguments as :func:`choose_local` (adaptive micro-batches on).
+    """
+    if driver_holds_state or state_bytes <= settings.cold_state_bytes:
+        return False
+    local, _ = choose_local(sizes, state_bytes=state_bytes, driver_holds_state=True,
+                            settings=settings, enabled=True)
+    return local

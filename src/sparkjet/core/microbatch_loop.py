@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from sparkjet.core.adaptive import ask_sizes, choose_local
+from sparkjet.core.adaptive import ask_sizes, choose_local, worth_warming
 from sparkjet.core.batch_commit import BatchCommit
 from sparkjet.core.checkpoint import BatchPlan, Checkpoint, CommitRecord
 from sparkjet.core.config import EngineSettings
@@ -38,6 +38,7 @@ from sparkjet.core.graph import KeyedSpec, Transform, WindowSpec
 from sparkjet.core.model import DEFAULT_KEY_GROUPS, StageCount
 from sparkjet.core.planner import Plan
 from sparkjet.core.state_cache import CACHE, CacheOwner
+from sparkjet.core.state_warming import WARMING
 from sparkjet.core.store import requests as store_requests
 
 log = logging.getLogger("sparkjet.streaming")
@@ -386,7 +387,10 @@ class StreamLoop:
 
         Decided from the plan, the sources' sizes and the state the job
         holds: the local engine when adaptive micro-batches are on and the
-        batch is small (:func:`~sparkjet.core.adaptive.choose_local`). While
+        batch is small (:func:`~sparkjet.core.adaptive.choose_local`). A
+        batch sent to Spark only because the driver holds none of a state
+        that fits there starts loading it into the driver in the background
+        (:mod:`sparkjet.core.state_warming`). While
         this run has not yet seen how big the job's keyed state is (its first
         batch here, after a restart or a take-over), a stateful job's batch
         goes to Spark.
@@ -405,9 +409,15 @@ class StreamLoop:
                 for node, spec in self.sources.items()})
             owner = self.settings.cache_owner
             holds = owner is not None and owner.job_id in CACHE.jobs()
+            state_bytes = sum(size for _, size in self.progress.state.values())
             local, reason = choose_local(
-                sizes, state_bytes=sum(size for _, size in self.progress.state.values()),
-                driver_holds_state=holds, settings=adaptive.settings, enabled=True)
+                sizes, state_bytes=state_bytes, driver_holds_state=holds,
+                settings=adaptive.settings, enabled=True)
+            if owner is not None and owner.budget > 0 and worth_warming(
+                    sizes, state_bytes=state_bytes, driver_holds_state=holds,
+                    settings=adaptive.settings) and WARMING.start(
+                    self.checkpoint, planned, self._state_stages, owner, self.host.cancelled):
+                reason += "; loading the state into the driver meanwhile"
         log.debug("micro-batch %d runs %s: %s", planned.batch,
                   "on the driver" if local else "on Spark", reason)
         return (adaptive.engine, True) if local else (self.engine, False)

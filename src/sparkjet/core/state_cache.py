@@ -42,6 +42,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -227,6 +228,30 @@ class StateCache:
         if kept:
             gc.collect()
             gc.freeze()
+
+    def offer(self, ranges: Mapping[RangeKey, RangeState], batch: int, owner: CacheOwner) -> int:
+        """Keep ``ranges`` (each as of ``batch``) where this process keeps none of them yet.
+
+        For state loaded ahead of need (:mod:`sparkjet.core.state_warming`): a
+        range a task put meanwhile is newer and stays. Within the owner's
+        budget, then collects and freezes once, as :meth:`put`. Returns how
+        many of ``ranges`` are kept.
+        """
+        sizes = {key: estimate_bytes(state) if owner.budget > 0 else 0
+                 for key, state in ranges.items()}
+        with self._lock:
+            added = [key for key, nbytes in sizes.items()
+                     if key not in self._entries and 0 < nbytes <= owner.budget]
+            for key in added:
+                self._entries[key] = Entry(batch, ranges[key], owner, sizes[key])
+            if added:
+                self._evict_over_budget(owner)
+                self._start_sweeper()
+            kept = sum(1 for key in added if key in self._entries)
+        if added:
+            gc.collect()
+            gc.freeze()
+        return kept
 
     def _evict_over_budget(self, owner: CacheOwner) -> None:
         """Drop the job's least recently used ranges until they fit its budget (under the lock)."""
