@@ -497,6 +497,42 @@ def test_a_fenced_driver_cannot_commit(bootstrap: str, store_url: str) -> None:
     assert committed_values(bootstrap, topic, 3) == [1, 2, 3]
 
 
+class CallLog:
+    """A producer that notes the name of every method called on it, then calls it."""
+
+    def __init__(self, producer: Any, calls: list[str]) -> None:
+        self._producer, self._calls = producer, calls
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._producer, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self._calls.append(name + ("(on_delivery)" if "on_delivery" in kwargs else ""))
+            return method(*args, **kwargs)
+        return call
+
+
+def test_a_transaction_sends_its_records_without_waiting_for_each(
+    bootstrap: str, store_url: str
+) -> None:
+    """One transaction: begin, produce, batch id, commit; no flush, no callback per record.
+
+    commit_transaction flushes and fails if a record was not delivered, so the
+    records need no flush of their own: they are in flight while the batch id
+    is added (a flush, and a delivery callback per record, cost a round trip
+    and the interpreter's lock once per record).
+    """
+    topic = new_topic(bootstrap, 1)
+    sink = KafkaSink(topic, bootstrap)
+    commit_batch(sink, sink_context(store_url, 0), [1])  # the producer starts
+    calls: list[str] = []
+    sink._producer = CallLog(sink._producer, calls)
+    commit_batch(sink, sink_context(store_url, 1), [2, 3, 4])
+    assert calls == ["begin_transaction", "produce", "produce", "produce",
+                     "send_offsets_to_transaction", "commit_transaction"]
+    assert committed_values(bootstrap, topic, 4) == [1, 2, 3, 4]
+
+
 # --- bad inputs ---------------------------------------------------------------------------
 
 

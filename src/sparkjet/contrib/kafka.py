@@ -913,6 +913,9 @@ class KafkaSink(Sink):
             return self._producer
         config = self._config(context)
         config["transactional.id"] = txid
+        # A batch's records go out as they are produced, while the batch id's
+        # offset commit is sent: nothing waits for more records to come.
+        config.setdefault("linger.ms", 0)
         producer = ck.Producer(config)
         try:
             producer.init_transactions(self.timeout)  # fences the previous driver's producer
@@ -973,10 +976,18 @@ class KafkaSink(Sink):
             return
         try:
             producer.begin_transaction()
-            self._produce_all(
-                producer, [r for message in messages for r in message],
-                str(self._config(context)["bootstrap.servers"]), _stage_of(self, context),
-            )
+            # No delivery callbacks and no flush: commit_transaction flushes, and
+            # fails (abortably) if any record was not delivered. The records are
+            # in flight while the batch id is added; a callback per record took
+            # the interpreter's lock once per record.
+            for message in messages:
+                for key, value in message:
+                    while True:
+                        try:
+                            producer.produce(self.topic, value, key)
+                            break
+                        except BufferError:  # the local queue is full: let it drain
+                            producer.poll(0.05)
             producer.send_offsets_to_transaction(
                 [ck.TopicPartition(self.topic, 0, batch + 1)],
                 self._group_consumer(context, group).consumer_group_metadata(),
