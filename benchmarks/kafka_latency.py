@@ -326,9 +326,10 @@ def run_contender(label: str, make: Any, bootstrap: str, args: argparse.Namespac
         return result
     finally:
         contender.stop()
-        child.join(10)
-        if child.is_alive():
-            child.kill()
+        if child.pid is not None:  # started
+            child.join(10)
+            if child.is_alive():
+                child.kill()
 
 
 def measure(label: str, bootstrap: str, source: str, target: str, options: dict[str, Any],
