@@ -450,6 +450,47 @@ def test_the_driver_wakes_when_a_record_comes(bootstrap: str, store_url: str) ->
     assert time.monotonic() - started < 5  # woken by the record, not by the 10 s timeout
 
 
+def test_latest_offsets_follow_the_watcher_without_a_request_per_batch(
+    bootstrap: str, store_url: str
+) -> None:
+    """After one ListOffsets, the ends come from the watcher: no request per micro-batch.
+
+    The watcher reads every record, so it also sees a record batch's later
+    records, which Tansu's ListOffsets hides until the next batch lands.
+    """
+    from confluent_kafka import Producer
+
+    topic = new_topic(bootstrap, 2)
+    publish(bootstrap, topic, [1, 2])
+    source = KafkaSource(topic, bootstrap)
+    context = JobContext("job-1", None, StoreLocation(store_url).store(), parallelism=1)
+    listings: list[int] = []
+    list_ends = source._ends
+    source._ends = lambda ctx, parts: (listings.append(1), list_ends(ctx, parts))[1]  # type: ignore[method-assign]
+    start = {"0": 0, "1": 0}
+    assert source.latest_offsets(context, start=start) == {"0": 1, "1": 1}
+    assert len(listings) == 1
+    # Three records in one record batch to partition 0, one to partition 1.
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50})
+    for value in (3, 4, 5):
+        producer.produce(topic, json.dumps(value).encode(), partition=0)
+    producer.produce(topic, b"6", partition=1)
+    assert producer.flush(10) == 0
+    wait_until(lambda: source.latest_offsets(context, start=start) == {"0": 4, "1": 2}, 10,
+               "the watcher to see every new record")
+    assert len(listings) == 1  # no ListOffsets since the first
+    # A watcher that met an error is closed; the next look lists, and follows anew.
+    watcher = source._watcher
+    source._watch_failed = True
+    assert source.latest_offsets(context, start=start) == source.latest_offsets(context)
+    assert source._watcher is not watcher and not source._watch_failed
+    # ListOffsets again once metadata_refresh has passed.
+    source.metadata_refresh = 0.0
+    count = len(listings)
+    source.latest_offsets(context, start=start)
+    assert len(listings) == count + 1
+
+
 def sink_context(store_url: str, batch: int, job_id: str = "job-1") -> JobContext:
     return JobContext(job_id, None, StoreLocation(store_url).store(), parallelism=2,
                       processing_guarantee=EXACTLY_ONCE, batch_id=batch,

@@ -196,6 +196,9 @@ _POLL_SLICE_S = 0.1
 _READERS_KEPT = 64
 #: Seconds a kept partition reader may go unused before it is closed.
 _READER_IDLE_S = 30.0
+#: How long the driver's watcher may lag behind a ListOffsets answer before
+#: latest_offsets lists at every look (it is reading a backlog).
+_WATCHER_CATCH_UP_S = 0.5
 
 
 class _PartitionReader:
@@ -333,6 +336,7 @@ class KafkaSource(Source):
     kind = "kafka"
     guarantees = ALL_GUARANTEES
     streaming = True
+    accepts_start = True  # latest_offsets follows the topic from where the next batch starts
 
     def __init__(
         self,
@@ -368,6 +372,11 @@ class KafkaSource(Source):
         #: per partition the offset it has seen records or the end up to.
         self._watcher: Any = None
         self._watched: dict[int, int] = {}
+        #: Whether the watcher met an error (not an EOF): latest_offsets then lists afresh.
+        self._watch_failed = False
+        #: On the driver: the last ListOffsets answer, and when it came (see latest_offsets).
+        self._listed: dict[int, int] = {}
+        self._listed_at = 0.0
         self._partitions: list[int] = []
         self._partitions_at = 0.0
         #: On executors, per descriptor read: where runs of consecutive offsets start,
@@ -377,7 +386,8 @@ class KafkaSource(Source):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         # driver-only, not picklable; executor-only
-        state.update(_consumer=None, _watcher=None, _watched={}, _runs={})
+        state.update(_consumer=None, _watcher=None, _watched={}, _watch_failed=False,
+                     _listed={}, _listed_at=0.0, _runs={})
         return state
 
     @property
@@ -502,60 +512,124 @@ class KafkaSource(Source):
                 reader.close()
         return result
 
-    def latest_offsets(self, context: JobContext) -> Any:
-        """Runs on the driver: the end offset of every partition, in one request.
+    def latest_offsets(self, context: JobContext, start: Any = None) -> Any:
+        """Runs on the driver: how far every partition's committed records go.
 
         Under ``read_committed`` that is the last stable offset: records of
-        open transactions wait for their commit or abort.
+        open transactions wait for their commit or abort. The watcher (see
+        :meth:`wait_for_data`) follows every partition from ``start`` (where
+        the next micro-batch starts), so the answer is where it has read up
+        to, with no request: a ``ListOffsets`` request took 7-25 ms of each
+        micro-batch on a busy broker, and Tansu answers it with the start of
+        a partition's last record batch, hiding the batch's other records.
+        ``ListOffsets`` is still asked every ``metadata_refresh`` seconds, for
+        a partition the watcher does not follow yet, while the watcher lags
+        behind the last answer for :data:`_WATCHER_CATCH_UP_S` (a backlog), and
+        after the watcher met an error (then alone, so a topic deleted and
+        made anew shows as offsets going back).
         """
         partitions = self._partition_ids(context)
-        ends = self._ends(context, partitions)
+        now = time.monotonic()
+        if not isinstance(start, Mapping) or not start:
+            return self._listing(context, partitions, now)
+        self._follow(context, {p: int(start.get(str(p), 0)) for p in partitions})
+        self._take_watched(0.0)
+        if self._watch_failed:
+            self._unwatch()
+            return self._listing(context, partitions, now)
+        watched, listed = self._watched, self._listed
+        age = now - self._listed_at
+        behind = any(watched[p] < listed.get(p, 0) for p in partitions)
+        if (age >= self.metadata_refresh or any(p not in listed for p in partitions)
+                or (behind and age >= _WATCHER_CATCH_UP_S)):
+            listed = self._list_ends(context, partitions, now)
+        # Both are committed ends seen at some moment: the larger is the later.
+        return {str(p): max(watched[p], listed[p]) for p in partitions}
+
+    def _listing(self, context: JobContext, partitions: Sequence[int], now: float) -> Any:
+        """The ends from one ``ListOffsets`` request alone."""
+        ends = self._list_ends(context, partitions, now)
         return {str(p): ends[p] for p in partitions}
 
-    def wait_for_data(self, offsets: Any, timeout: float, context: JobContext) -> bool:
-        """Runs on the driver: wake as soon as a partition has a record past ``offsets``.
+    def _list_ends(
+        self, context: JobContext, partitions: Sequence[int], now: float
+    ) -> dict[int, int]:
+        self._listed, self._listed_at = self._ends(context, partitions), now
+        return self._listed
 
-        A watcher consumer on the driver, assigned to every partition from
-        where the job stood when it first waited, follows the topic (under the
-        source's isolation level, so a record counts once it is committed) and
-        notes how far each partition went; it blocks in ``poll``, never spins.
-        Without it the job looked at the end offsets every 50 ms: 25 ms of
-        waiting per record on average. A True may be spurious (a transaction
-        marker moves the end too); the job then lists the offsets to see.
-        """
+    def _follow(self, context: JobContext, offsets: Mapping[int, int]) -> None:
+        """Have the watcher follow every partition of ``offsets`` (a new one from there)."""
         ck = _confluent_kafka()
-        if not isinstance(offsets, Mapping) or not offsets:
-            return super().wait_for_data(offsets, timeout, context)
-        wanted = {int(p): int(o) for p, o in offsets.items()}
         if self._watcher is None:
-            config = self._config(context)
-            self._watcher = ck.Consumer(config)
-        new = [p for p in wanted if p not in self._watched]
+            self._watcher = ck.Consumer(self._config(context))
+        new = [p for p in offsets if p not in self._watched]
         if new:
             self._watcher.incremental_assign(
-                [ck.TopicPartition(self.topic, p, wanted[p]) for p in new])
-            self._watched.update({p: wanted[p] for p in new})
-        deadline = time.monotonic() + max(timeout, 0.0)
+                [ck.TopicPartition(self.topic, p, offsets[p]) for p in new])
+            self._watched.update({p: offsets[p] for p in new})
+
+    def _unwatch(self) -> None:
+        """Close the watcher: the next look starts a new one from the job's offsets."""
+        watcher, self._watcher = self._watcher, None
+        self._watched, self._watch_failed = {}, False
+        if watcher is not None:
+            with contextlib.suppress(Exception):
+                watcher.close()
+
+    def _take_watched(self, wait: float) -> bool:
+        """Note what the watcher fetched; if nothing, block up to ``wait`` s for the next.
+
+        False when nothing came. An error event (not an EOF) sets
+        :attr:`_watch_failed` and counts as something: let
+        :meth:`latest_offsets` see (and name) what is wrong.
+        """
+        ck = _confluent_kafka()
+        watcher, came = self._watcher, False
         while True:
-            if any(self._watched[p] > o for p, o in wanted.items()):
-                return True
-            messages = self._watcher.consume(num_messages=10_000, timeout=0)
+            messages = watcher.consume(num_messages=10_000, timeout=0)
             if not messages:
-                rest = deadline - time.monotonic()
-                message = self._watcher.poll(rest) if rest > 0 else None
+                if came or wait <= 0:
+                    return came
+                message = watcher.poll(wait)
                 if message is None:
                     return False
                 messages = [message]
+            came = True
             for message in messages:
                 error = message.error()
                 if error is None:
                     reached = message.offset() + 1
                 elif error.code() == ck.KafkaError._PARTITION_EOF:
                     reached = message.offset()
-                else:  # let latest_offsets see (and name) what is wrong
+                else:
+                    self._watch_failed = True
                     return True
                 p = message.partition()
                 self._watched[p] = max(self._watched.get(p, 0), reached)
+            if len(messages) < 10_000:
+                return True
+
+    def wait_for_data(self, offsets: Any, timeout: float, context: JobContext) -> bool:
+        """Runs on the driver: wake as soon as a partition has a record past ``offsets``.
+
+        A watcher consumer on the driver, assigned to every partition from
+        where the job stood when it first looked, follows the topic (under the
+        source's isolation level, so a record counts once it is committed) and
+        notes how far each partition went; it blocks in ``poll``, never spins.
+        Without it the job looked at the end offsets every 50 ms: 25 ms of
+        waiting per record on average. A True may be spurious (a transaction
+        marker moves the end too); the job then asks :meth:`latest_offsets`.
+        """
+        if not isinstance(offsets, Mapping) or not offsets:
+            return super().wait_for_data(offsets, timeout, context)
+        wanted = {int(p): int(o) for p, o in offsets.items()}
+        self._follow(context, wanted)
+        deadline = time.monotonic() + max(timeout, 0.0)
+        while True:
+            if self._watch_failed or any(self._watched[p] > o for p, o in wanted.items()):
+                return True
+            if not self._take_watched(deadline - time.monotonic()):
+                return False
 
     def plan_range(self, start: Any, end: Any, context: JobContext) -> Sequence[Any]:
         """Runs on the driver: ``(partition, start, end)`` per partition with new records.
