@@ -491,6 +491,48 @@ def test_latest_offsets_follow_the_watcher_without_a_request_per_batch(
     assert len(listings) == count + 1
 
 
+def test_a_read_on_the_driver_takes_the_records_the_watcher_read(
+    bootstrap: str, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The in-process engine's reads take the watcher's records: no consumer, no fetch.
+
+    Only a range the watcher read whole; any other is read by a partition
+    reader, as on an executor.
+    """
+    topic = new_topic(bootstrap, 2)
+    publish(bootstrap, topic, list(range(6)))  # 0, 2, 4 in partition 0
+    source = KafkaSource(topic, bootstrap)
+    context = JobContext("job-1", None, StoreLocation(store_url).store(), parallelism=1)
+    task = TaskContext("job-1", 0, context.store)
+    def watched(start: dict[str, int], ends: dict[str, int]) -> bool:
+        return (source.latest_offsets(context, start=start) == ends
+                and source._watched == {int(p): o for p, o in ends.items()})
+
+    ends = {"0": 3, "1": 3}
+    wait_until(lambda: watched({"0": 1, "1": 0}, ends), 10, "the watcher to read every record")
+    copy = pyspark_cloudpickle.loads(pyspark_cloudpickle.dumps(source))  # as a task gets it
+    taken: list[int] = []
+    take = kafka_plugin._READERS.take
+    monkeypatch.setattr(kafka_plugin._READERS, "take",
+                        lambda *args: (taken.append(args[2]), take(*args))[1])
+    assert copy.read((0, 1, 3), task) == [2, 4]
+    assert copy.read((1, 0, 3), task) == [1, 3, 5]
+    assert taken == []  # no partition reader
+    assert copy.offset_of((0, 1, 3), 1) == 2  # dead letters still name offsets
+    assert copy.read((0, 0, 2), task) == [0, 2]  # offset 0: before the watcher started
+    assert taken == [0]
+    # The next batch starts at the ends: what was read before is dropped.
+    source.latest_offsets(context, start=ends)
+    assert copy.read((1, 1, 3), task) == [3, 5]
+    assert taken == [0, 1]
+    # Over _FOLLOWED_KEPT records the watcher keeps none, and reads fall back.
+    monkeypatch.setattr(kafka_plugin, "_FOLLOWED_KEPT", 1)
+    publish(bootstrap, topic, [6, 7, 8, 9])
+    wait_until(lambda: watched(ends, {"0": 5, "1": 5}), 10, "the watcher to read the new records")
+    assert copy.read((0, 3, 5), task) == [6, 8]
+    assert taken == [0, 1, 0]
+
+
 def sink_context(store_url: str, batch: int, job_id: str = "job-1") -> JobContext:
     return JobContext(job_id, None, StoreLocation(store_url).store(), parallelism=2,
                       processing_guarantee=EXACTLY_ONCE, batch_id=batch,

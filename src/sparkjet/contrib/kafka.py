@@ -25,6 +25,8 @@ import logging
 import os
 import threading
 import time
+import uuid
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -307,6 +309,89 @@ class _ReaderPool:
 
 _READERS = _ReaderPool()
 
+#: Most records a driver's watcher keeps for the reads of its process.
+_FOLLOWED_KEPT = 100_000
+
+
+class _Span:
+    """What a watcher read of one partition: every record from ``first`` to ``reached``."""
+
+    def __init__(self, first: int) -> None:
+        self.first = self.reached = first
+        self.offsets: list[int] = []
+        self.messages: list[Any] = []
+
+
+class _Followed:
+    """The records a driver's watcher read, kept for reads in the same process.
+
+    The in-process engine reads a micro-batch's ranges on the driver, just
+    after the watcher read the same records (that is how the batch's ends were
+    known): a read takes them from here, with no consumer and no fetch to
+    wait for (a partition reader fetches every ``fetch.wait.max.ms``, and
+    five of them kept Tansu busy). A range not wholly here (read on an
+    executor, before the watcher started, or after it dropped records over
+    :data:`_FOLLOWED_KEPT`) is read by a partition reader as before.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._spans: dict[int, _Span] = {}
+        self._kept = 0
+
+    def follow(self, partition: int, offset: int) -> None:
+        """Keep ``partition``'s records from ``offset`` on (what the watcher reads next)."""
+        with self._lock:
+            old = self._spans.pop(partition, None)
+            self._kept -= len(old.offsets) if old else 0
+            self._spans[partition] = _Span(offset)
+
+    def add(self, partition: int, message: Any, reached: int) -> None:
+        """Note the watcher's next event of ``partition``: a record (or None: an EOF)."""
+        with self._lock:
+            span = self._spans.get(partition)
+            if span is None:
+                return
+            if message is not None and reached > span.first:
+                if self._kept >= _FOLLOWED_KEPT:  # keep none until the job catches up
+                    self._drop_all()
+                    return
+                span.offsets.append(reached - 1)
+                span.messages.append(message)
+                self._kept += 1
+            span.reached = max(span.reached, reached)
+
+    def _drop_all(self) -> None:
+        self._spans.clear()
+        self._kept = 0
+
+    def prune(self, partition: int, below: int, position: int) -> None:
+        """Forget records below ``below``; follow anew from ``position`` if dropped."""
+        with self._lock:
+            span = self._spans.get(partition)
+            if span is None:
+                self._spans[partition] = _Span(position)
+                return
+            cut = bisect.bisect_left(span.offsets, below)
+            del span.offsets[:cut], span.messages[:cut]
+            self._kept -= cut
+            span.first = max(span.first, below)
+
+    def take(self, partition: int, start: int, end: int) -> list[Any] | None:
+        """The records of ``[start, end)`` if every one of them is here, else None."""
+        with self._lock:
+            span = self._spans.get(partition)
+            if span is None or not span.first <= start or end > span.reached:
+                return None
+            lo = bisect.bisect_left(span.offsets, start)
+            hi = bisect.bisect_left(span.offsets, end)
+            return span.messages[lo:hi]
+
+
+#: Each driver source's kept records, by the source's token (its copies on the
+#: in-process engine find them here); gone with the driver's source.
+_FOLLOWED: weakref.WeakValueDictionary[str, _Followed] = weakref.WeakValueDictionary()
+
 
 class KafkaSource(Source):
     """Reads a Kafka topic as an unbounded, replayable source (Jet's ``KafkaSources.kafka``).
@@ -377,6 +462,10 @@ class KafkaSource(Source):
         #: On the driver: the last ListOffsets answer, and when it came (see latest_offsets).
         self._listed: dict[int, int] = {}
         self._listed_at = 0.0
+        #: The records the watcher read, for reads in this process (see _Followed);
+        #: found by copies of this source through the token.
+        self._token = uuid.uuid4().hex
+        self._followed: _Followed | None = None
         self._partitions: list[int] = []
         self._partitions_at = 0.0
         #: On executors, per descriptor read: where runs of consecutive offsets start,
@@ -387,7 +476,7 @@ class KafkaSource(Source):
         state = dict(self.__dict__)
         # driver-only, not picklable; executor-only
         state.update(_consumer=None, _watcher=None, _watched={}, _watch_failed=False,
-                     _listed={}, _listed_at=0.0, _runs={})
+                     _listed={}, _listed_at=0.0, _followed=None, _runs={})
         return state
 
     @property
@@ -532,8 +621,12 @@ class KafkaSource(Source):
         now = time.monotonic()
         if not isinstance(start, Mapping) or not start:
             return self._listing(context, partitions, now)
-        self._follow(context, {p: int(start.get(str(p), 0)) for p in partitions})
+        starts = {p: int(start.get(str(p), 0)) for p in partitions}
+        self._follow(context, starts)
         self._take_watched(0.0)
+        if self._followed is not None:  # what batches before this one read is not read again
+            for p, offset in starts.items():
+                self._followed.prune(p, offset, self._watched[p])
         if self._watch_failed:
             self._unwatch()
             return self._listing(context, partitions, now)
@@ -562,16 +655,21 @@ class KafkaSource(Source):
         ck = _confluent_kafka()
         if self._watcher is None:
             self._watcher = ck.Consumer(self._config(context))
+            self._followed = _FOLLOWED[self._token] = _Followed()
         new = [p for p in offsets if p not in self._watched]
         if new:
             self._watcher.incremental_assign(
                 [ck.TopicPartition(self.topic, p, offsets[p]) for p in new])
             self._watched.update({p: offsets[p] for p in new})
+            for p in new:
+                self._followed.follow(p, offsets[p])  # type: ignore[union-attr]
 
     def _unwatch(self) -> None:
         """Close the watcher: the next look starts a new one from the job's offsets."""
         watcher, self._watcher = self._watcher, None
         self._watched, self._watch_failed = {}, False
+        _FOLLOWED.pop(self._token, None)
+        self._followed = None
         if watcher is not None:
             with contextlib.suppress(Exception):
                 watcher.close()
@@ -584,7 +682,7 @@ class KafkaSource(Source):
         :meth:`latest_offsets` see (and name) what is wrong.
         """
         ck = _confluent_kafka()
-        watcher, came = self._watcher, False
+        watcher, followed, came = self._watcher, self._followed, False
         while True:
             messages = watcher.consume(num_messages=10_000, timeout=0)
             if not messages:
@@ -606,6 +704,8 @@ class KafkaSource(Source):
                     return True
                 p = message.partition()
                 self._watched[p] = max(self._watched.get(p, 0), reached)
+                if followed is not None:
+                    followed.add(p, message if error is None else None, reached)
             if len(messages) < 10_000:
                 return True
 
@@ -780,13 +880,19 @@ class KafkaSource(Source):
         """Runs on an executor: the items of one partition's offset range, in order."""
         p, start, end = partition
         what = _stage_of(self, context)
-        key, reader = _READERS.take(self._config(context), self.topic, p)
+        followed = _FOLLOWED.get(self._token)
+        kept = followed.take(p, start, end) if followed is not None else None
+        reader: _PartitionReader | None = None
+        records: Iterable[Any] | None = kept
+        if records is None:
+            key, reader = _READERS.take(self._config(context), self.topic, p)
+            records = self._records(reader, start, end, what)
         items: list[Any] = []
         runs: list[tuple[int, int]] = []
         ok = False
         try:
             value_of, key_of = self.value_deserializer, self.key_deserializer
-            for message in self._records(reader, start, end, what):
+            for message in records:
                 offset = message.offset()
                 if not runs or offset - runs[-1][1] != len(items) - runs[-1][0]:
                     runs.append((len(items), offset))  # offsets skipped (markers, compaction)
@@ -800,9 +906,9 @@ class KafkaSource(Source):
                     ) from exc
             ok = True
         finally:
-            if ok:
+            if reader is not None and ok:
                 _READERS.give_back(key, reader)
-            else:
+            elif reader is not None:
                 reader.close()
         if len(self._runs) >= _RUNS_KEPT:
             self._runs.clear()
