@@ -72,6 +72,9 @@ def parse_args() -> argparse.Namespace:
                         help="a small run for the smoke test: 200/s, 2 s, 1 s warm-up, 2k keys")
     parser.add_argument("--bootstrap", default=None, help="a broker to use instead of Tansu")
     parser.add_argument("--master", default="local[2]", help="Spark master")
+    parser.add_argument("--local-max-items", type=int, default=None,
+                        help="[engine] local_max_items: the most items a micro-batch run on "
+                             "the driver may have (sparkjet's default when not given)")
     args = parser.parse_args()
     if args.quick:
         args.rate, args.seconds, args.warmup_seconds, args.keys = 200, 2.0, 1.0, 2_000
@@ -275,6 +278,11 @@ class SparkjetJob:
         """Durations of recent micro-batches (offsets to sink commit)."""
         return list(self.job.get_metrics()["batchDurationsMillis"])
 
+    def engines(self) -> tuple[int, int]:
+        """How many micro-batches ran on the driver, and how many on Spark."""
+        metrics = self.job.get_metrics()
+        return int(metrics.get("localBatches", 0)), int(metrics.get("sparkBatches", 0))
+
     def stop(self) -> None:
         """Cancel the job and wait for it."""
         from sparkjet.errors import JobCancelledError
@@ -323,6 +331,8 @@ def run_contender(label: str, make: Any, bootstrap: str, args: argparse.Namespac
             raise RuntimeError(f"{label}: {result['error']}")
         result["batches"] = (contender.batch_millis() if isinstance(contender, SparkjetJob)
                              else [])
+        result["engines"] = (contender.engines() if isinstance(contender, SparkjetJob)
+                             else (0, 0))
         return result
     finally:
         contender.stop()
@@ -427,11 +437,15 @@ def _measure(label: str, bootstrap: str, source: str, target: str,
 def main() -> None:
     """Start Tansu (unless --bootstrap), run every contender, print the tables."""
     args = parse_args()
-    with kafka_client(args.master, args.bootstrap) as (client, bootstrap, tansu):
+    engine = ({"local_max_items": args.local_max_items}
+              if args.local_max_items is not None else None)
+    with kafka_client(args.master, args.bootstrap, engine) as (client, bootstrap, tansu):
         print(f"{args.rate:,} records/s for {args.seconds:g} s (after {args.warmup_seconds:g} s "
               f"warm-up), {args.keys:,} keys, {PARTITIONS} partitions, broker "
               f"{'Tansu' if tansu else bootstrap}, {args.master}, Spark {client.spark.version};"
-              " snapshot_interval_millis=1", flush=True)
+              " snapshot_interval_millis=1"
+              + (f"; [engine] local_max_items={args.local_max_items:,}" if engine else ""),
+              flush=True)
         contenders: dict[str, Any] = {
             "plain confluent-kafka loop": lambda s, t: PlainLoop(bootstrap, s, t)}
         for guarantee in [g.strip() for g in args.guarantees.split(",") if g.strip()]:
@@ -455,9 +469,11 @@ def main() -> None:
                   f"{result['drained'] * 1000:.0f} ms after the producer stopped", flush=True)
             if result["batches"]:
                 b = result["batches"]
+                local, spark = result["engines"]
                 print(f"  micro-batches (offsets to sink commit, last {len(b)}): median "
                       f"{percentile(b, 0.5):.0f} ms, p90 {percentile(b, 0.9):.0f} ms, max "
-                      f"{max(b)} ms", flush=True)
+                      f"{max(b)} ms; {local:,} ran on the driver, {spark:,} on Spark",
+                      flush=True)
 
         plain = results["plain confluent-kafka loop"]["latencies"]
         qs = [("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("max", 1.0)]
