@@ -491,6 +491,61 @@ def test_latest_offsets_follow_the_watcher_without_a_request_per_batch(
     assert len(listings) == count + 1
 
 
+class FakeEvent:
+    """A consumer event with only an error (what librdkafka hands a consumer for one)."""
+
+    def __init__(self, code: int) -> None:
+        from confluent_kafka import KafkaError as LibrdkafkaError
+
+        self._error = LibrdkafkaError(code)
+
+    def error(self) -> Any:
+        return self._error
+
+    def partition(self) -> int:
+        return 0
+
+
+class FakeWatcher:
+    def __init__(self, events: list[Any]) -> None:
+        self.events = events
+
+    def consume(self, num_messages: int, timeout: float) -> list[Any]:
+        events, self.events = self.events, []
+        return events
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_partition_error_closes_the_watcher_a_passing_one_does_not(
+    bootstrap: str, store_url: str
+) -> None:
+    """Offsets out of range (a topic made anew, on Kafka) close the watcher; the ends are
+    then ListOffsets' alone, below where the job stands, which the job refuses
+    (SourceOffsetsError). A broker away for a while is retried by librdkafka: the
+    watcher stays. (Tansu answers a fetch past a partition's end with nothing.)
+    """
+    from confluent_kafka import KafkaError as LibrdkafkaError
+
+    topic = new_topic(bootstrap, 1)
+    publish(bootstrap, topic, list(range(10)), partitions=1)
+    source = KafkaSource(topic, bootstrap)
+    context = JobContext("job-1", None, StoreLocation(store_url).store(), parallelism=1)
+    start = {"0": 50}
+    assert source.latest_offsets(context, start=start) == {"0": 50}  # the watcher's start
+    real = source._watcher
+    try:
+        source._watcher = FakeWatcher([FakeEvent(LibrdkafkaError._TRANSPORT)])
+        assert source.latest_offsets(context, start=start) == {"0": 50}
+        assert not source._watch_failed
+        source._watcher = FakeWatcher([FakeEvent(LibrdkafkaError._AUTO_OFFSET_RESET)])
+        assert source.latest_offsets(context, start=start) == {"0": 10}
+        assert source._watcher is None  # closed; the next look follows anew
+    finally:
+        real.close()
+
+
 def test_a_read_on_the_driver_takes_the_records_the_watcher_read(
     bootstrap: str, store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

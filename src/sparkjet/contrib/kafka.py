@@ -677,11 +677,17 @@ class KafkaSource(Source):
     def _take_watched(self, wait: float) -> bool:
         """Note what the watcher fetched; if nothing, block up to ``wait`` s for the next.
 
-        False when nothing came. An error event (not an EOF) sets
-        :attr:`_watch_failed` and counts as something: let
-        :meth:`latest_offsets` see (and name) what is wrong.
+        False when nothing came. An error of a partition (its offsets out of
+        range, the topic gone) sets :attr:`_watch_failed` and counts as
+        something: let :meth:`latest_offsets` see (and name) what is wrong.
+        Other errors (a broker unreachable for a while) librdkafka retries:
+        the positions stand still, and the periodic ``ListOffsets`` fails the
+        job if the brokers stay away.
         """
         ck = _confluent_kafka()
+        failed = {ck.KafkaError._AUTO_OFFSET_RESET, ck.KafkaError.OFFSET_OUT_OF_RANGE,
+                  ck.KafkaError.UNKNOWN_TOPIC_OR_PART, ck.KafkaError._UNKNOWN_PARTITION,
+                  ck.KafkaError._UNKNOWN_TOPIC}
         watcher, followed, came = self._watcher, self._followed, False
         while True:
             messages = watcher.consume(num_messages=10_000, timeout=0)
@@ -699,9 +705,11 @@ class KafkaSource(Source):
                     reached = message.offset() + 1
                 elif error.code() == ck.KafkaError._PARTITION_EOF:
                     reached = message.offset()
-                else:
+                elif error.code() in failed:
                     self._watch_failed = True
                     return True
+                else:
+                    continue
                 p = message.partition()
                 self._watched[p] = max(self._watched.get(p, 0), reached)
                 if followed is not None:
