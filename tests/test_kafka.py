@@ -356,6 +356,34 @@ def test_a_range_the_topic_does_not_hold_is_an_error_never_other_records(
     assert "not in the partition" in message
 
 
+def test_a_range_that_starts_at_a_marker_reads_past_a_short_reported_end(
+    bootstrap: str, store_url: str
+) -> None:
+    """A read whose first offset is skipped checks the log's start, not its end.
+
+    A transaction's marker at the range's start makes the first record's offset
+    skip; the read then checks that the range is not below the log start. It
+    checked the end too, and Tansu reports a partition's end as its last record
+    batch's first offset + 1: a range up to the records the watcher read in
+    that batch failed as "not in the partition".
+    """
+    from confluent_kafka import Producer
+
+    topic = new_topic(bootstrap, 1)
+    txn = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"tx-{topic}"})
+    txn.init_transactions(10)
+    txn.begin_transaction()
+    txn.produce(topic, b"0", partition=0)
+    txn.commit_transaction(10)  # offset 0, its marker at 1
+    plain = Producer({"bootstrap.servers": bootstrap, "linger.ms": 100})
+    for value in (2, 3, 4):  # one record batch: offsets 2..4
+        plain.produce(topic, json.dumps(value).encode(), partition=0)
+    assert plain.flush(10) == 0
+    source = KafkaSource(topic, bootstrap, timeout=5)
+    assert source.read((0, 1, 5), TaskContext("job-1", 0, StoreLocation(store_url).store())) \
+        == [2, 3, 4]
+
+
 def timed_read(source: KafkaSource, descriptor: tuple[int, int, int],
                context: TaskContext) -> tuple[list[Any], float]:
     started = time.monotonic()
