@@ -125,11 +125,14 @@ def submit_running(client: Any, pipeline: Any, config: Any, label: str) -> Any:
 
 
 @contextlib.contextmanager
-def kafka_client(master: str, bootstrap: str | None) -> Iterator[tuple[Any, str, bool]]:
+def kafka_client(
+    master: str, bootstrap: str | None, engine: dict[str, Any] | None = None
+) -> Iterator[tuple[Any, str, bool]]:
     """A client with the Kafka plugin, the broker's address, and whether it is Tansu.
 
     The broker is ``bootstrap`` when given, else a Tansu broker started on
     127.0.0.1 for the run (``tests/kafka_broker.py``) and stopped after it.
+    ``engine``: overrides of the ``[engine]`` table, as for :func:`connect`.
     """
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.kafka_broker
     from tests.kafka_broker import TansuBroker
@@ -138,7 +141,7 @@ def kafka_client(master: str, bootstrap: str | None) -> Iterator[tuple[Any, str,
 
     broker = None if bootstrap else TansuBroker()
     try:
-        client = connect(master)
+        client = connect(master, engine)
         if "kafka" not in {info.name for info in client.list_plugins()}:
             client.register_plugin(kafka, "kafka")
         yield client, bootstrap or (broker.bootstrap if broker else ""), broker is not None

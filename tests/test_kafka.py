@@ -356,6 +356,34 @@ def test_a_range_the_topic_does_not_hold_is_an_error_never_other_records(
     assert "not in the partition" in message
 
 
+def test_a_range_that_starts_at_a_marker_reads_past_a_short_reported_end(
+    bootstrap: str, store_url: str
+) -> None:
+    """A read whose first offset is skipped checks the log's start, not its end.
+
+    A transaction's marker at the range's start makes the first record's offset
+    skip; the read then checks that the range is not below the log start. It
+    checked the end too, and Tansu reports a partition's end as its last record
+    batch's first offset + 1: a range up to the records the watcher read in
+    that batch failed as "not in the partition".
+    """
+    from confluent_kafka import Producer
+
+    topic = new_topic(bootstrap, 1)
+    txn = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"tx-{topic}"})
+    txn.init_transactions(10)
+    txn.begin_transaction()
+    txn.produce(topic, b"0", partition=0)
+    txn.commit_transaction(10)  # offset 0, its marker at 1
+    plain = Producer({"bootstrap.servers": bootstrap, "linger.ms": 100})
+    for value in (2, 3, 4):  # one record batch: offsets 2..4
+        plain.produce(topic, json.dumps(value).encode(), partition=0)
+    assert plain.flush(10) == 0
+    source = KafkaSource(topic, bootstrap, timeout=5)
+    assert source.read((0, 1, 5), TaskContext("job-1", 0, StoreLocation(store_url).store())) \
+        == [2, 3, 4]
+
+
 def timed_read(source: KafkaSource, descriptor: tuple[int, int, int],
                context: TaskContext) -> tuple[list[Any], float]:
     started = time.monotonic()
@@ -450,6 +478,144 @@ def test_the_driver_wakes_when_a_record_comes(bootstrap: str, store_url: str) ->
     assert time.monotonic() - started < 5  # woken by the record, not by the 10 s timeout
 
 
+def test_latest_offsets_follow_the_watcher_without_a_request_per_batch(
+    bootstrap: str, store_url: str
+) -> None:
+    """After one ListOffsets, the ends come from the watcher: no request per micro-batch.
+
+    The watcher reads every record, so it also sees a record batch's later
+    records, which Tansu's ListOffsets hides until the next batch lands.
+    """
+    from confluent_kafka import Producer
+
+    topic = new_topic(bootstrap, 2)
+    publish(bootstrap, topic, [1, 2])
+    source = KafkaSource(topic, bootstrap)
+    context = JobContext("job-1", None, StoreLocation(store_url).store(), parallelism=1)
+    listings: list[int] = []
+    list_ends = source._ends
+    source._ends = lambda ctx, parts: (listings.append(1), list_ends(ctx, parts))[1]  # type: ignore[method-assign]
+    start = {"0": 0, "1": 0}
+    assert source.latest_offsets(context, start=start) == {"0": 1, "1": 1}
+    assert len(listings) == 1
+    # Three records in one record batch to partition 0, one to partition 1.
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50})
+    for value in (3, 4, 5):
+        producer.produce(topic, json.dumps(value).encode(), partition=0)
+    producer.produce(topic, b"6", partition=1)
+    assert producer.flush(10) == 0
+    wait_until(lambda: source.latest_offsets(context, start=start) == {"0": 4, "1": 2}, 10,
+               "the watcher to see every new record")
+    assert len(listings) == 1  # no ListOffsets since the first
+    # A watcher that met an error is closed; the next look lists, and follows anew.
+    watcher = source._watcher
+    source._watch_failed = True
+    assert source.latest_offsets(context, start=start) == source.latest_offsets(context)
+    assert source._watcher is not watcher and not source._watch_failed
+    # ListOffsets again once metadata_refresh has passed.
+    source.metadata_refresh = 0.0
+    count = len(listings)
+    source.latest_offsets(context, start=start)
+    assert len(listings) == count + 1
+
+
+class FakeEvent:
+    """A consumer event with only an error (what librdkafka hands a consumer for one)."""
+
+    def __init__(self, code: int) -> None:
+        from confluent_kafka import KafkaError as LibrdkafkaError
+
+        self._error = LibrdkafkaError(code)
+
+    def error(self) -> Any:
+        return self._error
+
+    def partition(self) -> int:
+        return 0
+
+
+class FakeWatcher:
+    def __init__(self, events: list[Any]) -> None:
+        self.events = events
+
+    def consume(self, num_messages: int, timeout: float) -> list[Any]:
+        events, self.events = self.events, []
+        return events
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_partition_error_closes_the_watcher_a_passing_one_does_not(
+    bootstrap: str, store_url: str
+) -> None:
+    """Offsets out of range (a topic made anew, on Kafka) close the watcher; the ends are
+    then ListOffsets' alone, below where the job stands, which the job refuses
+    (SourceOffsetsError). A broker away for a while is retried by librdkafka: the
+    watcher stays. (Tansu answers a fetch past a partition's end with nothing.)
+    """
+    from confluent_kafka import KafkaError as LibrdkafkaError
+
+    topic = new_topic(bootstrap, 1)
+    publish(bootstrap, topic, list(range(10)), partitions=1)
+    source = KafkaSource(topic, bootstrap)
+    context = JobContext("job-1", None, StoreLocation(store_url).store(), parallelism=1)
+    start = {"0": 50}
+    assert source.latest_offsets(context, start=start) == {"0": 50}  # the watcher's start
+    real = source._watcher
+    try:
+        source._watcher = FakeWatcher([FakeEvent(LibrdkafkaError._TRANSPORT)])
+        assert source.latest_offsets(context, start=start) == {"0": 50}
+        assert not source._watch_failed
+        source._watcher = FakeWatcher([FakeEvent(LibrdkafkaError._AUTO_OFFSET_RESET)])
+        assert source.latest_offsets(context, start=start) == {"0": 10}
+        assert source._watcher is None  # closed; the next look follows anew
+    finally:
+        real.close()
+
+
+def test_a_read_on_the_driver_takes_the_records_the_watcher_read(
+    bootstrap: str, store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The in-process engine's reads take the watcher's records: no consumer, no fetch.
+
+    Only a range the watcher read whole; any other is read by a partition
+    reader, as on an executor.
+    """
+    topic = new_topic(bootstrap, 2)
+    publish(bootstrap, topic, list(range(6)))  # 0, 2, 4 in partition 0
+    source = KafkaSource(topic, bootstrap)
+    context = JobContext("job-1", None, StoreLocation(store_url).store(), parallelism=1)
+    task = TaskContext("job-1", 0, context.store)
+    def watched(start: dict[str, int], ends: dict[str, int]) -> bool:
+        return (source.latest_offsets(context, start=start) == ends
+                and source._watched == {int(p): o for p, o in ends.items()})
+
+    ends = {"0": 3, "1": 3}
+    wait_until(lambda: watched({"0": 1, "1": 0}, ends), 10, "the watcher to read every record")
+    copy = pyspark_cloudpickle.loads(pyspark_cloudpickle.dumps(source))  # as a task gets it
+    taken: list[int] = []
+    take = kafka_plugin._READERS.take
+    monkeypatch.setattr(kafka_plugin._READERS, "take",
+                        lambda *args: (taken.append(args[2]), take(*args))[1])
+    assert copy.read((0, 1, 3), task) == [2, 4]
+    assert copy.read((1, 0, 3), task) == [1, 3, 5]
+    assert taken == []  # no partition reader
+    assert copy.offset_of((0, 1, 3), 1) == 2  # dead letters still name offsets
+    assert copy.read((0, 0, 2), task) == [0, 2]  # offset 0: before the watcher started
+    assert taken == [0]
+    # The next batch starts at the ends: what was read before is dropped.
+    source.latest_offsets(context, start=ends)
+    assert copy.read((1, 1, 3), task) == [3, 5]
+    assert taken == [0, 1]
+    # Over _FOLLOWED_KEPT records the watcher keeps none, and reads fall back.
+    monkeypatch.setattr(kafka_plugin, "_FOLLOWED_KEPT", 1)
+    publish(bootstrap, topic, [6, 7, 8, 9])
+    wait_until(lambda: watched(ends, {"0": 5, "1": 5}), 10, "the watcher to read the new records")
+    assert copy.read((0, 3, 5), task) == [6, 8]
+    assert taken == [0, 1, 0]
+
+
 def sink_context(store_url: str, batch: int, job_id: str = "job-1") -> JobContext:
     return JobContext(job_id, None, StoreLocation(store_url).store(), parallelism=2,
                       processing_guarantee=EXACTLY_ONCE, batch_id=batch,
@@ -495,6 +661,42 @@ def test_a_fenced_driver_cannot_commit(bootstrap: str, store_url: str) -> None:
                        r" was fenced.*micro-batch 3"):
         commit_batch(old, sink_context(store_url, 3), [4])
     assert committed_values(bootstrap, topic, 3) == [1, 2, 3]
+
+
+class CallLog:
+    """A producer that notes the name of every method called on it, then calls it."""
+
+    def __init__(self, producer: Any, calls: list[str]) -> None:
+        self._producer, self._calls = producer, calls
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._producer, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self._calls.append(name + ("(on_delivery)" if "on_delivery" in kwargs else ""))
+            return method(*args, **kwargs)
+        return call
+
+
+def test_a_transaction_sends_its_records_without_waiting_for_each(
+    bootstrap: str, store_url: str
+) -> None:
+    """One transaction: begin, produce, batch id, commit; no flush, no callback per record.
+
+    commit_transaction flushes and fails if a record was not delivered, so the
+    records need no flush of their own: they are in flight while the batch id
+    is added (a flush, and a delivery callback per record, cost a round trip
+    and the interpreter's lock once per record).
+    """
+    topic = new_topic(bootstrap, 1)
+    sink = KafkaSink(topic, bootstrap)
+    commit_batch(sink, sink_context(store_url, 0), [1])  # the producer starts
+    calls: list[str] = []
+    sink._producer = CallLog(sink._producer, calls)
+    commit_batch(sink, sink_context(store_url, 1), [2, 3, 4])
+    assert calls == ["begin_transaction", "produce", "produce", "produce",
+                     "send_offsets_to_transaction", "commit_transaction"]
+    assert committed_values(bootstrap, topic, 4) == [1, 2, 3, 4]
 
 
 # --- bad inputs ---------------------------------------------------------------------------

@@ -25,6 +25,8 @@ import logging
 import os
 import threading
 import time
+import uuid
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -196,6 +198,9 @@ _POLL_SLICE_S = 0.1
 _READERS_KEPT = 64
 #: Seconds a kept partition reader may go unused before it is closed.
 _READER_IDLE_S = 30.0
+#: How long the driver's watcher may lag behind a ListOffsets answer before
+#: latest_offsets lists at every look (it is reading a backlog).
+_WATCHER_CATCH_UP_S = 0.5
 
 
 class _PartitionReader:
@@ -304,6 +309,89 @@ class _ReaderPool:
 
 _READERS = _ReaderPool()
 
+#: Most records a driver's watcher keeps for the reads of its process.
+_FOLLOWED_KEPT = 100_000
+
+
+class _Span:
+    """What a watcher read of one partition: every record from ``first`` to ``reached``."""
+
+    def __init__(self, first: int) -> None:
+        self.first = self.reached = first
+        self.offsets: list[int] = []
+        self.messages: list[Any] = []
+
+
+class _Followed:
+    """The records a driver's watcher read, kept for reads in the same process.
+
+    The in-process engine reads a micro-batch's ranges on the driver, just
+    after the watcher read the same records (that is how the batch's ends were
+    known): a read takes them from here, with no consumer and no fetch to
+    wait for (a partition reader fetches every ``fetch.wait.max.ms``, and
+    five of them kept Tansu busy). A range not wholly here (read on an
+    executor, before the watcher started, or after it dropped records over
+    :data:`_FOLLOWED_KEPT`) is read by a partition reader as before.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._spans: dict[int, _Span] = {}
+        self._kept = 0
+
+    def follow(self, partition: int, offset: int) -> None:
+        """Keep ``partition``'s records from ``offset`` on (what the watcher reads next)."""
+        with self._lock:
+            old = self._spans.pop(partition, None)
+            self._kept -= len(old.offsets) if old else 0
+            self._spans[partition] = _Span(offset)
+
+    def add(self, partition: int, message: Any, reached: int) -> None:
+        """Note the watcher's next event of ``partition``: a record (or None: an EOF)."""
+        with self._lock:
+            span = self._spans.get(partition)
+            if span is None:
+                return
+            if message is not None and reached > span.first:
+                if self._kept >= _FOLLOWED_KEPT:  # keep none until the job catches up
+                    self._drop_all()
+                    return
+                span.offsets.append(reached - 1)
+                span.messages.append(message)
+                self._kept += 1
+            span.reached = max(span.reached, reached)
+
+    def _drop_all(self) -> None:
+        self._spans.clear()
+        self._kept = 0
+
+    def prune(self, partition: int, below: int, position: int) -> None:
+        """Forget records below ``below``; follow anew from ``position`` if dropped."""
+        with self._lock:
+            span = self._spans.get(partition)
+            if span is None:
+                self._spans[partition] = _Span(position)
+                return
+            cut = bisect.bisect_left(span.offsets, below)
+            del span.offsets[:cut], span.messages[:cut]
+            self._kept -= cut
+            span.first = max(span.first, below)
+
+    def take(self, partition: int, start: int, end: int) -> list[Any] | None:
+        """The records of ``[start, end)`` if every one of them is here, else None."""
+        with self._lock:
+            span = self._spans.get(partition)
+            if span is None or not span.first <= start or end > span.reached:
+                return None
+            lo = bisect.bisect_left(span.offsets, start)
+            hi = bisect.bisect_left(span.offsets, end)
+            return span.messages[lo:hi]
+
+
+#: Each driver source's kept records, by the source's token (its copies on the
+#: in-process engine find them here); gone with the driver's source.
+_FOLLOWED: weakref.WeakValueDictionary[str, _Followed] = weakref.WeakValueDictionary()
+
 
 class KafkaSource(Source):
     """Reads a Kafka topic as an unbounded, replayable source (Jet's ``KafkaSources.kafka``).
@@ -333,6 +421,7 @@ class KafkaSource(Source):
     kind = "kafka"
     guarantees = ALL_GUARANTEES
     streaming = True
+    accepts_start = True  # latest_offsets follows the topic from where the next batch starts
 
     def __init__(
         self,
@@ -368,6 +457,15 @@ class KafkaSource(Source):
         #: per partition the offset it has seen records or the end up to.
         self._watcher: Any = None
         self._watched: dict[int, int] = {}
+        #: Whether the watcher met an error (not an EOF): latest_offsets then lists afresh.
+        self._watch_failed = False
+        #: On the driver: the last ListOffsets answer, and when it came (see latest_offsets).
+        self._listed: dict[int, int] = {}
+        self._listed_at = 0.0
+        #: The records the watcher read, for reads in this process (see _Followed);
+        #: found by copies of this source through the token.
+        self._token = uuid.uuid4().hex
+        self._followed: _Followed | None = None
         self._partitions: list[int] = []
         self._partitions_at = 0.0
         #: On executors, per descriptor read: where runs of consecutive offsets start,
@@ -377,7 +475,8 @@ class KafkaSource(Source):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         # driver-only, not picklable; executor-only
-        state.update(_consumer=None, _watcher=None, _watched={}, _runs={})
+        state.update(_consumer=None, _watcher=None, _watched={}, _watch_failed=False,
+                     _listed={}, _listed_at=0.0, _followed=None, _runs={})
         return state
 
     @property
@@ -502,60 +601,143 @@ class KafkaSource(Source):
                 reader.close()
         return result
 
-    def latest_offsets(self, context: JobContext) -> Any:
-        """Runs on the driver: the end offset of every partition, in one request.
+    def latest_offsets(self, context: JobContext, start: Any = None) -> Any:
+        """Runs on the driver: how far every partition's committed records go.
 
         Under ``read_committed`` that is the last stable offset: records of
-        open transactions wait for their commit or abort.
+        open transactions wait for their commit or abort. The watcher (see
+        :meth:`wait_for_data`) follows every partition from ``start`` (where
+        the next micro-batch starts), so the answer is where it has read up
+        to, with no request: a ``ListOffsets`` request took 7-25 ms of each
+        micro-batch on a busy broker, and Tansu answers it with the start of
+        a partition's last record batch, hiding the batch's other records.
+        ``ListOffsets`` is still asked every ``metadata_refresh`` seconds, for
+        a partition the watcher does not follow yet, while the watcher lags
+        behind the last answer for :data:`_WATCHER_CATCH_UP_S` (a backlog), and
+        after the watcher met an error (then alone, so a topic deleted and
+        made anew shows as offsets going back).
         """
         partitions = self._partition_ids(context)
-        ends = self._ends(context, partitions)
+        now = time.monotonic()
+        if not isinstance(start, Mapping) or not start:
+            return self._listing(context, partitions, now)
+        starts = {p: int(start.get(str(p), 0)) for p in partitions}
+        self._follow(context, starts)
+        self._take_watched(0.0)
+        if self._followed is not None:  # what batches before this one read is not read again
+            for p, offset in starts.items():
+                self._followed.prune(p, offset, self._watched[p])
+        if self._watch_failed:
+            self._unwatch()
+            return self._listing(context, partitions, now)
+        watched, listed = self._watched, self._listed
+        age = now - self._listed_at
+        behind = any(watched[p] < listed.get(p, 0) for p in partitions)
+        if (age >= self.metadata_refresh or any(p not in listed for p in partitions)
+                or (behind and age >= _WATCHER_CATCH_UP_S)):
+            listed = self._list_ends(context, partitions, now)
+        # Both are committed ends seen at some moment: the larger is the later.
+        return {str(p): max(watched[p], listed[p]) for p in partitions}
+
+    def _listing(self, context: JobContext, partitions: Sequence[int], now: float) -> Any:
+        """The ends from one ``ListOffsets`` request alone."""
+        ends = self._list_ends(context, partitions, now)
         return {str(p): ends[p] for p in partitions}
 
-    def wait_for_data(self, offsets: Any, timeout: float, context: JobContext) -> bool:
-        """Runs on the driver: wake as soon as a partition has a record past ``offsets``.
+    def _list_ends(
+        self, context: JobContext, partitions: Sequence[int], now: float
+    ) -> dict[int, int]:
+        self._listed, self._listed_at = self._ends(context, partitions), now
+        return self._listed
 
-        A watcher consumer on the driver, assigned to every partition from
-        where the job stood when it first waited, follows the topic (under the
-        source's isolation level, so a record counts once it is committed) and
-        notes how far each partition went; it blocks in ``poll``, never spins.
-        Without it the job looked at the end offsets every 50 ms: 25 ms of
-        waiting per record on average. A True may be spurious (a transaction
-        marker moves the end too); the job then lists the offsets to see.
-        """
+    def _follow(self, context: JobContext, offsets: Mapping[int, int]) -> None:
+        """Have the watcher follow every partition of ``offsets`` (a new one from there)."""
         ck = _confluent_kafka()
-        if not isinstance(offsets, Mapping) or not offsets:
-            return super().wait_for_data(offsets, timeout, context)
-        wanted = {int(p): int(o) for p, o in offsets.items()}
         if self._watcher is None:
-            config = self._config(context)
-            self._watcher = ck.Consumer(config)
-        new = [p for p in wanted if p not in self._watched]
+            self._watcher = ck.Consumer(self._config(context))
+            self._followed = _FOLLOWED[self._token] = _Followed()
+        new = [p for p in offsets if p not in self._watched]
         if new:
             self._watcher.incremental_assign(
-                [ck.TopicPartition(self.topic, p, wanted[p]) for p in new])
-            self._watched.update({p: wanted[p] for p in new})
-        deadline = time.monotonic() + max(timeout, 0.0)
+                [ck.TopicPartition(self.topic, p, offsets[p]) for p in new])
+            self._watched.update({p: offsets[p] for p in new})
+            for p in new:
+                self._followed.follow(p, offsets[p])  # type: ignore[union-attr]
+
+    def _unwatch(self) -> None:
+        """Close the watcher: the next look starts a new one from the job's offsets."""
+        watcher, self._watcher = self._watcher, None
+        self._watched, self._watch_failed = {}, False
+        _FOLLOWED.pop(self._token, None)
+        self._followed = None
+        if watcher is not None:
+            with contextlib.suppress(Exception):
+                watcher.close()
+
+    def _take_watched(self, wait: float) -> bool:
+        """Note what the watcher fetched; if nothing, block up to ``wait`` s for the next.
+
+        False when nothing came. An error of a partition (its offsets out of
+        range, the topic gone) sets :attr:`_watch_failed` and counts as
+        something: let :meth:`latest_offsets` see (and name) what is wrong.
+        Other errors (a broker unreachable for a while) librdkafka retries:
+        the positions stand still, and the periodic ``ListOffsets`` fails the
+        job if the brokers stay away.
+        """
+        ck = _confluent_kafka()
+        failed = {ck.KafkaError._AUTO_OFFSET_RESET, ck.KafkaError.OFFSET_OUT_OF_RANGE,
+                  ck.KafkaError.UNKNOWN_TOPIC_OR_PART, ck.KafkaError._UNKNOWN_PARTITION,
+                  ck.KafkaError._UNKNOWN_TOPIC}
+        watcher, followed, came = self._watcher, self._followed, False
         while True:
-            if any(self._watched[p] > o for p, o in wanted.items()):
-                return True
-            messages = self._watcher.consume(num_messages=10_000, timeout=0)
+            messages = watcher.consume(num_messages=10_000, timeout=0)
             if not messages:
-                rest = deadline - time.monotonic()
-                message = self._watcher.poll(rest) if rest > 0 else None
+                if came or wait <= 0:
+                    return came
+                message = watcher.poll(wait)
                 if message is None:
                     return False
                 messages = [message]
+            came = True
             for message in messages:
                 error = message.error()
                 if error is None:
                     reached = message.offset() + 1
                 elif error.code() == ck.KafkaError._PARTITION_EOF:
                     reached = message.offset()
-                else:  # let latest_offsets see (and name) what is wrong
+                elif error.code() in failed:
+                    self._watch_failed = True
                     return True
+                else:
+                    continue
                 p = message.partition()
                 self._watched[p] = max(self._watched.get(p, 0), reached)
+                if followed is not None:
+                    followed.add(p, message if error is None else None, reached)
+            if len(messages) < 10_000:
+                return True
+
+    def wait_for_data(self, offsets: Any, timeout: float, context: JobContext) -> bool:
+        """Runs on the driver: wake as soon as a partition has a record past ``offsets``.
+
+        A watcher consumer on the driver, assigned to every partition from
+        where the job stood when it first looked, follows the topic (under the
+        source's isolation level, so a record counts once it is committed) and
+        notes how far each partition went; it blocks in ``poll``, never spins.
+        Without it the job looked at the end offsets every 50 ms: 25 ms of
+        waiting per record on average. A True may be spurious (a transaction
+        marker moves the end too); the job then asks :meth:`latest_offsets`.
+        """
+        if not isinstance(offsets, Mapping) or not offsets:
+            return super().wait_for_data(offsets, timeout, context)
+        wanted = {int(p): int(o) for p, o in offsets.items()}
+        self._follow(context, wanted)
+        deadline = time.monotonic() + max(timeout, 0.0)
+        while True:
+            if self._watch_failed or any(self._watched[p] > o for p, o in wanted.items()):
+                return True
+            if not self._take_watched(deadline - time.monotonic()):
+                return False
 
     def plan_range(self, start: Any, end: Any, context: JobContext) -> Sequence[Any]:
         """Runs on the driver: ``(partition, start, end)`` per partition with new records.
@@ -663,8 +845,11 @@ class KafkaSource(Source):
                     reader.next = offset + 1
                     if first and offset > start:
                         # Offsets may skip (markers, compaction), but not below the
-                        # log start: records deleted before the job read them.
-                        self._check_held(consumer, partition, start, end, what)
+                        # log start: records deleted before the job read them. (The
+                        # record came, so the end is not in question: Tansu reports
+                        # it short, the start of its last record batch + 1.)
+                        self._check_held(consumer, partition, start, end, what,
+                                         past_end=False)
                     first = False
                     if offset >= end - 1 and not last:  # the rest of the batch left the queue
                         reader.next = None
@@ -679,9 +864,12 @@ class KafkaSource(Source):
             raise
 
     def _check_held(
-        self, consumer: Any, partition: int, start: int, end: int, what: str
+        self, consumer: Any, partition: int, start: int, end: int, what: str,
+        *, past_end: bool = True,
     ) -> None:
         """Raise :class:`KafkaError` if the partition does not hold ``[start, end)``.
+
+        ``past_end`` False: only the start is checked.
 
         Records below the partition's log start were deleted (retention,
         DeleteRecords) before the job read them; offsets past its end belong
@@ -696,7 +884,7 @@ class KafkaSource(Source):
                 f"{where}: offsets {start}..{low - 1} are not in the partition any more "
                 f"(it starts at {low}: deleted by retention before the job read them)"
             )
-        if end > high:
+        if past_end and end > high:
             raise KafkaError(
                 f"{where}: offsets {max(start, high)}..{end - 1} are not in the partition "
                 f"(it ends at {high}: was the topic deleted and made anew?)"
@@ -706,13 +894,19 @@ class KafkaSource(Source):
         """Runs on an executor: the items of one partition's offset range, in order."""
         p, start, end = partition
         what = _stage_of(self, context)
-        key, reader = _READERS.take(self._config(context), self.topic, p)
+        followed = _FOLLOWED.get(self._token)
+        kept = followed.take(p, start, end) if followed is not None else None
+        reader: _PartitionReader | None = None
+        records: Iterable[Any] | None = kept
+        if records is None:
+            key, reader = _READERS.take(self._config(context), self.topic, p)
+            records = self._records(reader, start, end, what)
         items: list[Any] = []
         runs: list[tuple[int, int]] = []
         ok = False
         try:
             value_of, key_of = self.value_deserializer, self.key_deserializer
-            for message in self._records(reader, start, end, what):
+            for message in records:
                 offset = message.offset()
                 if not runs or offset - runs[-1][1] != len(items) - runs[-1][0]:
                     runs.append((len(items), offset))  # offsets skipped (markers, compaction)
@@ -726,9 +920,9 @@ class KafkaSource(Source):
                     ) from exc
             ok = True
         finally:
-            if ok:
+            if reader is not None and ok:
                 _READERS.give_back(key, reader)
-            else:
+            elif reader is not None:
                 reader.close()
         if len(self._runs) >= _RUNS_KEPT:
             self._runs.clear()
@@ -913,6 +1107,9 @@ class KafkaSink(Sink):
             return self._producer
         config = self._config(context)
         config["transactional.id"] = txid
+        # A batch's records go out as they are produced, while the batch id's
+        # offset commit is sent: nothing waits for more records to come.
+        config.setdefault("linger.ms", 0)
         producer = ck.Producer(config)
         try:
             producer.init_transactions(self.timeout)  # fences the previous driver's producer
@@ -973,10 +1170,18 @@ class KafkaSink(Sink):
             return
         try:
             producer.begin_transaction()
-            self._produce_all(
-                producer, [r for message in messages for r in message],
-                str(self._config(context)["bootstrap.servers"]), _stage_of(self, context),
-            )
+            # No delivery callbacks and no flush: commit_transaction flushes, and
+            # fails (abortably) if any record was not delivered. The records are
+            # in flight while the batch id is added; a callback per record took
+            # the interpreter's lock once per record.
+            for message in messages:
+                for key, value in message:
+                    while True:
+                        try:
+                            producer.produce(self.topic, value, key)
+                            break
+                        except BufferError:  # the local queue is full: let it drain
+                            producer.poll(0.05)
             producer.send_offsets_to_transaction(
                 [ck.TopicPartition(self.topic, 0, batch + 1)],
                 self._group_consumer(context, group).consumer_group_metadata(),
