@@ -557,7 +557,7 @@ def test_a_batch_chunk_never_registered_is_registered_by_its_reader(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The driver died between appending batch 7's chunk and registering it."""
-    monkeypatch.setattr("sparkjet.core.store.stream_log.PENDING_WAIT_SECONDS", 0.2)
+    monkeypatch.setattr("sparkjet.core.store.stream_registry.PENDING_WAIT_SECONDS", 0.2)
     stream = StreamLog(store, "out")
     stream.create(1)
     stream.append(0, ["a"], "@job:sink:cp:7")

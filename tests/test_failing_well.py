@@ -504,7 +504,7 @@ def test_a_local_write_that_fails_takes_its_temp_file_along(
     """
     import errno
 
-    from sparkjet.core.store import fs as store_fs
+    from sparkjet.core.store import fs_writes
 
     class FullDisk:
         """A temp file created, as on a full disk, whose data does not fit."""
@@ -523,7 +523,7 @@ def test_a_local_write_that_fails_takes_its_temp_file_along(
             raise OSError(errno.ENOSPC, "No space left on device")
 
     folder = Path(client.store.layout.job("ab12-cd34-ef56-7890"))
-    monkeypatch.setattr(store_fs, "open", FullDisk, raising=False)  # fs.py's open only
+    monkeypatch.setattr(fs_writes, "open", FullDisk, raising=False)  # fs_writes.py's open only
     with pytest.raises(sparkjet_errors.StoreError, match="No space left on device"):
         client.store.write_bytes(str(folder / "job.json"), b"{}")
     with pytest.raises(sparkjet_errors.StoreError, match="No space left on device"):

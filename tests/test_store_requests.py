@@ -25,7 +25,7 @@ from sparkjet.core.client import Client
 from sparkjet.core.config import load_config
 from sparkjet.core.inprocess.engine import InProcessEngine
 from sparkjet.core.jobs.record import lease_refresh_seconds, read_record
-from sparkjet.core.store import requests, stream_log
+from sparkjet.core.store import requests, stream_chunks, stream_log
 from sparkjet.core.store.fs import Store
 from sparkjet.core.store.job_records import JobRecords
 from sparkjet.errors import JobCancelledError, StoreError
@@ -312,7 +312,7 @@ def test_a_write_splits_by_the_partitions_a_stream_made_anew_has(remote: StoreLo
 @pytest.mark.storage
 def test_a_chunk_kept_by_a_look_is_not_read_for_a_stream_made_anew(
         remote: StoreLocation, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(stream_log, "READ_AHEAD_SECONDS", 0.2)
+    monkeypatch.setattr(stream_chunks, "READ_AHEAD_SECONDS", 0.2)
     ours = remote.store(separate_client=True)
     log = ours.stream_log("r")
     assert log.create(1)

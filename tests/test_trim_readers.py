@@ -17,7 +17,7 @@ import pytest
 
 import sparkjet
 from sparkjet.cli import main
-from sparkjet.core.store import stream_log as stream_log_module
+from sparkjet.core.store import stream_follow
 from sparkjet.errors import JobFailedError, StoreError
 from sparkjet.job import JobConfig, JobStatus
 from sparkjet.pipeline import Pipeline, StreamSource
@@ -233,10 +233,10 @@ def test_the_newest_chunk_trimmed_between_a_listing_and_its_header(
     monkeypatch.setattr(StreamLog, "_sized_listing", then_trimmed)
     # As in a process that has not seen the stream yet (one that has follows
     # the partition instead of listing it: see the test below).
-    monkeypatch.setattr(stream_log_module, "_CHUNKS", {})
+    monkeypatch.setattr(stream_follow, "_CHUNKS", {})
     armed[0] = True
     assert stream.end_offset(0) == 20
-    stream_log_module._CHUNKS.clear()  # not seen: listed
+    stream_follow._CHUNKS.clear()  # not seen: listed
     armed[0] = True
     assert stream.append(0, ["next"]) == 20
     armed[0] = True
@@ -255,7 +255,7 @@ def test_a_followed_partition_trimmed_while_it_is_followed(
     publish_chunks(client, "events", 2)
     stream = client.store.stream_log("events")
     assert stream.end_offset(0) == 20  # seen: followed from now on
-    seen = stream_log_module._CHUNKS[stream.paths.partition(0)]
+    seen = stream_follow._CHUNKS[stream.paths.partition(0)]
     header = StreamLog._header
     at = seen[0][-1] if when == "before its newest chunk is read" else 20
     armed = [True]
@@ -265,7 +265,7 @@ def test_a_followed_partition_trimmed_while_it_is_followed(
         if start == at and armed[0]:  # another process empties the partition first
             armed[0] = False
             trimmed.append(client.store.stream_log("events").trim(partition, 2**62))
-            stream_log_module._CHUNKS[self.paths.partition(partition)] = seen  # not this one's
+            stream_follow._CHUNKS[self.paths.partition(partition)] = seen  # not this one's
         return header(self, partition, start)
 
     monkeypatch.setattr(StreamLog, "_header", then_trimmed)

@@ -6,8 +6,12 @@ One concern per module, from the bottom up:
 - :mod:`.memoryfs`: fsspec's memory filesystem made safe between threads;
 - :mod:`.files`: the file operations the logs need of a store (a protocol);
 - :mod:`.commit_log`: lists' and maps' commit logs and their record format;
-- :mod:`.stream_log`: streams' partitioned, offset-checked logs;
-- :mod:`.fs`: the fsspec :class:`Store` itself, the door to the above;
+- :mod:`.stream_log`: streams' partitioned, offset-checked logs, made of
+  :mod:`.stream_chunks`, :mod:`.stream_follow`, :mod:`.stream_wait`,
+  :mod:`.stream_registry`, :mod:`.stream_read`, :mod:`.stream_write` and
+  :mod:`.stream_trim` (its docstring says which owns what);
+- :mod:`.fs`: the fsspec :class:`Store` itself, the door to the above, made
+  of :mod:`.fs_access`, :mod:`.fs_reads`, :mod:`.fs_listing` and :mod:`.fs_writes`;
 - :mod:`.job_records`: job records, job-name locks and control requests;
 - :mod:`.structures`: the client's handles, :class:`IList`, :class:`IMap`, :class:`IStream`.
 
