@@ -321,4 +321,3 @@ class PluginStore:
 def plugin_store(store: Any) -> StoreAccess:
     """``store`` as plugins see it (a :class:`PluginStore`; one already is stays as it is)."""
     return store if isinstance(store, PluginStore) else PluginStore(store)
-

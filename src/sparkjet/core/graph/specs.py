@@ -45,7 +45,6 @@ class OpKind(enum.StrEnum):
     WINDOW = "window_aggregate"
 
 
-
 # --- node specs: what each kind of node does ----------------------------------------------
 
 
