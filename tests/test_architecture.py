@@ -126,7 +126,7 @@ def test_every_module_sits_in_a_tier() -> None:
          "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
          "    from sparkjet.core.jobs import JetService",
          "sparkjet.core.jobs", "Tiers: CLI > user facade"),
-        ("core/graph.py", "import pyspark", "pyspark", "Only the runtime imports Spark"),
+        ("core/graph/builder.py", "import pyspark", "pyspark", "Only the runtime imports Spark"),
         # The per-partition work runs on any engine: a task module importing Spark is a crossing.
         ("core/tasks/state.py", "import pyspark", "pyspark",
          "Task code is engine-neutral: it imports neither Spark nor an engine"),

@@ -1,240 +1,53 @@
-"""The pipeline graph: transforms (nodes) and the stage handles users chain.
+"""The pipeline graph and the stage handles users chain to build it.
 
-Nothing here touches Spark. A :class:`PipelineGraph` (the base of the user's
+A :class:`PipelineGraph` (the base of the user's
 :class:`sparkjet.pipeline.Pipeline`) is a DAG of :class:`Transform` nodes;
-the stage objects returned by ``read_from``, ``map`` and friends are thin
-handles that add nodes to it.
-
-A node is its place in the graph (:class:`Transform`: inputs, consumers,
-name) plus what it does: its *spec*, one frozen dataclass per kind of node
-(:class:`SourceSpec`, :class:`MapSpec`, ..., :class:`WindowSpec`), whose
-fields are typed. Code that runs a node narrows its spec by kind
-(``isinstance(node.spec, SourceSpec)`` or ``match``) and reads the fields;
-the :data:`NodeSpec` union lists every kind.
+the stage objects returned by ``read_from``, ``map`` and friends
+(:class:`Stage`, :class:`GroupedStage`, :class:`WindowedStage`,
+:class:`WindowedGroupedStage`, :class:`SinkStage`) are thin handles that add
+nodes to it. A node is its place in the graph (inputs, consumers, name) plus
+its spec (:mod:`.specs`). Nothing here touches Spark.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeAlias
+from typing import TYPE_CHECKING, Any, Self
 
 from sparkjet.core.aggregation import AggregateOperation
 from sparkjet.core.errors import PipelineDefinitionError
+from sparkjet.core.graph.checks import idle_ms, lag_ms, operation_of, ttl_ms, validate_stage_name
+from sparkjet.core.graph.specs import (
+    AggregateSpec,
+    DistinctSpec,
+    ErrorPolicySpec,
+    FilterSpec,
+    FlatMapSpec,
+    GroupAggregateSpec,
+    GroupApplySpec,
+    KeyedSpec,
+    MapSpec,
+    MapStatefulSpec,
+    MergeSpec,
+    NodeSpec,
+    OpKind,
+    PeekSpec,
+    SinkSpec,
+    SortSpec,
+    SourceSpec,
+    WindowSpec,
+)
 from sparkjet.core.model import ERROR_POLICIES
 from sparkjet.core.windows import DEFAULT_IDLE_TIMEOUT_MS, Timestamps, WindowDefinition
 
 if TYPE_CHECKING:
-    from sparkjet.core.contracts import Sink, Source, StatefulTransform
-
-
-class OpKind(enum.StrEnum):
-    """What a pipeline node does.
-
-    A ``StrEnum`` so that a kind equals its name as a string (``OpKind.SINK ==
-    "sink"``) and formats as it in stage names and messages.
-    """
-
-    SOURCE = "source"
-    MAP = "map"
-    FILTER = "filter"
-    FLAT_MAP = "flat_map"
-    PEEK = "peek"
-    MERGE = "merge"
-    SINK = "sink"
-    GROUP_AGGREGATE = "group_aggregate"
-    GROUP_APPLY = "group_apply"
-    MAP_STATEFUL = "map_stateful"
-    DISTINCT = "distinct"
-    AGGREGATE = "aggregate"
-    SORT = "sort"
-    WINDOW = "window_aggregate"
-
-
-_MAX_NAME = 200
-
-
-# --- node specs: what each kind of node does ----------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class SourceSpec:
-    """``read_from(source)``: reads ``source``; its items have event time from ``timestamps``."""
-
-    op: ClassVar[OpKind] = OpKind.SOURCE
-    source: Source
-    #: Set by ``with_timestamps()``/``with_ingestion_timestamps()``; None: no event time.
-    timestamps: Timestamps | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class StatelessSpec:
-    """A stateless stage: ``fn`` applied per item (fused into one Python pass per partition)."""
-
-    op: ClassVar[OpKind]
-    fn: Callable[[Any], Any]
-    #: The stage's own error policy (``on_error()``); None: the job's.
-    on_error: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class MapSpec(StatelessSpec):
-    """``map(fn)``: emits ``fn(item)``."""
-
-    op: ClassVar[OpKind] = OpKind.MAP
-
-
-@dataclass(frozen=True, slots=True)
-class FilterSpec(StatelessSpec):
-    """``filter(fn)``: keeps the items ``fn`` is true for."""
-
-    op: ClassVar[OpKind] = OpKind.FILTER
-
-
-@dataclass(frozen=True, slots=True)
-class FlatMapSpec(StatelessSpec):
-    """``flat_map(fn)``: emits each element of ``fn(item)``."""
-
-    op: ClassVar[OpKind] = OpKind.FLAT_MAP
-
-
-@dataclass(frozen=True, slots=True)
-class PeekSpec(StatelessSpec):
-    """``peek(fn)``: logs ``fn(item)`` and passes the item on."""
-
-    op: ClassVar[OpKind] = OpKind.PEEK
-
-
-@dataclass(frozen=True, slots=True)
-class MergeSpec:
-    """``merge(other)``: the items of every input (the node's ``inputs``)."""
-
-    op: ClassVar[OpKind] = OpKind.MERGE
-
-
-@dataclass(frozen=True, slots=True)
-class SinkSpec:
-    """``write_to(sink)``: the end of a branch."""
-
-    op: ClassVar[OpKind] = OpKind.SINK
-    sink: Sink
-
-
-@dataclass(frozen=True, slots=True)
-class GroupAggregateSpec:
-    """``group_by(key_fn).aggregate(operation)`` (or a grouped stage used as is: ``to_list``)."""
-
-    op: ClassVar[OpKind] = OpKind.GROUP_AGGREGATE
-    key_fn: Callable[[Any], Any]
-    operation: AggregateOperation
-
-
-@dataclass(frozen=True, slots=True)
-class GroupApplySpec:
-    """``group_by(key_fn).apply(transform)``: a plugin's keyed stateful transform."""
-
-    op: ClassVar[OpKind] = OpKind.GROUP_APPLY
-    key_fn: Callable[[Any], Any]
-    transform: StatefulTransform
-
-
-@dataclass(frozen=True, slots=True)
-class MapStatefulSpec:
-    """``group_by(key_fn).map_stateful(create_fn, map_fn, ttl_millis=ttl_ms)``."""
-
-    op: ClassVar[OpKind] = OpKind.MAP_STATEFUL
-    key_fn: Callable[[Any], Any]
-    create_fn: Callable[[], Any]
-    map_fn: Callable[[Any, Any, Any], Any]
-    ttl_ms: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class DistinctSpec:
-    """``distinct(key_fn, ttl_millis=ttl_ms)``; no ``key_fn``: items are their own keys."""
-
-    op: ClassVar[OpKind] = OpKind.DISTINCT
-    key_fn: Callable[[Any], Any] | None = None
-    ttl_ms: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class WindowSpec:
-    """``window(window)[.group_by(key_fn)].aggregate(operation)``; no ``key_fn``: unkeyed."""
-
-    op: ClassVar[OpKind] = OpKind.WINDOW
-    key_fn: Callable[[Any], Any] | None
-    operation: AggregateOperation
-    window: WindowDefinition
-    #: The stage's own policy for late items (``on_error()``); None: the job's.
-    on_error: str | None = None
-
-    @property
-    def keyed(self) -> bool:
-        """Whether results are per key (``group_by``) or over all items."""
-        return self.key_fn is not None
-
-
-@dataclass(frozen=True, slots=True)
-class AggregateSpec:
-    """``aggregate(operation)`` over all items (batch jobs only)."""
-
-    op: ClassVar[OpKind] = OpKind.AGGREGATE
-    operation: AggregateOperation
-
-
-@dataclass(frozen=True, slots=True)
-class SortSpec:
-    """``sort(key_fn, reverse)`` (batch jobs only); no ``key_fn``: items compare themselves."""
-
-    op: ClassVar[OpKind] = OpKind.SORT
-    key_fn: Callable[[Any], Any] | None = None
-    reverse: bool = False
-
-
-#: The keyed stages: map side, shuffle by key, reduce side per key; streaming jobs keep
-#: their state per key (they are a snapshot's stateful stages).
-KeyedSpec: TypeAlias = (
-    GroupAggregateSpec | GroupApplySpec | MapStatefulSpec | DistinctSpec | WindowSpec
-)
-#: The stages an error policy (``on_error()``) applies to: the stateless ones (an item
-#: their function raises on) and windows (an item behind the watermark).
-ErrorPolicySpec: TypeAlias = StatelessSpec | WindowSpec
-#: Every kind of node.
-NodeSpec: TypeAlias = (
-    SourceSpec | MapSpec | FilterSpec | FlatMapSpec | PeekSpec | MergeSpec | SinkSpec
-    | KeyedSpec | AggregateSpec | SortSpec
-)
+    from sparkjet.core.contracts.base_classes import Sink, Source, StatefulTransform
 
 
 def keyed_spec(node: Transform) -> KeyedSpec | None:
     """``node``'s spec if it is a keyed stage (:data:`KeyedSpec`), else None."""
     return node.spec if isinstance(node.spec, KeyedSpec) else None
-
-
-def state_ttl_ms(spec: KeyedSpec) -> int | None:
-    """How long a keyed stage keeps a key's state after its last item (None: for ever)."""
-    if isinstance(spec, MapStatefulSpec | DistinctSpec):
-        return spec.ttl_ms
-    return None
-
-
-def validate_stage_name(name: Any) -> str:
-    if not isinstance(name, str) or not name.strip():
-        raise PipelineDefinitionError(f"stage name must be a non-empty string, got {name!r}")
-    if name != name.strip():
-        raise PipelineDefinitionError(
-            f"stage name {name!r} must not start or end with white space"
-        )
-    if len(name) > _MAX_NAME:
-        raise PipelineDefinitionError(
-            f"stage name {name[:40]!r}... is {len(name)} characters long (at most {_MAX_NAME})"
-        )
-    if any(ord(ch) < 32 for ch in name):
-        raise PipelineDefinitionError(f"stage name {name!r} must not contain control characters")
-    return name
 
 
 class Transform:
@@ -290,7 +103,7 @@ class PipelineGraph:
 
     def read_from(self, source: Source) -> Stage:
         """Start a branch of the pipeline at ``source``."""
-        from sparkjet.core.contracts import Source
+        from sparkjet.core.contracts.base_classes import Source
 
         if not isinstance(source, Source):
             raise PipelineDefinitionError(
@@ -429,7 +242,7 @@ class Stage(_Handle):
                 f"with_timestamps() on stage '{self.name}' takes a function, got {fn!r}",
                 self.name,
             )
-        self._timestamps(Timestamps(fn, _lag(allowed_lag_ms), _idle(idle_timeout_ms)))
+        self._timestamps(Timestamps(fn, lag_ms(allowed_lag_ms), idle_ms(idle_timeout_ms)))
         return self
 
     def with_ingestion_timestamps(
@@ -440,7 +253,7 @@ class Stage(_Handle):
         In a streaming job that is the micro-batch's planned time, the same
         when a batch is replayed, so results stay exact.
         """
-        self._timestamps(Timestamps(None, _lag(allowed_lag_ms), _idle(idle_timeout_ms)))
+        self._timestamps(Timestamps(None, lag_ms(allowed_lag_ms), idle_ms(idle_timeout_ms)))
         return self
 
     def without_timestamps(self) -> Stage:
@@ -491,7 +304,7 @@ class Stage(_Handle):
         finisher: Callable[[Any], Any] | None = None,
     ) -> Stage:
         """Aggregate all items into one result."""
-        op = _operation(self.name, operation, accumulator, initial, combiner, finisher)
+        op = operation_of(self.name, operation, accumulator, initial, combiner, finisher)
         return Stage(self._add(AggregateSpec(op)))
 
     def distinct(
@@ -507,7 +320,7 @@ class Stage(_Handle):
         """
         if key_fn is not None:
             self._fn("distinct", key_fn)
-        return Stage(self._add(DistinctSpec(key_fn, _ttl(ttl_millis))))
+        return Stage(self._add(DistinctSpec(key_fn, ttl_ms(ttl_millis))))
 
     def sort(self, key_fn: Callable[[Any], Any] | None = None, reverse: bool = False) -> Stage:
         """Order items as ``sorted(items, key=key_fn, reverse=reverse)`` would (stable)."""
@@ -536,7 +349,7 @@ class Stage(_Handle):
 
     def write_to(self, sink: Sink) -> SinkStage:
         """End this branch in ``sink``."""
-        from sparkjet.core.contracts import Sink
+        from sparkjet.core.contracts.base_classes import Sink
 
         if not isinstance(sink, Sink):
             raise PipelineDefinitionError(
@@ -607,7 +420,7 @@ class GroupedStage(Stage):
         finisher: Callable[[Any], Any] | None = None,
     ) -> Stage:
         """Aggregate each key's items; emits ``(key, result)`` per key."""
-        op = _operation(self._upstream.name, operation, accumulator, initial, combiner, finisher)
+        op = operation_of(self._upstream.name, operation, accumulator, initial, combiner, finisher)
         node = self._upstream._add(
             GroupAggregateSpec(self._key_fn, op), default_name="group-aggregate",
         )
@@ -637,14 +450,14 @@ class GroupedStage(Stage):
                     self._upstream.name,
                 )
         node = self._upstream._add(
-            MapStatefulSpec(self._key_fn, create_fn, map_fn, _ttl(ttl_millis)),
+            MapStatefulSpec(self._key_fn, create_fn, map_fn, ttl_ms(ttl_millis)),
             default_name="map-stateful",
         )
         return Stage(self._named(node))
 
     def apply(self, transform: StatefulTransform) -> Stage:
         """Run a keyed :class:`~sparkjet.plugin.StatefulTransform` over each key's items."""
-        from sparkjet.core.contracts import StatefulTransform
+        from sparkjet.core.contracts.base_classes import StatefulTransform
 
         if not isinstance(transform, StatefulTransform):
             raise PipelineDefinitionError(
@@ -678,7 +491,7 @@ class WindowedStage:
         finisher: Callable[[Any], Any] | None = None,
     ) -> Stage:
         """Aggregate all items per window (emits ``WindowResult``)."""
-        op = _operation(self._upstream.name, operation, accumulator, initial, combiner, finisher)
+        op = operation_of(self._upstream.name, operation, accumulator, initial, combiner, finisher)
         return Stage(self._node(None, op, None))
 
     def _node(
@@ -720,30 +533,8 @@ class WindowedGroupedStage:
         Emits ``KeyedWindowResult(start, end, key, result, is_early)``.
         """
         upstream = self._windowed._upstream
-        op = _operation(upstream.name, operation, accumulator, initial, combiner, finisher)
+        op = operation_of(upstream.name, operation, accumulator, initial, combiner, finisher)
         return Stage(self._windowed._node(self._key_fn, op, self._name))
-
-
-def _lag(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise PipelineDefinitionError(
-            f"allowed_lag_ms must be an int of milliseconds >= 0, got {value!r}")
-    return value
-
-
-def _idle(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise PipelineDefinitionError(
-            f"idle_timeout_ms must be a positive int of milliseconds, got {value!r}")
-    return value
-
-
-def _ttl(ttl_millis: Any) -> int | None:
-    if ttl_millis is None:
-        return None
-    if isinstance(ttl_millis, bool) or not isinstance(ttl_millis, int) or ttl_millis <= 0:
-        raise PipelineDefinitionError(f"ttl_millis must be a positive int, got {ttl_millis!r}")
-    return ttl_millis
 
 
 class SinkStage(_Handle):
@@ -762,39 +553,3 @@ class SinkStage(_Handle):
                 self.name,
             )
         raise AttributeError(attr)
-
-
-def _operation(
-    after: str,
-    operation: AggregateOperation | None,
-    accumulator: Callable[[Any, Any], Any] | None,
-    initial: Any,
-    combiner: Callable[[Any, Any], Any] | None,
-    finisher: Callable[[Any], Any] | None,
-) -> AggregateOperation:
-    if operation is not None:
-        if accumulator is not None:
-            raise PipelineDefinitionError(
-                f"aggregate() after stage '{after}': pass an AggregateOperation or "
-                "accumulator=..., not both",
-                after,
-            )
-        if not isinstance(operation, AggregateOperation):
-            raise PipelineDefinitionError(
-                f"aggregate() after stage '{after}' takes an AggregateOperation, "
-                f"got {operation!r}",
-                after,
-            )
-        return operation
-    if accumulator is None or not callable(accumulator):
-        raise PipelineDefinitionError(
-            f"aggregate() after stage '{after}' needs an AggregateOperation or a callable "
-            f"accumulator=, got {accumulator!r}",
-            after,
-        )
-    for label, fn in (("combiner", combiner), ("finisher", finisher)):
-        if fn is not None and not callable(fn):
-            raise PipelineDefinitionError(
-                f"aggregate() after stage '{after}': {label}= must be callable, got {fn!r}", after
-            )
-    return AggregateOperation.of(accumulator, initial, combiner, finisher)
