@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sparkjet import testing
-from sparkjet.testing import StoreConformance, StoreLocation
+from sparkjet.testing import StoreConformance, StoreLocation, servers
 
 
 class TestLocalFolder(StoreConformance):
@@ -51,14 +51,14 @@ def test_a_server_whose_port_was_taken_starts_on_another(
     taken.bind(("127.0.0.1", 0))
     taken.listen()
     taken_port = taken.getsockname()[1]
-    real_free_port = testing._free_port
+    real_free_port = servers._free_port
     handed: list[int] = []
 
     def free_port() -> int:  # the taken port first, then truly free ones
         handed.append(real_free_port() if handed else taken_port)
         return handed[-1]
 
-    monkeypatch.setattr(testing, "_free_port", free_port)
+    monkeypatch.setattr(servers, "_free_port", free_port)
     start = testing.moto_s3_server if server == "moto" else testing.fake_gcs_server
     with taken, start(tmp_path) as location:
         assert handed[0] == taken_port and len(handed) == 2

@@ -16,7 +16,7 @@ from sparkjet.core.store.fs import Store
 from sparkjet.core.store.layout import StoreLayout
 from sparkjet.core.store.structures import IList, IMap
 from sparkjet.errors import StoreError
-from sparkjet.testing import _race
+from sparkjet.testing.races import race as _race
 
 
 @pytest.fixture(params=["file", "memory"])

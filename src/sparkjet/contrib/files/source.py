@@ -1,22 +1,8 @@
-"""Files in a folder or bucket prefix as a source and a sink (Jet's ``Sources.files``).
+"""The file source, :class:`FileSource`: listing a folder, offsets, planning and reading.
 
-Any fsspec URL works: a local folder, ``s3://bucket/prefix``, ``gcs://bucket/prefix``
-(with the ``s3`` or ``gcs`` extra). Formats: JSON lines (``json``), CSV (``csv``,
-a header row, rows as dicts) and Parquet (pyarrow, the ``files`` extra, imported
-only when Parquet is used; rows as dicts).
-
-:class:`FileSource` reads every file of the folder once in a batch job; in a
-streaming job it picks up new files as they land, in the order of their
-modification time and name, a bounded number per micro-batch, and only once a
-file has stopped changing. Its offsets (kept in the job's checkpoint, never in
-the folder) say which files are done and how far the file being read is, so
-every guarantee holds, EXACTLY_ONCE included.
-
-:class:`FileSink` writes one file per micro-batch and partition, named after
-the micro-batch, and then a commit marker ``_committed/<batch>.json`` naming
-them: readers that honour the markers (:func:`committed_files`,
-:func:`read_committed`) see whole micro-batches only, each once, even when a
-micro-batch was written twice after a failure.
+The driver lists the folder, decides which files are settled and plans each
+micro-batch's file ranges; an executor reads a range (with the readers of
+:mod:`sparkjet.contrib.files.reading`) and says where an item came from.
 """
 
 from __future__ import annotations
@@ -24,65 +10,37 @@ from __future__ import annotations
 import array
 import bisect
 import contextlib
-import csv
 import fnmatch
 import hashlib
-import io
 import json
 import logging
 import math
 import posixpath
 import time
-import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import fsspec
-
+from sparkjet.contrib.files.common import FORMATS, _open_fs, _pyarrow_parquet
+from sparkjet.contrib.files.reading import (
+    _ORIGINS_KEPT,
+    _descriptor_key,
+    _line_number,
+    _Origin,
+    _read_csv,
+    _read_jsonl,
+    _read_parquet,
+)
 from sparkjet.plugin import (
     ALL_GUARANTEES,
     InputSize,
     JobContext,
-    Sink,
     Source,
     TaskContext,
     file_modified,
-    hookimpl,
-    open_file_store,
 )
 
-__all__ = [
-    "FORMATS",
-    "FileSink",
-    "FileSource",
-    "committed_files",
-    "read_committed",
-]
-
-log = logging.getLogger(__name__)
-
-#: The formats the source reads; the sink writes ``jsonl`` and ``parquet``.
-FORMATS = ("jsonl", "csv", "parquet")
-_SINK_FORMATS = ("jsonl", "parquet")
-#: The folder of the sink's commit markers, under its URL.
-MARKERS = "_committed"
-
-
-def _pyarrow_parquet(what: str) -> Any:
-    """``pyarrow.parquet``, imported on first use, or an error naming the extra."""
-    try:
-        import pyarrow.parquet as pq  # type: ignore[import-untyped]
-    except ImportError as exc:  # pragma: no cover - pyarrow is installed in tests
-        raise ImportError(
-            f"{what}: Parquet needs pyarrow: pip install 'sparkjet[files]'"
-        ) from exc
-    return pq
-
-
-def _open_fs(url: str, storage_options: Mapping[str, Any]) -> tuple[Any, str]:
-    fs, root = fsspec.core.url_to_fs(url, **dict(storage_options))
-    return fs, str(root).rstrip("/") or "/"
+# The package's logger, as before the source had a module of its own.
+log = logging.getLogger("sparkjet.contrib.files")
 
 
 def _mtime_us(info: Mapping[str, Any]) -> int:
@@ -496,13 +454,13 @@ class FileSource(Source):
             lines = array.array("q")
             try:
                 if self.format == "jsonl":
-                    start, items = self._read_jsonl(fs, path, begin, end, lines)
+                    start, items = _read_jsonl(self.describe(), fs, path, begin, end, lines)
                     origins.append(_Origin(len(out), name, path, start, lines))
                 elif self.format == "csv":
-                    items = self._read_csv(fs, path, lines)
+                    items = _read_csv(self.describe(), fs, path, lines)
                     origins.append(_Origin(len(out), name, path, None, lines))
                 else:
-                    first_row, items = self._read_parquet(fs, path, begin, end)
+                    first_row, items = _read_parquet(self.describe(), fs, path, begin, end)
                     origins.append(_Origin(len(out), name, path, None, None, first_row))
             except FileNotFoundError as exc:
                 raise FileNotFoundError(
@@ -538,329 +496,3 @@ class FileSource(Source):
             fs, _ = _open_fs(self.url, self.storage_options)
             origin.base = _line_number(fs, origin.path, origin.start)
         return {"file": origin.name, "line": origin.base + origin.lines[i]}
-
-    def _read_jsonl(
-        self, fs: Any, path: str, begin: int, end: int, lines: array.array[int]
-    ) -> tuple[int, list[Any]]:
-        """The items of the lines starting in ``[begin, end)``, and where the first starts.
-
-        ``lines`` gets each item's line, counted from 0 at that first line.
-        """
-        items = []
-        with fs.open(path, "rb") as fh:
-            pos = begin
-            if begin > 0:  # the line starting before `begin` belongs to the range before
-                fh.seek(begin - 1)
-                pos = begin - 1 + len(fh.readline())
-            start = pos
-            n = -1
-            while pos < end:
-                line = fh.readline()
-                if not line:
-                    break
-                at = pos
-                pos += len(line)
-                n += 1
-                text = line.strip()
-                if not text:
-                    continue
-                try:
-                    items.append(json.loads(text))
-                except ValueError as exc:
-                    raise ValueError(
-                        f"{self.describe()}: file {path} line {_line_number(fs, path, at)}: "
-                        f"malformed JSON: {exc}: {text[:80]!r}"
-                    ) from exc
-                lines.append(n)
-        return start, items
-
-    def _read_csv(self, fs: Any, path: str, lines: array.array[int]) -> list[Any]:
-        """The rows of a CSV file as dicts by its header; ``lines`` gets each row's line."""
-        with fs.open(path, "rb") as fh:
-            text = io.TextIOWrapper(fh, encoding="utf-8", newline="")
-            reader = csv.reader(text, strict=True)
-            rows = []
-            try:
-                header = next(reader, None)
-                if header is None:
-                    return []
-                while True:
-                    first_line = reader.line_num + 1
-                    row = next(reader, None)
-                    if row is None:
-                        break
-                    if not row:
-                        continue
-                    if len(row) != len(header):
-                        raise ValueError(
-                            f"{self.describe()}: file {path} line {reader.line_num}: "
-                            f"{len(row)} fields, the header has {len(header)}"
-                        )
-                    rows.append(dict(zip(header, row, strict=True)))
-                    lines.append(first_line)
-            except csv.Error as exc:
-                raise ValueError(
-                    f"{self.describe()}: file {path} line {reader.line_num}: malformed CSV: {exc}"
-                ) from exc
-            except UnicodeDecodeError as exc:
-                raise ValueError(
-                    f"{self.describe()}: file {path} near line {reader.line_num}: not UTF-8: {exc}"
-                ) from exc
-        return rows
-
-    def _read_parquet(self, fs: Any, path: str, begin: int, end: int) -> tuple[int, list[Any]]:
-        """The rows of row groups ``[begin, end)``, and the file's row number of the first."""
-        pq = _pyarrow_parquet(self.describe())
-        try:
-            with fs.open(path, "rb") as fh:
-                pf = pq.ParquetFile(fh)
-                first_row = sum(pf.metadata.row_group(g).num_rows for g in range(begin))
-                groups = list(range(begin, end))
-                if not groups:
-                    return first_row, []
-                return first_row, list(pf.read_row_groups(groups).to_pylist())
-        except FileNotFoundError:
-            raise
-        except Exception as exc:
-            raise ValueError(
-                f"{self.describe()}: file {path} is not a readable Parquet file: {exc}"
-            ) from exc
-
-
-#: How many descriptors' item origins a source keeps on an executor (for dead
-#: letters, asked right after the read).
-_ORIGINS_KEPT = 64
-
-
-@dataclass
-class _Origin:
-    """Where a run of a partition's items came from: one file's range."""
-
-    #: The index of the run's first item in the partition's items.
-    first: int
-    name: str
-    path: str
-    #: JSON lines: the byte the range's first line starts at (its line numbers
-    #: in ``lines`` count from there); None: ``lines`` are the file's own.
-    start: int | None
-    #: Each item's line (JSON lines, CSV); None for Parquet.
-    lines: array.array[int] | None
-    #: Parquet: the file's row number of the run's first row.
-    first_row: int = 0
-    #: JSON lines: the line number of ``start``, once counted.
-    base: int | None = None
-
-
-def _descriptor_key(descriptor: Any) -> str:
-    """A partition descriptor (a list of ``[file, begin, end]``) as a dictionary key."""
-    return json.dumps(descriptor)
-
-
-def _line_number(fs: Any, path: str, at: int) -> int:
-    """The 1-based number of the line starting at byte ``at`` (on the error path only)."""
-    with fs.open(path, "rb") as fh:
-        return int(fh.read(at).count(b"\n")) + 1
-
-
-# --- the sink -----------------------------------------------------------------------------
-
-
-def _batch_name(token: str, batch_id: int | None) -> str:
-    digest = hashlib.sha1(token.encode()).hexdigest()[:12]
-    return f"batch-{batch_id:08d}-{digest}" if batch_id is not None else f"job-{digest}"
-
-
-class FileSink(Sink):
-    """Writes the job's output as files in a folder or bucket prefix, batch by batch.
-
-    ``url``: a local folder or an fsspec URL. ``format``: ``"jsonl"`` (any
-    JSON-serialisable item) or ``"parquet"`` (dict items; pyarrow). Each
-    micro-batch writes ``part-<batch>-<attempt>-<partition>.<format>`` files,
-    then its commit marker ``_committed/<batch>.json`` naming them: a
-    micro-batch whose marker is absent is not there for readers (see
-    :func:`committed_files`). A micro-batch committed a second time after a
-    failure finds its marker and writes nothing more, so the sink keeps every
-    guarantee. ``<attempt>`` is new with every ``prepare``: a replay, or a
-    fenced driver's late tasks, never overwrite files a marker names.
-    """
-
-    kind = "files"
-    guarantees = ALL_GUARANTEES
-
-    def __init__(
-        self,
-        url: str,
-        format: str = "jsonl",
-        *,
-        storage_options: Mapping[str, Any] | None = None,
-        name: str | None = None,
-    ) -> None:
-        url = str(url)
-        super().__init__(name or url)
-        if format not in _SINK_FORMATS:
-            raise ValueError(
-                f"FileSink({url!r}): format must be one of {', '.join(_SINK_FORMATS)}; "
-                f"got {format!r}"
-            )
-        self.url = url
-        self.format = format
-        self.storage_options = dict(storage_options or {})
-
-    def describe(self) -> str:
-        """``files:<name>``: the ``name`` given, else the url (stage names come from it)."""
-        return f"files:{self.name}"
-
-    def prepare(self, context: JobContext) -> Any:
-        """Runs on the driver: the name of this micro-batch's files (from its commit token)."""
-        token = context.commit_token or f"{context.job_id}.{uuid.uuid4().hex}"
-        fs, root = _open_fs(self.url, self.storage_options)
-        fs.makedirs(root, exist_ok=True)
-        return {"batch": _batch_name(token, context.batch_id), "token": token,
-                "batch_id": context.batch_id, "job_id": context.job_id,
-                "attempt": uuid.uuid4().hex[:8]}
-
-    def write(self, state: Any, items: Iterator[Any], context: TaskContext) -> Any:
-        """Runs on an executor: this partition's file, under its final name; None if empty."""
-        rows = list(items)
-        if not rows:
-            return None
-        fs, root = _open_fs(self.url, self.storage_options)
-        name = f"part-{state['batch']}-{state['attempt']}-{context.partition:05d}.{self.format}"
-        if self.format == "jsonl":
-            lines = []
-            for i, item in enumerate(rows):
-                try:
-                    lines.append(json.dumps(item))
-                except (TypeError, ValueError) as exc:
-                    raise TypeError(
-                        f"{self.describe()}: item {i} of partition {context.partition} is not "
-                        f"JSON-serialisable: {exc}: {item!r:.80}"
-                    ) from exc
-            data = ("\n".join(lines) + "\n").encode()
-        else:
-            data = self._parquet_bytes(rows, context.partition)
-        _put(fs, f"{root}/{name}", data)
-        return {"file": name, "items": len(rows)}
-
-    def _parquet_bytes(self, rows: list[Any], partition: int) -> bytes:
-        pq = _pyarrow_parquet(self.describe())
-        import pyarrow as pa
-
-        for i, item in enumerate(rows):
-            if not isinstance(item, dict):
-                raise TypeError(
-                    f"{self.describe()}: Parquet rows must be dicts; item {i} of partition "
-                    f"{partition} is a {type(item).__name__}: {item!r:.80}"
-                )
-        try:
-            table = pa.Table.from_pylist(rows)
-        except (pa.ArrowException, TypeError, ValueError) as exc:
-            raise TypeError(
-                f"{self.describe()}: partition {partition}'s rows do not make a Parquet table "
-                f"(a column with mixed types?): {exc}"
-            ) from exc
-        out = io.BytesIO()
-        pq.write_table(table, out)
-        return out.getvalue()
-
-    def commit(self, state: Any, messages: list[Any], context: JobContext) -> None:
-        """Runs on the driver: write the commit marker, once per micro-batch.
-
-        The marker is created only if absent (the filesystem's conditional
-        create where it has one): a commit replayed after a failure, or by a
-        second driver, finds it there, removes its own files and is a no-op.
-        """
-        files = open_file_store(self.url, self.storage_options)
-        written = [m for m in messages if m is not None]
-        record = {
-            "token": state["token"], "job_id": state["job_id"], "batch_id": state["batch_id"],
-            "files": [m["file"] for m in written], "items": sum(m["items"] for m in written),
-            "committed_ms": int(time.time() * 1000),
-        }
-        files.fs.makedirs(files.path(MARKERS), exist_ok=True)
-        if not files.create_exclusive(
-            files.path(MARKERS, f"{state['batch']}.json"), json.dumps(record, indent=1).encode()
-        ):  # committed before, by another attempt: no marker names this attempt's files
-            for name in record["files"]:
-                with contextlib.suppress(FileNotFoundError):
-                    files.remove(files.path(name))
-
-    def abort(self, state: Any, messages: list[Any], context: JobContext) -> None:
-        """Runs on the driver: remove this attempt's files, but those a commit marker names."""
-        fs, root = _open_fs(self.url, self.storage_options)
-        marker = f"{root}/{MARKERS}/{state['batch']}.json"
-        committed: set[str] = set()
-        if fs.exists(marker):
-            with fs.open(marker, "rb") as fh:
-                committed = set(json.loads(fh.read())["files"])
-        for path in fs.glob(f"{root}/part-{state['batch']}-{state['attempt']}-*"):
-            if posixpath.basename(path) not in committed:
-                with contextlib.suppress(FileNotFoundError):
-                    fs.rm(path)
-
-
-def _put(fs: Any, path: str, data: bytes) -> None:
-    """Write a whole file; on a local disk through a temporary name and a rename."""
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    if protocol in ("file", "local"):
-        folder, base = posixpath.split(path)
-        staged = f"{folder}/.{base}.{uuid.uuid4().hex[:8]}.tmp"
-        with fs.open(staged, "wb") as fh:
-            fh.write(data)
-        fs.mv(staged, path)
-    else:
-        with fs.open(path, "wb") as fh:
-            fh.write(data)
-
-
-def committed_files(url: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
-    """The full paths of the files a :class:`FileSink` committed at ``url``, batch by batch.
-
-    Only files named by a commit marker count: the files of a micro-batch
-    still being written, or of one that failed, are left out. Markers are
-    taken in the order of their names (a job's micro-batches in order).
-    """
-    fs, root = _open_fs(url, storage_options or {})
-    try:
-        markers = sorted(fs.glob(f"{root}/{MARKERS}/*.json"))
-    except FileNotFoundError:
-        return []
-    out: list[str] = []
-    for marker in markers:
-        with fs.open(marker, "rb") as fh:
-            record = json.loads(fh.read())
-        out.extend(f"{root}/{name}" for name in record["files"])
-    return out
-
-
-def read_committed(
-    url: str, format: str = "jsonl",
-    storage_options: Mapping[str, Any] | None = None,
-) -> list[Any]:
-    """Every item a :class:`FileSink` committed at ``url``, in order of its commit markers."""
-    if format not in _SINK_FORMATS:
-        raise ValueError(f"read_committed({url!r}): format must be one of "
-                         f"{', '.join(_SINK_FORMATS)}; got {format!r}")
-    fs, _ = _open_fs(url, storage_options or {})
-    items: list[Any] = []
-    for path in committed_files(url, storage_options):
-        if format == "jsonl":
-            with fs.open(path, "rb") as fh:
-                items.extend(json.loads(line) for line in fh.read().splitlines() if line.strip())
-        else:
-            pq = _pyarrow_parquet(f"read_committed({url!r})")
-            with fs.open(path, "rb") as fh:
-                items.extend(pq.read_table(fh).to_pylist())
-    return items
-
-
-@hookimpl
-def register_sources(register: Any) -> None:
-    """Register the file source."""
-    register(FileSource)
-
-
-@hookimpl
-def register_sinks(register: Any) -> None:
-    """Register the file sink."""
-    register(FileSink)

@@ -1,0 +1,364 @@
+"""The source conformance kit's harness and machinery, driven by :mod:`sparkjet.testing.sources`.
+
+:class:`SourceHarness` is what a source's author subclasses to make and feed
+the source under test; :func:`kit_items` makes the kit's items. The rest is
+the suite's own: the constants of its jobs, ``_Run`` (a test's jobs and
+reads), the waits and checks the tests share, and ``_Driver`` (a driver
+process of the kill test).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+import cloudpickle
+import pytest
+
+from sparkjet.core.checkpoint import BatchPlan, Checkpoint
+from sparkjet.core.client import Client
+from sparkjet.core.contracts import InputSize, JobContext, Source, TaskContext
+from sparkjet.core.microbatch_loop import latest_offsets
+from sparkjet.job import Job, JobConfig, ProcessingGuarantee
+from sparkjet.pipeline import Pipeline
+
+#: The name the kit gives the source's stage in every job it runs.
+STAGE = "conformance-source"
+#: The list the kit's jobs write what they read to.
+SEEN = "conformance-seen"
+#: How long any one wait of the kit may take before the test fails
+#: (``SPARKJET_KIT_WAIT_SECONDS`` sets it, for a slow or crowded machine).
+WAIT_SECONDS = float(os.environ.get("SPARKJET_KIT_WAIT_SECONDS", "120"))
+
+
+def kit_items(start: int, count: int, token: str = "kit") -> list[dict[str, Any]]:
+    """The kit's items ``start`` to ``start + count - 1``: ``{"seq", "key", "kit"}`` dicts.
+
+    JSON-serialisable, small, and told apart by ``seq``; ``key`` spreads them
+    over a few keys (a harness may use it as a partition key).
+    """
+    return [{"seq": i, "key": f"k{i % 5}", "kit": token} for i in range(start, start + count)]
+
+
+class SourceHarness(ABC):
+    """How the kit makes and feeds the source under test; subclass it for your source.
+
+    Every method runs in the test process, and :meth:`new_source` and
+    :meth:`prepare` also in the driver process of the kill test (the harness
+    travels there pickled with cloudpickle, so keep it to plain attributes).
+    """
+
+    #: False for a bounded (batch) source: only the checks a batch job has are run.
+    streaming: ClassVar[bool] = True
+    #: The most items one micro-batch of ``new_source(capped=True)`` may read (None: no cap).
+    max_items_per_batch: ClassVar[int | None] = None
+    #: Whether the source's offsets count items (``source_lag`` gives a number).
+    lag_countable: ClassVar[bool] = True
+    #: Whether :meth:`add_partitions` can give the source's data more partitions.
+    can_add_partitions: ClassVar[bool] = False
+    #: Whether :meth:`trim` can remove (trim, compact) items the source has not read.
+    can_trim: ClassVar[bool] = False
+    #: Why a capability is missing, shown in the report of a skipped check.
+    why_not: ClassVar[dict[str, str]] = {}
+
+    def prepare(self, client: Client) -> None:  # noqa: B027 - optional hook
+        """Make the client ready for the source (register a plugin); default: nothing."""
+
+    @abstractmethod
+    def new_source(self, *, capped: bool = True) -> Source:
+        """A fresh source reading this harness's data from its start.
+
+        ``capped``: with the cap :attr:`max_items_per_batch` declares (small
+        micro-batches, so the kit stops jobs between many of them); False: uncapped.
+        """
+
+    @abstractmethod
+    def add(self, client: Client, items: list[dict[str, Any]]) -> None:
+        """Make ``items`` available to the source (publish, write a file, produce)."""
+
+    def decode(self, item: Any) -> dict[str, Any]:
+        """The kit's item from what the source read (default: the item itself)."""
+        return dict(item)
+
+    def add_partitions(self, client: Client) -> None:
+        """Give the data more partitions; later :meth:`add` calls use them too."""
+        raise NotImplementedError(f"{type(self).__qualname__} cannot add partitions")
+
+    def trim(self, client: Client) -> None:
+        """Remove the oldest items (retention, compaction): all but those of the last :meth:`add`.
+
+        The items of the last add may stay; at least those of the add before
+        it must go.
+        """
+        raise NotImplementedError(f"{type(self).__qualname__} cannot trim")
+
+
+# --- helpers --------------------------------------------------------------------------
+
+
+def _wait(predicate: Callable[[], Any], what: str | Callable[[], str],
+          timeout: float = WAIT_SECONDS) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for "
+                        f"{what() if callable(what) else what}")
+        time.sleep(0.05)
+
+
+def describe_multiset(seqs: list[int], expected: range) -> str:
+    """Why a multiset of sequence numbers differs from ``expected`` (missing, duplicated, extra)."""
+    counts = Counter(seqs)
+    missing = [i for i in expected if i not in counts]
+    dups = sorted((i, c) for i, c in counts.items() if c > 1)
+    extra = sorted(i for i in counts if i not in expected)
+    return (f"{len(seqs)} items read, {len(expected)} given: {len(missing)} missing "
+            f"(first {missing[:10]}), {len(dups)} duplicated (first {dups[:10]}), "
+            f"{len(extra)} never given (first {extra[:10]})")
+
+
+def assert_exactly_once(seqs: list[int], expected: range, what: str) -> None:
+    """Fail unless ``seqs`` holds every number of ``expected`` once and nothing else."""
+    if sorted(seqs) != list(expected):
+        pytest.fail(f"{what}: not every item exactly once: {describe_multiset(seqs, expected)}")
+
+
+class _Run:
+    """One test's jobs and direct reads of the source, on the test's client."""
+
+    def __init__(self, client: Client, harness: SourceHarness) -> None:
+        self.client = client
+        self.harness = harness
+        self.jobs: list[Job] = []
+        self.given = 0
+        self.token = uuid.uuid4().hex[:8]
+        harness.prepare(client)
+
+    # items
+    def add(self, count: int) -> range:
+        items = kit_items(self.given, count, self.token)
+        self.harness.add(self.client, items)
+        self.given += count
+        return range(self.given - count, self.given)
+
+    def seqs_of(self, items: list[Any]) -> list[int]:
+        seqs = []
+        for raw in items:
+            item = self.harness.decode(raw)
+            if item.get("kit") != self.token:
+                pytest.fail(f"read an item the kit did not give in this test: {raw!r}")
+            seqs.append(int(item["seq"]))
+        return seqs
+
+    def seen(self) -> list[int]:
+        return self.seqs_of(self.client.get_list(SEEN).get_all())
+
+    # jobs
+    def pipeline(self, source: Source) -> Pipeline:
+        p = Pipeline.create()
+        p.read_from(source).set_name(STAGE).write_to(Pipeline.to_list(SEEN))
+        return p
+
+    def submit(self, source: Source, snapshot: str | None = None) -> Job:
+        job = self.client.get_jet().submit(self.pipeline(source), JobConfig(
+            name=f"conformance-{uuid.uuid4().hex[:8]}",
+            processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
+            snapshot_interval_millis=100, initial_snapshot_name=snapshot))
+        self.jobs.append(job)
+        return job
+
+    def wait_read(self, job: Job | None, count: int, what: str) -> list[int]:
+        """Wait until the list holds ``count`` items and, 0.5 s later, still as many."""
+        size = self.client.get_list(SEEN).size
+
+        def reached() -> bool:
+            if job is not None and job.is_terminal():
+                job.join(timeout=30)  # raises the job's failure
+            return size() >= count
+
+        def status() -> str:
+            if job is None:
+                return ""
+            return f"; job {job.status.name}, last committed batch {self.committed(job)}"
+
+        _wait(reached, lambda: (f"{count} items read ({what}): "
+                                f"{describe_multiset(self.seen(), range(self.given))}{status()}"))
+        time.sleep(0.5)
+        return self.seen()
+
+    @staticmethod
+    def committed(job: Job) -> int:
+        """The job's last committed micro-batch (counted on from a snapshot it started from)."""
+        return int(job.get_metrics().get("lastCommittedBatch", -1))
+
+    @staticmethod
+    def batches_run(job: Job) -> int:
+        """How many micro-batches this job has run (up to the 100 its metrics keep)."""
+        return len(job.get_metrics().get("batchDurationsMillis", []))
+
+    def stop_all(self) -> None:
+        for job in self.jobs:
+            with contextlib.suppress(Exception):
+                if not job.is_terminal():
+                    job.cancel()
+            with contextlib.suppress(Exception):
+                job.join(timeout=60)
+
+    # direct calls, as the loop makes them
+    def context(self, source: Source, job_id: str = "conformance-direct") -> JobContext:
+        return JobContext(job_id=job_id, job_name=None, store=self.client.store,
+                          parallelism=2, stage=STAGE,
+                          options=dict(self.client.config.plugin_options.get(source.kind, {})),
+                          processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE, batch_id=0)
+
+    def read_range(self, source: Source, start: Any, end: Any, ctx: JobContext) -> list[int]:
+        """The kit's seqs ``plan_range`` and ``read`` give for ``[start, end)``."""
+        items: list[Any] = []
+        for i, descriptor in enumerate(source.plan_range(start, end, ctx)):
+            task = TaskContext(job_id=ctx.job_id, partition=i, store=ctx.store,
+                               options=ctx.options, stage=STAGE)
+            items.extend(cloudpickle.loads(cloudpickle.dumps(source)).read(
+                cloudpickle.loads(cloudpickle.dumps(descriptor)), task))
+        return self.seqs_of(items)
+
+    def read_batch(self, source: Source) -> list[int]:
+        """What a bounded source's ``partitions`` and ``read`` give."""
+        ctx = self.context(source)
+        items: list[Any] = []
+        for i, descriptor in enumerate(source.partitions(ctx)):
+            task = TaskContext(job_id=ctx.job_id, partition=i, store=ctx.store,
+                               options=ctx.options, stage=STAGE)
+            items.extend(source.read(descriptor, task))
+        return self.seqs_of(items)
+
+    def drain(self, source: Source, start: Any, count: int,
+              check: Callable[[Any, Any, list[int]], None] | None = None) -> tuple[Any, list[int]]:
+        """Plan and read from ``start`` until ``count`` items came; returns (end offsets, seqs).
+
+        ``check(start, end, seqs)`` sees every non-empty step.
+        """
+        ctx = self.context(source)
+        read: list[int] = []
+        deadline = time.monotonic() + WAIT_SECONDS
+        while len(read) < count:
+            end = latest_offsets(source, ctx, start)
+            if end == start:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"the source planned nothing more after {len(read)} of "
+                                f"{count} items (offsets {start!r})")
+                time.sleep(0.1)
+                continue
+            seqs = self.read_range(source, start, end, ctx)
+            if check is not None:
+                check(start, end, seqs)
+            read.extend(seqs)
+            start = end
+        return start, read
+
+
+def _numeric_partitions(offsets: Any) -> dict[str, int] | None:
+    """Offsets shaped as numbers (one, a list or a dict of them) per partition; else None."""
+    if isinstance(offsets, bool):
+        return None
+    if isinstance(offsets, int):
+        return {"0": offsets}
+    if isinstance(offsets, list) and all(type(o) is int for o in offsets):
+        return {str(i): o for i, o in enumerate(offsets)}
+    if isinstance(offsets, dict) and all(type(o) is int for o in offsets.values()):
+        return {str(k): o for k, o in offsets.items()}
+    return None
+
+
+def check_forward(start: Any, end: Any, where: str) -> None:
+    """Fail if numeric-shaped ``end`` offsets are behind ``start`` in any partition."""
+    before, after = _numeric_partitions(start), _numeric_partitions(end)
+    if before is None or after is None:
+        return
+    lost = sorted(set(before) - set(after))
+    if lost:
+        pytest.fail(f"{where}: partitions {lost} vanished from the offsets ({start!r} -> {end!r})")
+    back = {p: (before[p], after[p]) for p in before if after[p] < before[p]}
+    if back:
+        pytest.fail(f"{where}: offsets went backwards in partitions {back} "
+                    f"({start!r} -> {end!r})")
+
+
+def _plans(client: Client, job: Job) -> list[BatchPlan]:
+    """The job's write-ahead plans still in its checkpoint, in batch order."""
+    checkpoint = Checkpoint(client.store, client.store.layout.checkpoint(job.id, "checkpoint"))
+    plans = []
+    for batch in range(checkpoint.last_commit() + 2):
+        plan = checkpoint.planned(batch)
+        if plan is not None:
+            plans.append(plan)
+    return plans
+
+
+def check_size(size: Any, items: int, what: str) -> None:
+    """Fail unless ``size`` is None or an honest :class:`InputSize` of a read of ``items`` items."""
+    if size is None:
+        return
+    if not isinstance(size, InputSize):
+        pytest.fail(f"{what} returned {size!r}, not an InputSize or None")
+    for field_name, value in zip(size._fields, size, strict=True):
+        if value is not None and (type(value) is not int or value < 0):
+            pytest.fail(f"{what}: {field_name} is {value!r}, not None or a non-negative int")
+    if size.items is not None and size.items != items:
+        pytest.fail(f"{what} says {size.items} items, but planning and reading gave {items}")
+
+
+def _skip_unless(harness: SourceHarness, capability: str, declared: bool, what: str) -> None:
+    """Skip, naming the harness's declaration, when it declares it cannot do ``capability``."""
+    if not declared:
+        why = harness.why_not.get(capability, "")
+        pytest.skip(f"{type(harness).__name__} declares {what}" + (f": {why}" if why else ""))
+
+
+# --- the kill test's driver processes -------------------------------------------------
+
+
+class _Driver:
+    """One ``python -m sparkjet.testing.source_driver`` process, in its own process group."""
+
+    def __init__(self, spec: Path, log_dir: Path, index: int) -> None:
+        self.out = log_dir / f"driver-{index}.out"
+        self.err = log_dir / f"driver-{index}.err"
+        env = dict(os.environ)
+        env["PYSPARK_PYTHON"] = env.get("PYSPARK_PYTHON", sys.executable)
+        # The harness's module must import there as it does here (a test module).
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+        with open(self.out, "wb") as out, open(self.err, "wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "sparkjet.testing.source_driver", str(spec)],
+                stdout=out, stderr=err, env=env, start_new_session=True)
+
+    def line(self, prefix: str) -> str | None:
+        for line in self.out.read_text().splitlines():
+            if line.startswith(prefix):
+                return line
+        if self.proc.poll() is not None:
+            tail = "\n".join(self.err.read_text(errors="replace").splitlines()[-30:])
+            pytest.fail(f"driver exited ({self.proc.returncode}) before {prefix!r}:\n{tail}")
+        return None
+
+    def kill(self) -> None:
+        """SIGKILL the driver with its JVM and Python workers; reap it."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+
+# --- the suite -------------------------------------------------------------------------
