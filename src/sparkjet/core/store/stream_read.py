@@ -114,13 +114,25 @@ class StreamReading(StreamEnds, StreamRegistry):
                 # Trimmed while reading: read what is held now.
 
     def _fetch(self, partition: int, starts: list[int]) -> dict[str, bytes]:
-        """The chunks at ``starts`` not kept from a look, fetched at once (see ``read_many``)."""
+        """The chunks at ``starts``: those a look kept, the rest fetched at once if several.
+
+        A kept copy is taken here (taking it removes it from the read-ahead),
+        so the read uses it; one chunk alone is left to :meth:`_items`.
+        """
         listed = self._seen(partition)
         sizes = listed[1] if listed is not None else {}
-        paths = [self.paths.chunk(partition, c) for c in starts]
-        wanted = [path for c, path in zip(starts, paths, strict=True)
-                  if _kept(self._ahead, path, sizes.get(c)) is None]
-        return self.store.read_many(wanted) if len(wanted) > 1 else {}
+        found: dict[str, bytes] = {}
+        wanted: list[str] = []
+        for start in starts:
+            path = self.paths.chunk(partition, start)
+            raw = _kept(self._ahead, path, sizes.get(start))
+            if raw is None:
+                wanted.append(path)
+            else:
+                found[path] = raw
+        if len(wanted) > 1:
+            found.update(self.store.read_many(wanted))
+        return found
 
     def _items(
         self, path: str, partition: int, start: int, next_start: int | None,
