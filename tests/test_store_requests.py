@@ -257,6 +257,30 @@ def test_one_event_micro_batch_costs_at_most_twelve_requests(
         _stop(job)
 
 
+@pytest.mark.storage
+def test_a_long_partition_is_listed_from_its_newest_chunks(
+        proxied: tuple[StoreLocation, CountingProxy]) -> None:
+    """The look at a partition seen before lists what follows its second newest chunk.
+
+    S3 and GCS list in name order, and chunk names sort as their offsets: the
+    server is asked only for the newest few (``start-after``, ``startOffset``),
+    not for every chunk the partition ever held.
+    """
+    location, proxy = proxied
+    store = location.store(separate_client=True)
+    log = store.stream_log("long")
+    log.create(1)
+    for n in range(30):
+        log.append(0, [n])  # a chunk each
+    assert log.end_offset(0) == 30  # listed whole: nothing seen yet
+    log.append(0, [30])
+    before = len(proxy.log)
+    assert log.end_offset(0) == 31
+    asked = [url for kind, _, url in proxy.log[before:] if kind == "list"]
+    assert len(asked) == 1 and ("start-after=" in asked[0] or "startOffset=" in asked[0]), asked
+    assert log.read(0, 28, 31) == [28, 29, 30]
+
+
 # --- what the caches that save requests must not hide ------------------------------------
 
 

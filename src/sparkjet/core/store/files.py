@@ -104,6 +104,9 @@ class StoreFiles(Protocol):
     def entries(self, path: str) -> dict[str, Entry]:
         """The entries of ``path`` by base name with their sizes and times, in one listing."""
 
+    def entries_after(self, path: str, after: str) -> dict[str, Entry]:
+        """:meth:`entries` named after ``after`` (on S3 and GCS only those are listed)."""
+
     def remove(self, path: str, recursive: bool = False) -> None:
         """Delete ``path`` (a whole folder with ``recursive``)."""
 

@@ -143,6 +143,48 @@ class FsListing(FsReads):
         return {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]:
                 Entry(int(e.get("size") or 0), file_modified(e)) for e in found}
 
+    def entries_after(self, path: str, after: str) -> dict[str, Entry]:
+        """:meth:`entries` of the folder ``path`` whose base names sort after ``after``.
+
+        On S3 (``StartAfter``) and GCS (``startOffset``) the server lists only
+        those: a folder of thousands of files whose newest few are wanted
+        costs a page of a few entries, not pages of all of them (S3 and GCS
+        list in name order). Elsewhere the whole folder, filtered.
+        """
+        protocol = self._protocol
+        if protocol not in ("s3", "gcs"):
+            return {name: entry for name, entry in self.entries(path).items() if name > after}
+        stripped = self.fs._strip_protocol(path).rstrip("/")
+        bucket, _, key = stripped.partition("/")
+        prefix = f"{key}/" if key else ""
+        self._fresh(path)
+        found = self._listing(path, lambda: self._ls_after(bucket, prefix, prefix + after))
+        return {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]:
+                Entry(int(e.get("size") or 0), file_modified(e)) for e in found
+                if str(e["name"]).rstrip("/").rsplit("/", 1)[-1] > after}
+
+    def _ls_after(self, bucket: str, prefix: str, start: str) -> list[dict[str, Any]]:
+        """The objects directly under ``prefix`` named after ``start`` (its own, on GCS)."""
+        from fsspec.asyn import sync
+
+        if self._protocol == "s3":
+            out: list[dict[str, Any]] = []
+            kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "Delimiter": "/",
+                                      "StartAfter": start}
+            while True:
+                page = self.fs.call_s3("list_objects_v2", **kwargs)
+                out.extend({"name": f"{bucket}/{c['Key']}", "size": c.get("Size", 0),
+                            "LastModified": c.get("LastModified")}
+                           for c in page.get("Contents", []))
+                if not page.get("IsTruncated"):
+                    return out
+                kwargs["ContinuationToken"] = page["NextContinuationToken"]
+        items, _ = sync(self.fs.loop, self.fs._sequential_list_objects_helper, bucket=bucket,
+                        delimiter="/", start_offset=start, end_offset=None,
+                        prefix=prefix or None, versions=False, max_results=None)
+        return [{**item, "name": f"{bucket}/{item['name']}"} if not str(
+            item.get("name", "")).startswith(f"{bucket}/") else item for item in items]
+
     def _ls(self, path: str, detail: bool) -> list[Any]:
         """The folder ``path`` listed, one request (a page of 1,000) on S3 and GCS.
 

@@ -86,7 +86,7 @@ class StreamEnds(StreamFiles):
             end = self._followed_end(partition)
             if end is not None:
                 return end
-        return self._listed_with_end(partition)[2]
+        return self._listed_with_end(partition, tail=True)[2]
 
     def _followed_end(self, partition: int) -> int | None:
         """``partition``'s end offset from what this process last saw of it, or None.
@@ -131,18 +131,25 @@ class StreamEnds(StreamFiles):
         _CHUNKS[folder] = (starts + found, sizes, end, newest) if found else known
         return end
 
-    def _listed_with_end(self, partition: int) -> tuple[list[int], list[int], int]:
+    def _listed_with_end(
+        self, partition: int, tail: bool = False
+    ) -> tuple[list[int], list[int], int]:
         """``partition``'s chunk starts, start markers and end offset.
 
         Listed again if a trim removed the newest chunk before its header was
-        read (a marker carries the end offset then).
+        read (a marker carries the end offset then). With ``tail`` (for the
+        end offset alone), on S3 and GCS a partition seen before is listed
+        from its second newest chunk on (:meth:`_newer_listing`): the
+        markers returned are then only those past it.
         """
         while True:
             folder = self.paths.partition(partition)
             seen = notify.generation(self.paths.folder)  # before listing: see wait_for_append
             at = time.time_ns()
             stamp = _stamp(folder) if self._where() == "local" else None
-            starts, marks, sizes = self._sized_listing(partition)
+            listed = self._newer_listing(partition) if tail else None
+            starts, marks, sizes = (listed if listed is not None
+                                    else self._sized_listing(partition))
             if self._where() == "remote":
                 _POLLED_AT[(self.paths.folder, threading.get_ident())] = time.monotonic()
             try:
@@ -154,6 +161,41 @@ class StreamEnds(StreamFiles):
                 if self._listing(partition) == (starts, marks):
                     raise  # not a trim: the chunk is missing
                 continue
+
+    def _newer_listing(
+        self, partition: int
+    ) -> tuple[list[int], list[int], dict[int, int] | None] | None:
+        """:meth:`_sized_listing` from what this process saw, listing only what follows.
+
+        On S3 and GCS, a partition whose chunks this process listed before is
+        listed after its second newest chunk seen (chunk names sort as their
+        offsets): a page of the newest few, not of thousands. What was seen
+        stands only if its newest chunk is listed again with the size it had
+        (a partition trimmed or made anew since is listed whole). None: list
+        it whole.
+        """
+        if self._where() != "remote":
+            return None
+        known = _CHUNKS.get(self.paths.partition(partition))
+        if known is None or len(known[0]) < 2:
+            return None
+        starts, sizes, _, _ = known
+        newest = starts[-1]
+        if newest not in sizes:
+            return None
+        after = self.paths.chunk(partition, starts[-2]).rsplit("/", 1)[-1]
+        entries = self.store.entries_after(self.paths.partition(partition), after)
+        new_starts, marks, new_sizes = [], [], {}
+        for entry, info in entries.items():
+            if (start := self.paths.chunk_start(entry)) is not None:
+                new_starts.append(start)
+                new_sizes[start] = info.size
+            elif (mark := self.paths.start_mark_offset(entry)) is not None:
+                marks.append(mark)
+        new_starts.sort()
+        if not new_starts or new_starts[0] != newest or new_sizes[newest] != sizes[newest]:
+            return None
+        return [*starts[:-1], *new_starts], sorted(marks), {**sizes, **new_sizes}
 
     def _end(
         self, partition: int, starts: list[int], marks: list[int],
