@@ -66,7 +66,7 @@ RUNS = {
         ["--rates", "100", "--seconds", "0.5", "--warmup-seconds", "0.3", "--stores", "local"],
         ["sparkjet (adaptive)", "sparkjet (Spark engine)", "native structured streaming",
          "on the driver", "p99/target",
-         "targets (local store"],
+         "targets at 100 events/s: local"],
     ),
     "engines": (
         ["--sizes", "100,2000", "--repeat", "1", "--keys", "20"],
