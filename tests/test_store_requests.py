@@ -122,6 +122,24 @@ def test_metrics_and_prometheus_show_the_jobs_requests_by_kind(tmp_path: Path) -
         _stop(job)
 
 
+@pytest.mark.storage
+def test_a_job_suspended_right_after_a_batch_leaves_that_batch_in_its_record(
+        s3_location: StoreLocation) -> None:
+    """On S3 progress waits for the heartbeat; a stop must not leave it behind in the record."""
+    client = _client(s3_location.fresh())
+    job = _keyed_count(client, "stopped")
+    try:
+        client.get_stream("clicks").publish({"user": "a"})
+        _wait(lambda: _committed(job) >= 0, 60, "the first micro-batch")
+        job.suspend()
+        _wait(lambda: job.status.value == "SUSPENDED", 60, "the suspend")
+        record = read_record(JobRecords(client.store), job.id)
+        assert record is not None
+        assert record.progress["lastCommittedBatch"] == _committed(job) >= 0
+    finally:
+        _stop(job)
+
+
 # --- against the servers -----------------------------------------------------------------
 
 

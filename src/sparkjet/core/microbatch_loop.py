@@ -261,9 +261,9 @@ class StreamLoop:
         self.event_time = EventTime()
         #: Set by :meth:`wake`: ends a pause between batches early.
         self._woken = threading.Event()
-        #: Whether the job keeps keyed state.
         #: The names of the keyed stages, whose state the checkpoint keeps.
         self._state_stages = [plan.name(n) for n in plan.nodes if isinstance(n.spec, KeyedSpec)]
+        #: Whether the job keeps keyed state.
         self._stateful = bool(self._state_stages)
         #: Whether :attr:`progress` knows the size of the job's keyed state (once
         #: a batch ran here, or from the start for a new checkpoint).

@@ -147,6 +147,10 @@ class StreamRun:
         try:
             reason = loop.run()
         finally:
+            if self.progress_unwritten:
+                # Batches committed since the last heartbeat (S3, GCS): the record
+                # write that says how the loop stopped carries their progress.
+                self._lease.stage(self.progress_change())
             exports.join()
         if reason is StopReason.CANCEL:
             exports.fail(f"job {self.job.label} was cancelled")
