@@ -239,6 +239,32 @@ def test_suspend_and_resume_continue_exactly(kclient: sparkjet.Client, bootstrap
         stop(job)
 
 
+def test_a_job_that_stops_closes_its_consumers_on_the_driver(
+    kclient: sparkjet.Client, bootstrap: str,
+) -> None:
+    """Suspended or cancelled, the job leaves no consumer following the topic on the driver."""
+    topic = new_topic(bootstrap, 2)
+    publish(bootstrap, topic, list(range(4)))
+    source = KafkaSource(topic, bootstrap)
+    p = Pipeline.create()
+    p.read_from(source).write_to(Pipeline.to_list("watched"))
+    job = start(kclient, p, "closes")
+    try:
+        settled_list(kclient, "watched", 4, job)
+        assert source._watcher is not None  # an idle job follows the topic
+        job.suspend()
+        wait_until(lambda: job.status is JobStatus.SUSPENDED, what="SUSPENDED")
+        assert (source._watcher, source._consumer, source._followed) == (None, None, None)
+        job.resume()
+        publish(bootstrap, topic, list(range(4, 8)))
+        assert sorted(settled_list(kclient, "watched", 8, job)) == list(range(8))
+        assert source._watcher is not None
+    finally:
+        stop(job)
+    assert (source._watcher, source._consumer, source._followed) == (None, None, None)
+    assert source._token not in kafka_plugin._FOLLOWED
+
+
 def test_keys_and_a_custom_deserializer(kclient: sparkjet.Client, bootstrap: str) -> None:
     topic = new_topic(bootstrap, 1)
     produce(bootstrap, topic, [(0, b"a", b"1"), (0, b"b", b"2"), (0, None, b"3")])

@@ -23,7 +23,7 @@ import pytest
 
 import sparkjet
 from sparkjet.core.microbatch_loop import latest_offsets
-from sparkjet.errors import PipelineDefinitionError, PluginError
+from sparkjet.errors import JobFailedError, PipelineDefinitionError, PluginError
 from sparkjet.job import JobConfig, JobStatus
 from sparkjet.pipeline import Pipeline
 from sparkjet.plugin import (
@@ -33,7 +33,7 @@ from sparkjet.plugin import (
     TaskContext,
     hookimpl,
 )
-from tests.conftest import TEST_SPARK, wait_until
+from tests.conftest import TEST_SPARK, cancel_job, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -188,6 +188,108 @@ def test_a_declaration_that_is_not_a_bool_is_refused(client: sparkjet.Client) ->
     with pytest.raises(PluginError, match=r'plugin "vague": source .*Vague declares '
                        r"accepts_start = 'yes'; it must be True or False"):
         client.register_plugin(Registers(Vague), "vague")
+
+
+def closing_source() -> type[Source]:
+    """A fresh streaming source class that notes each ``close`` (see :func:`capped_source`)."""
+
+    class ClosingSource(Source):
+        """The ints ``0 .. total-1`` in one micro-batch; ``read`` fails once ``fail`` is set."""
+
+        kind = "closing"
+        streaming = True
+        guarantees = ALL_GUARANTEES
+        #: The job id of every ``close`` call, in order (driver side: this process).
+        closed: ClassVar[list[str]] = []
+        #: Whether ``close`` raises (after noting the call).
+        close_fails: ClassVar[bool] = False
+
+        def __init__(self, name: str, total: int, fail: bool = False) -> None:
+            super().__init__(name)
+            self.total, self.fail = total, fail
+
+        def partitions(self, context: JobContext) -> Sequence[Any]:
+            return [(0, self.total)]
+
+        def initial_offsets(self, context: JobContext) -> Any:
+            return 0
+
+        def latest_offsets(self, context: JobContext) -> Any:
+            return self.total
+
+        def plan_range(self, start: Any, end: Any, context: JobContext) -> Sequence[Any]:
+            return [(start, end)]
+
+        def read(self, partition: Any, context: TaskContext) -> list[Any]:
+            if self.fail:
+                raise ValueError("this source cannot read")
+            return list(range(*partition))
+
+        def close(self, context: JobContext) -> None:
+            type(self).closed.append(context.job_id)
+            if type(self).close_fails:
+                raise OSError("the connection would not close")
+
+    return ClosingSource
+
+
+def test_a_source_is_closed_on_the_driver_each_time_its_job_stops_running(
+    client: sparkjet.Client,
+) -> None:
+    """Suspended, resumed and cancelled: closed at each stop, before the status says so."""
+    ClosingSource: Any = closing_source()
+    client.register_plugin(Registers(ClosingSource), "closing")
+    p = Pipeline.create()
+    p.read_from(ClosingSource("n", total=3)).write_to(Pipeline.to_list("closed-out"))
+    job = client.get_jet().submit(p, JobConfig(name="closing"))
+    try:
+        wait_until(lambda: client.get_list("closed-out").size() == 3, what="three items")
+        assert ClosingSource.closed == []  # running: nothing closed yet
+        job.suspend()
+        wait_until(lambda: job.status is JobStatus.SUSPENDED, what="SUSPENDED")
+        assert ClosingSource.closed == [job.id]
+        job.resume()
+        wait_until(lambda: job.status is JobStatus.RUNNING, what="RUNNING again")
+        assert ClosingSource.closed == [job.id]
+    finally:
+        cancel_job(job)
+    assert ClosingSource.closed == [job.id, job.id]
+    assert sorted(client.get_list("closed-out").get_all()) == [0, 1, 2]
+
+
+def test_a_failed_job_and_a_batch_job_close_their_sources(client: sparkjet.Client) -> None:
+    ClosingSource: Any = closing_source()
+    client.register_plugin(Registers(ClosingSource), "closing")
+    failing = Pipeline.create()
+    failing.read_from(ClosingSource("n", total=3, fail=True)).write_to(Pipeline.to_list("x"))
+    job = client.get_jet().submit(failing, JobConfig(name="closing-fails"))
+    with pytest.raises(JobFailedError, match="this source cannot read"):
+        job.join(timeout=120)
+    assert ClosingSource.closed == [job.id]
+    ClosingSource.streaming = False  # the same source read by a batch job
+    batch = Pipeline.create()
+    batch.read_from(ClosingSource("n", total=3)).write_to(Pipeline.to_list("closed-batch"))
+    done = client.get_jet().submit(batch, JobConfig(name="closing-batch"))
+    done.join(timeout=120)
+    assert ClosingSource.closed == [job.id, done.id]
+    assert sorted(client.get_list("closed-batch").get_all()) == [0, 1, 2]
+
+
+def test_a_close_that_fails_is_logged_naming_the_stage_and_changes_no_outcome(
+    client: sparkjet.Client, caplog: pytest.LogCaptureFixture,
+) -> None:
+    ClosingSource: Any = closing_source()
+    ClosingSource.close_fails = True
+    client.register_plugin(Registers(ClosingSource), "closing")
+    p = Pipeline.create()
+    p.read_from(ClosingSource("n", total=2)).write_to(Pipeline.to_list("close-fails"))
+    job = client.get_jet().submit(p, JobConfig(name="close-fails"))
+    wait_until(lambda: client.get_list("close-fails").size() == 2, what="two items")
+    with caplog.at_level("WARNING", logger="sparkjet"):
+        cancel_job(job)  # still CANCELLED (join raises JobCancelledError), not FAILED
+    assert ClosingSource.closed == [job.id]
+    assert any("closing:n" in r.getMessage() and "the connection would not close"
+               in r.getMessage() for r in caplog.records), caplog.text
 
 
 # --- 2. the facade and contrib --------------------------------------------------------------

@@ -674,6 +674,20 @@ class KafkaSource(Source):
             with contextlib.suppress(Exception):
                 watcher.close()
 
+    def close(self, context: JobContext) -> None:
+        """Runs on the driver when the job stops running: close the watcher and the consumer.
+
+        Neither would otherwise go on fetching (and reconnecting to a broker
+        that went away) for as long as the process lives; a resumed job opens
+        them again from its checkpoint's offsets.
+        """
+        self._unwatch()
+        consumer, self._consumer = self._consumer, None
+        self._listed, self._listed_at = {}, 0.0
+        if consumer is not None:
+            with contextlib.suppress(Exception):
+                consumer.close()
+
     def _take_watched(self, wait: float) -> bool:
         """Note what the watcher fetched; if nothing, block up to ``wait`` s for the next.
 

@@ -8,8 +8,10 @@ before any Spark work starts. No JVM is needed here.
 from __future__ import annotations
 
 import dataclasses
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, assert_never
+from typing import TYPE_CHECKING, Any, assert_never
 
 import cloudpickle
 
@@ -35,6 +37,11 @@ from sparkjet.core.graph import (
 from sparkjet.core.model import ProcessingGuarantee
 from sparkjet.core.plugin_manager import PluginHost, Registered
 from sparkjet.core.windows import Timestamps
+
+if TYPE_CHECKING:
+    from sparkjet.core.contracts import JobContext
+
+log = logging.getLogger(__name__)
 
 #: Operations a streaming job cannot run, with the reason shown to the user.
 _NOT_IN_STREAMS = {
@@ -74,6 +81,17 @@ class Plan:
     def sources(self) -> dict[Transform, SourceSpec]:
         """The source nodes, in topological order, with their specs."""
         return {node: node.spec for node in self.nodes if isinstance(node.spec, SourceSpec)}
+
+    def close_sources(self, job_context: Callable[[Transform], JobContext]) -> None:
+        """Call every source's driver-side ``close``; a failure is logged, naming the stage."""
+        for node, spec in self.sources().items():
+            context = job_context(node)
+            try:
+                spec.source.close(context)
+            except Exception as exc:  # a plugin's: the job's outcome stands
+                log.warning("job %s: closing source stage %r (%s) failed: %s: %s",
+                            context.job_id, self.name(node), spec.source.describe(),
+                            type(exc).__name__, exc)
 
 
 def plan(pipeline: Any, host: PluginHost, guarantee: ProcessingGuarantee) -> Plan:

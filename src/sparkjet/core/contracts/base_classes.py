@@ -237,6 +237,19 @@ class Source(_Participant):
         time.sleep(max(timeout, 0.0))
         return True
 
+    def close(self, context: JobContext) -> None:
+        """Runs on the driver each time the job stops running there: free what it holds.
+
+        Called once the job's last micro-batch (or its batch run) is over and
+        before its new status shows: completed, failed, cancelled, suspended,
+        restarted by a failover, or taken over by another driver. Close what
+        the driver-side methods opened (a consumer following a topic, a
+        connection): a resumed job calls them again, so open lazily and
+        leave the source ready for that. Executors' clients are theirs to
+        keep or close. An error is logged, naming the stage, and changes
+        nothing of the job's outcome. The default does nothing.
+        """
+
     def range_size(self, start: Any, end: Any, context: JobContext) -> InputSize | None:
         """Runs on the driver: how big the micro-batch ``[start, end)`` is, or None if unknown.
 

@@ -505,8 +505,11 @@ class JobRunner:
         job = JobRun(self.plan, contexts, metrics=self.job.config.metrics_enabled)
         hooks = RunHooks(cancelled=self.cancel_requested.is_set,
                          before_commit=lambda: self.set_status(JobStatus.COMPLETING))
-        self.execution = self._batch_engine(contexts).batch(job, hooks)
-        self.execution.run()
+        try:
+            self.execution = self._batch_engine(contexts).batch(job, hooks)
+            self.execution.run()
+        finally:
+            self.plan.close_sources(contexts)
 
     def _batch_engine(self, contexts: Callable[[Transform], JobContext]) -> Engine:
         """Where a batch job runs: on the driver when its input is known and small (adaptive)."""
@@ -623,7 +626,10 @@ class JobRunner:
         checkpoint.clear_pins(keep=mine)  # those of exports that died with their driver
         while True:
             guarantee = self.job.config.processing_guarantee
-            reason = self.stream.run(self._checkpoint())  # raises JobCancelledError
+            try:
+                reason = self.stream.run(self._checkpoint())  # raises JobCancelledError
+            finally:
+                self.plan.close_sources(self.context_factory())
             if reason is not StopReason.RESTART:
                 return reason
             log.info("job %s: restarting", self.job.label)
