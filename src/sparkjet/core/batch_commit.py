@@ -17,8 +17,9 @@ one place:
 5. **commit point**: ``checkpoint/commits/<b>.json``, create-only, naming
    the state files that count;
 6. **pruning**: every :data:`~sparkjet.core.checkpoint.KEEP_LOG` batches the
-   plans, records and state files that no longer count are removed; the
-   loop forgets their files with them;
+   plans, records and state files that no longer count are removed, on the
+   loop's upkeep thread (:mod:`~sparkjet.core.store.upkeep`) while the next
+   batch runs; once that succeeded the loop forgets their files;
 7. **recovery**: when the commit point was taken (another driver committed
    the batch first), the fence is checked again (a driver that was replaced
    stops here) and that driver's record stands: its state files count, its
@@ -36,12 +37,14 @@ are the first such step: the check stands right before them.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 
 from sparkjet.core.checkpoint import KEEP_LOG, BatchPlan, Checkpoint, CommitRecord
 from sparkjet.core.engine import MicroBatch
 from sparkjet.core.state_files import Counted, StatePaths
+from sparkjet.core.store import upkeep
 
 __all__ = ["BatchCommit"]
 
@@ -64,6 +67,9 @@ class BatchCommit:
         self._state = state
         #: Per batch whose commit record is kept, the state files it says count.
         self.counted: Counted = checkpoint.counted()
+        #: The newest batch whose record a prune removed (set by the upkeep thread):
+        #: what counts for it and older batches is no longer needed.
+        self.pruned = -1
 
     def state(self, pinned: int) -> StatePaths:
         """Where a batch's state tasks read and write, with what counts and the export pin."""
@@ -100,13 +106,26 @@ class BatchCommit:
             raise
         run.commit()
         self.counted[batch] = dict(record.state or {})
-        if self.checkpoint.write_commit(record, self._state.with_counted(self.counted)):
+        if self.checkpoint.write_commit(record, prune=False):
             standing = record
         else:
             self.fence()  # committed by another driver: one that took over stops this one
             log.warning("micro-batch %d was committed already; going on after it", batch)
             self.counted = self.checkpoint.counted()  # its record names the files that count
             standing = self.checkpoint.commit_record(batch)
-        for old in [b for b in self.counted if b <= batch - 2 * KEEP_LOG]:
+        if self.checkpoint.prune_due(batch):
+            # What counts as of now: the prune needs it for every batch it removes.
+            state = self._state.with_counted(dict(self.counted))
+            upkeep.later(("prune", self.checkpoint.root),
+                         functools.partial(self._prune, batch, state),
+                         f"pruning the log of checkpoint {self.checkpoint.id}")
+        forget = min(batch - 2 * KEEP_LOG, self.pruned)
+        for old in [b for b in self.counted if b <= forget]:
             del self.counted[old]  # its record is gone, and the files that did not count
         return standing
+
+    def _prune(self, batch: int, state: StatePaths) -> None:
+        """Prune after ``batch`` (on the upkeep thread); then the loop may forget what went."""
+        upto = self.checkpoint.prune(batch, state)
+        if upto is not None:
+            self.pruned = max(self.pruned, upto)

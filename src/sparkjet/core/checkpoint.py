@@ -399,30 +399,53 @@ class Checkpoint:
         assert standing is not None
         return standing
 
-    def write_commit(self, record: CommitRecord, state: StatePaths | None = None) -> bool:
+    def write_commit(
+        self, record: CommitRecord, state: StatePaths | None = None, *, prune: bool = True
+    ) -> bool:
         """Record ``record.batch`` as committed; forget the log of batches long committed.
 
         Create-only: False if the batch was committed already (by another
         driver, which is then the job's driver: the caller checks its fence).
-        ``record.state`` names the state files that count. Every
-        :data:`KEEP_LOG` batches the records of batches committed longer ago
-        are removed, after the state files they say do not count (with
-        ``state``, whose ``counted`` must cover them).
+        ``record.state`` names the state files that count. Then, with
+        ``prune``, :meth:`prune` runs (with ``state``, whose ``counted`` must
+        cover the batches pruned); a micro-batch's commit
+        (:class:`~sparkjet.core.batch_commit.BatchCommit`) leaves that to its
+        upkeep thread instead.
         """
         batch = record.batch
         if not self.store.create_exclusive(
             f"{self.root}/{_batch_file(_COMMITS, batch)}", json.dumps(record.to_json()).encode()
         ):
             return False
-        if batch % KEEP_LOG == 0:
-            old = {b for b in self._batches(_COMMITS) if b <= batch - KEEP_LOG}
-            if state is not None and old:
-                state.remove_uncounted(old)
-            self.store.remove_many([
-                f"{self.root}/{_batch_file(folder, b)}"
-                for folder in (_OFFSETS, _COMMITS) for b in self._batches(folder)
-                if b <= batch - KEEP_LOG])
+        if prune:
+            self.prune(batch, state)
         return True
+
+    def prune_due(self, batch: int) -> bool:
+        """Whether the commit of ``batch`` is one after which the log is pruned."""
+        return batch % KEEP_LOG == 0
+
+    def prune(self, batch: int, state: StatePaths | None) -> int | None:
+        """Forget the log of batches committed long before ``batch``; up to which batch.
+
+        Every :data:`KEEP_LOG` batches (:meth:`prune_due`) the records and
+        plans of batches ``batch - KEEP_LOG`` and older are removed, after
+        the state files they say do not count, with ``state`` (its
+        ``counted`` must cover them: a batch it does not know keeps every
+        file). None when ``batch``
+        is not due. Cumulative: a prune that failed is made up by the next.
+        """
+        if not self.prune_due(batch):
+            return None
+        upto = batch - KEEP_LOG
+        old = {b for b in self._batches(_COMMITS) if b <= upto}
+        if state is not None and old:
+            state.remove_uncounted(old)
+        self.store.remove_many([
+            f"{self.root}/{_batch_file(folder, b)}"
+            for folder in (_OFFSETS, _COMMITS) for b in self._batches(folder)
+            if b <= upto])
+        return upto
 
     def counted(self) -> Counted:
         """Which state files count, from every commit record still kept that names them."""

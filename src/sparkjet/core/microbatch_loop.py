@@ -40,6 +40,7 @@ from sparkjet.core.planner import Plan
 from sparkjet.core.state_cache import CACHE, CacheOwner
 from sparkjet.core.state_warming import WARMING
 from sparkjet.core.store import requests as store_requests
+from sparkjet.core.store.upkeep import Upkeep
 
 log = logging.getLogger("sparkjet.streaming")
 
@@ -427,7 +428,16 @@ class StreamLoop:
         return self.host.stop_reason()
 
     def run(self) -> StopReason:
-        """Run micro-batches from the checkpoint's last commit until the host says stop."""
+        """Run micro-batches from the checkpoint's last commit until the host says stop.
+
+        A batch's tidying (folding a sink's log, pruning the checkpoint's)
+        runs on an upkeep thread while the next batch runs; the loop waits
+        for what is left of it before it returns.
+        """
+        with Upkeep(f"sparkjet-upkeep-{self.checkpoint.id}"):
+            return self._run()
+
+    def _run(self) -> StopReason:
         host = self.host
         groups = self.checkpoint.key_groups(self.settings.key_groups,
                                             list(self.plan.names.values()))

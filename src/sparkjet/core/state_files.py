@@ -35,6 +35,7 @@ says (:class:`StateRange` to file name; see :meth:`StatePaths.counts`).
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import uuid
@@ -47,6 +48,7 @@ from sparkjet.core.errors import StoreError
 from sparkjet.core.keygroups import key_group
 from sparkjet.core.model import DEFAULT_KEY_GROUPS
 from sparkjet.core.naming import decode_name, encode_name, unpickle
+from sparkjet.core.store import upkeep
 from sparkjet.core.store.fs import Store
 from sparkjet.core.timers import DueIndex
 
@@ -470,10 +472,14 @@ class StatePaths:
         self.store.write_bytes(self.path(stage, written), data)
         fulls = [v for v in chain if v.full]
         if simple and fulls:
-            for version in existing:
-                if (self.pinned < version.batch < fulls[0].batch and lo <= version.lo
-                        and version.hi <= hi):
-                    self.store.remove(self.path(stage, version))
+            replaced = [self.path(stage, version) for version in existing
+                        if (self.pinned < version.batch < fulls[0].batch and lo <= version.lo
+                            and version.hi <= hi)]
+            if replaced:
+                # In one request (S3), after the batch when it runs on the driver (upkeep).
+                upkeep.later(("replaced", replaced[0]),
+                             functools.partial(self.store.remove_many, replaced),
+                             f"removing {len(replaced)} state files that {written.name} replaces")
         return RangeState(values, touched, [written] if full else [*chain, written], timers)
 
     def write_copy(

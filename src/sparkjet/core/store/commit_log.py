@@ -23,6 +23,7 @@ from typing import Any
 
 from sparkjet.core.errors import StoreError
 from sparkjet.core.naming import PICKLE_PROTOCOL, json_loads
+from sparkjet.core.store import upkeep
 from sparkjet.core.store.files import StoreFiles
 from sparkjet.core.store.layout import CommitLogPaths
 
@@ -222,12 +223,18 @@ class CommitLog:
             self.store.remove(self.paths.record(seq))
             seq = self._create_from(payload, floor + 1)
         if seq - floor >= FOLD_EVERY:
-            try:
-                self.fold()
-            except Exception as exc:  # the commit stands; the next commit folds
-                log.warning("%s: folding the log failed (the next commit tries again): %s",
-                            self.label, self.store.redact(str(exc)))
+            # On a micro-batch's thread, after the batch (see upkeep); else now.
+            upkeep.later(("fold", type(getattr(self.store, "fs", None)).__name__,
+                          self.paths.folder), self._fold_quietly, f"folding {self.label}")
         return seq, floor
+
+    def _fold_quietly(self) -> None:
+        """:meth:`fold`, a failure logged: the commit stands, and the next commit folds."""
+        try:
+            self.fold()
+        except Exception as exc:
+            log.warning("%s: folding the log failed (the next commit tries again): %s",
+                        self.label, self.store.redact(str(exc)))
 
     def commit_once(
         self,
