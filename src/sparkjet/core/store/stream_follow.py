@@ -18,10 +18,12 @@ and :meth:`StreamEnds._forget`.
 from __future__ import annotations
 
 import bisect
+import contextvars
 import os
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from sparkjet.core.store import notify
 from sparkjet.core.store.stream_chunks import StreamFiles
@@ -223,7 +225,14 @@ class StreamEnds(StreamFiles):
         return max(starts[-1] + count, mark), token
 
     def end_offsets(self) -> list[int]:
-        """The end offset of every partition."""
+        """The end offset of every partition.
+
+        On S3 or GCS the partitions are listed at once (one listing each, in
+        parallel), so a look at a stream waits one round trip, not one per
+        partition; elsewhere one after the other (each is local I/O).
+        """
+        if self.partitions > 1 and self._where() == "remote":
+            return _at_once(self.end_offset, range(self.partitions))
         return [self.end_offset(p) for p in range(self.partitions)]
 
     def size(self) -> int:
@@ -334,3 +343,13 @@ def _first(starts: list[int], marks: list[int]) -> int:
     if starts:
         return starts[0]
     return marks[-1] if marks else 0
+
+
+#: Threads that list a remote stream's partitions at once (see StreamEnds.end_offsets).
+_LISTERS = ThreadPoolExecutor(8, thread_name_prefix="sparkjet-stream-list")
+
+
+def _at_once(look: Callable[[int], int], partitions: Iterable[int]) -> list[int]:
+    """``look(p)`` for every partition, in parallel; each counted as the caller's requests."""
+    futures = [_LISTERS.submit(contextvars.copy_context().run, look, p) for p in partitions]
+    return [future.result() for future in futures]
