@@ -115,9 +115,14 @@ def test_metrics_and_prometheus_show_the_jobs_requests_by_kind(tmp_path: Path) -
         for kind in requests.KINDS:
             assert (f'sparkjet_storeRequests_total{{job_id="{job.id}",job_name="shown",'
                     f'kind="{kind}"}} ') in text
-        # Other processes read them from the job's record, written with its progress.
-        record = read_record(JobRecords(client.store), job.id)
-        assert record is not None and record.progress["storeRequests"]["total"] > 0
+        # Other processes read them from the job's record, written with its progress
+        # right after the batch's commit (the metric above may be read before).
+        def recorded() -> bool:
+            record = read_record(JobRecords(client.store), job.id)
+            return record is not None and record.progress.get(
+                "storeRequests", {}).get("total", 0) > 0
+
+        _wait(recorded, 30, "the job record to carry its requests")
     finally:
         _stop(job)
 

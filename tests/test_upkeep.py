@@ -78,10 +78,10 @@ def test_a_failure_is_logged_naming_the_work_and_later_work_still_runs(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     ran: list[str] = []
-    with caplog.at_level(logging.WARNING, logger="sparkjet.store"):
-        with Upkeep("sparkjet-upkeep-fails") as upkeep:
-            later("a", _raise(OSError("the server went away")), "pruning checkpoint c-1")
-            later("b", lambda: ran.append("b"), "folding list out")
+    with (caplog.at_level(logging.WARNING, logger="sparkjet.store"),
+          Upkeep("sparkjet-upkeep-fails") as upkeep):
+        later("a", _raise(OSError("the server went away")), "pruning checkpoint c-1")
+        later("b", lambda: ran.append("b"), "folding list out")
     assert ran == ["b"] and upkeep.failed == 1
     assert any("pruning checkpoint c-1 failed" in r.getMessage()
                and "the server went away" in r.getMessage() for r in caplog.records)
@@ -92,9 +92,9 @@ def test_queued_work_counts_its_requests_for_the_job_that_queued_it() -> None:
         requests.count("delete")
 
     before = requests.by_kind("upkeep-job")["delete"]
-    with requests.working_for("upkeep-job"), requests.tally() as spent:
-        with Upkeep("sparkjet-upkeep-counts"):
-            later("k", work, "deleting")
+    with (requests.working_for("upkeep-job"), requests.tally() as spent,
+          Upkeep("sparkjet-upkeep-counts")):
+        later("k", work, "deleting")
     assert requests.by_kind("upkeep-job")["delete"] == before + 1
     assert spent["delete"] == 0  # not in the tally of the thread that queued it
 
