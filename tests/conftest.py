@@ -84,27 +84,47 @@ def _in_process(request: pytest.FixtureRequest) -> bool:
     )
 
 
+#: Set to ``spark`` to run the tests that are not marked ``spark`` on Spark too (the
+#: :func:`client` fixture then is Spark's, adaptive): how CI runs the semantic tests
+#: on the oldest Spark.
+TEST_ENGINE = os.environ.get("SPARKJET_TEST_ENGINE", "in-process")
+
+
+def on_spark(request: pytest.FixtureRequest) -> bool:
+    """Whether the test's jobs run on Spark: it is marked ``spark``, or CI asked for it."""
+    return TEST_ENGINE == "spark" or request.node.get_closest_marker("spark") is not None
+
+
+def in_process_client(store_url: str) -> sparkjet.Client:
+    """A client on ``store_url`` whose jobs all run in this process: no JVM."""
+    from sparkjet.core.client import Client
+    from sparkjet.core.config import load_config
+    from sparkjet.core.inprocess.engine import InProcessEngine
+
+    config = load_config({"store": {"url": store_url}, "spark": TEST_SPARK})
+    return Client(config, engine=InProcessEngine(TEST_PARALLELISM))
+
+
 @pytest.fixture
 def client(store_url: str, request: pytest.FixtureRequest) -> sparkjet.Client:
-    """A client on a fresh store; Spark is the process-wide test session.
+    """A client on a fresh store: its jobs run on the in-process engine, no JVM.
 
-    Its jobs run small micro-batches on the driver (adaptive, the default),
-    large ones on Spark. Where the test runs through :func:`reduce_path` or
-    :func:`engine_kind`, they run on the one engine asked for: the in-process
-    engine, or Spark with adaptive micro-batches off.
+    A test marked ``spark`` (or every test, with ``SPARKJET_TEST_ENGINE=spark``)
+    gets Spark's, the process-wide test session: small micro-batches on the
+    driver (adaptive, the default), large ones on Spark. Where the test runs
+    through :func:`reduce_path` or :func:`engine_kind`, its jobs run on the
+    one engine asked for: the in-process engine, or Spark with adaptive
+    micro-batches off.
     """
     if _in_process(request):
-        from sparkjet.core.client import Client
-        from sparkjet.core.config import load_config
-        from sparkjet.core.inprocess.engine import InProcessEngine
-
-        config = load_config({"store": {"url": store_url}, "spark": TEST_SPARK})
-        return Client(config, engine=InProcessEngine(TEST_PARALLELISM))
+        return in_process_client(store_url)
     if any(name in request.fixturenames for name in ("reduce_path", "engine_kind")):
         # Spark's paths: every batch on Spark, none adaptively on the driver.
         return sparkjet.connect(store={"url": store_url}, spark=TEST_SPARK,
                                 engine={"adaptive": False})
-    return sparkjet.connect(store={"url": store_url}, spark=TEST_SPARK)
+    if on_spark(request):
+        return sparkjet.connect(store={"url": store_url}, spark=TEST_SPARK)
+    return in_process_client(store_url)
 
 
 @pytest.fixture
