@@ -13,12 +13,13 @@ from collections.abc import Callable
 
 from sparkjet.core.checkpoint import Checkpoint
 from sparkjet.core.contracts import JobContext
-from sparkjet.core.exports import SourceOffsets, UpgradeOptions, seed_checkpoint
+from sparkjet.core.exports import SourceOffsets, seed_checkpoint
 from sparkjet.core.graph import Transform
 from sparkjet.core.microbatch_loop import latest_offsets
 from sparkjet.core.model import JobConfig
 from sparkjet.core.planner import Plan
 from sparkjet.core.snapshots import Snapshot
+from sparkjet.core.snapshots.upgrade import UpgradeOptions
 
 __all__ = ["seed_job"]
 

@@ -19,12 +19,6 @@ from sparkjet.core.errors import (
     PipelineDefinitionError,
     ProcessingGuaranteeError,
 )
-from sparkjet.core.exports import (
-    UpgradeOptions,
-    UpgradeRow,
-    check_upgrade,
-    require_compatible,
-)
 from sparkjet.core.jobs.handle import Job
 from sparkjet.core.jobs.record import (
     JobRecord,
@@ -40,6 +34,12 @@ from sparkjet.core.planner import plan
 from sparkjet.core.snapshots import Manifest, Snapshot
 from sparkjet.core.snapshots.format import pipeline_fingerprint, stateful_stages
 from sparkjet.core.snapshots.migrate import StateTransform, migrate_snapshot
+from sparkjet.core.snapshots.upgrade import (
+    UpgradeOptions,
+    UpgradeRow,
+    check_upgrade,
+    require_compatible,
+)
 
 log = logging.getLogger("sparkjet.jobs")
 
