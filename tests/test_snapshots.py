@@ -334,9 +334,9 @@ def test_a_signed_snapshot_is_refused_with_the_wrong_key(
 def test_a_restore_that_carries_no_state_keeps_the_jobs_own_key_groups(tmp_path: Any) -> None:
     """Every stateful stage new: the checkpoint gets the job's key_groups, not the snapshot's."""
     from sparkjet.core.checkpoint import Checkpoint
-    from sparkjet.core.exports import SourceOffsets, seed_checkpoint
     from sparkjet.core.planner import plan
     from sparkjet.core.plugin_manager import PluginHost
+    from sparkjet.core.restore import SourceOffsets, seed_checkpoint
     from sparkjet.core.snapshots import ManifestFields, SnapshotStore
     from sparkjet.core.store.fs import Store
     from sparkjet.testing import StoreLocation

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from sparkjet.aggregate import counting, summing
-from sparkjet.core.exports import SourceOffsets, seed_checkpoint
 from sparkjet.core.microbatch_loop import offsets_behind
+from sparkjet.core.restore import SourceOffsets, seed_checkpoint
 from sparkjet.core.snapshots.format import code_identity, operation_identity
 from sparkjet.core.snapshots.upgrade import UpgradeOptions
 from sparkjet.errors import StateIncompatibleError

@@ -1,27 +1,28 @@
-"""A streaming job's state in and out of snapshots: export and restore.
+"""Exporting a job's state: one committed batch of its checkpoint written as a snapshot.
+
+This module owns the export: :func:`cut_export` pins the batch and lists its
+state files (where no batch runs), :func:`export_state` writes them as
+snapshot ``name`` while the job goes on, :func:`release_cut` lets them go.
+The snapshot's format and storage are :mod:`sparkjet.core.snapshots`';
+starting a new job from a snapshot is :mod:`sparkjet.core.restore`'s, by the
+upgrade rules of :mod:`sparkjet.core.snapshots.upgrade`.
 
 An exported snapshot is the state of one committed batch of the job's
-checkpoint, by key group, plus its sources' offsets at that batch (the format
-and its storage are :mod:`sparkjet.core.snapshots`'). Each stateful stage's
-state is written as one file per range of key groups the batch's state tasks
-owned, ``state/<stage>/<lo>-<hi>-<keys>.state``, holding what a checkpoint's
-full copy holds (``{"values": {key: entry}, "touched": {key: millis}}``,
-cloudpickled; see :mod:`sparkjet.core.checkpoint`).
+checkpoint, by key group, plus its sources' offsets at that batch. Each
+stateful stage's state is written as one file per range of key groups the
+batch's state tasks owned, ``state/<stage>/<lo>-<hi>-<keys>.state``, holding
+what a checkpoint's full copy holds (``{"values": {key: entry}, "touched":
+{key: millis}}``, cloudpickled; see :mod:`sparkjet.core.checkpoint`).
 
-A job submitted with ``initial_snapshot_name`` starts from it by Jet's
-upgrade rules (:mod:`sparkjet.core.snapshots.upgrade`). Restoring seeds the
-new job's empty checkpoint: its meta.json with the snapshot's number of key
-groups (state is carried by key group, so the new job may run any number of
-tasks), each restored stage's files as full copies of batch 0, and a commit
-record of batch 0 holding the sources' offsets and the files that count. The
-job then goes on from batch 1 as if it had always run.
+:class:`SourceOffsets` and :func:`seed_checkpoint` are :mod:`sparkjet.core.restore`'s,
+named here too for the callers that still import them from this module
+(``benchmarks/snapshot.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -29,20 +30,15 @@ from typing import Any
 import cloudpickle
 
 from sparkjet.core import compaction
-from sparkjet.core.checkpoint import Checkpoint, CommitRecord, RestoredFrom
-from sparkjet.core.errors import (
-    JobStateError,
-    SnapshotCorruptedError,
-    StateIncompatibleError,
-    StoreError,
-)
+from sparkjet.core.checkpoint import Checkpoint
+from sparkjet.core.errors import JobStateError, StoreError
 from sparkjet.core.event_time import EventTime
 from sparkjet.core.keygroups import task_range
 from sparkjet.core.model import DEFAULT_KEY_GROUPS
 from sparkjet.core.planner import Plan
+from sparkjet.core.restore import SourceOffsets, seed_checkpoint
 from sparkjet.core.snapshots.format import (
     EVENT_TIME_FILE,
-    parse_state_file,
     pipeline_fingerprint,
     source_identity,
     state_file_path,
@@ -50,10 +46,8 @@ from sparkjet.core.snapshots.format import (
     stateful_stages,
 )
 from sparkjet.core.snapshots.manifest import Manifest, ManifestFields, StageFields
-from sparkjet.core.snapshots.reader import Snapshot
 from sparkjet.core.snapshots.storage import SnapshotStore
-from sparkjet.core.snapshots.upgrade import UpgradeOptions, UpgradeRow, require_compatible
-from sparkjet.core.state_files import Counted, StatePaths, StateRange, StateVersion
+from sparkjet.core.state_files import Counted, StatePaths, StateVersion
 
 __all__ = [
     "ExportCut",
@@ -279,133 +273,3 @@ class _Lazy:
             yield data
             return
         yield self._state()[1]
-
-
-def seed_checkpoint(
-    checkpoint: Checkpoint,
-    plan: Plan,
-    snapshot: Snapshot,
-    offsets: SourceOffsets,
-    key_groups: int,
-    options: UpgradeOptions | None = None,
-) -> list[UpgradeRow]:
-    """Seed the new job's empty checkpoint from ``snapshot`` (see the module docstring).
-
-    ``offsets`` tells a source's offsets now (where it would start, and its
-    data's end): a source restored from the snapshot takes the snapshot's
-    offsets, for the partitions it had (a partition it had that is gone is
-    refused; a new one starts where the source starts); others start where
-    ``options.source_starts`` says. The checkpoint takes the snapshot's number
-    of key groups where a stage is restored (keys were assigned by it), else
-    ``key_groups`` (the new job's own). Every file is checked against the
-    manifest as it is copied; a bad one is an error naming it, and the
-    checkpoint then holds no commit (the job starts from nothing only if
-    restarted without the snapshot). Create-only at the commit record: a
-    second driver seeding at once finds batch 0 committed and goes on from it.
-    """
-    options = options or UpgradeOptions()
-    manifest = snapshot.manifest
-    rows = require_compatible(plan, manifest, options)
-    restored = {r.snapshot_name: r.stage for r in rows if r.kind == "state" and r.carried}
-    groups = {s.key_groups for s in manifest.stages if s.name in restored}
-    if len(groups) > 1:
-        raise SnapshotCorruptedError(
-            f"snapshot {manifest.name!r}: its stages are split into different numbers of key "
-            f"groups ({sorted(groups)})"
-        )
-    ends = _seed_offsets(plan, manifest, rows, offsets, options)
-    carried = groups.pop() if groups else None
-    meta = checkpoint.meta()
-    if meta is None:
-        checkpoint.key_groups(carried or key_groups, list(plan.names.values()))
-    elif carried is not None and checkpoint.written_key_groups() != carried:
-        raise SnapshotCorruptedError(
-            f"snapshot {manifest.name!r} holds {carried} key groups but checkpoint "
-            f"{checkpoint.root!r} was started with {checkpoint.written_key_groups()}"
-        )
-    paths = checkpoint.state(checkpoint.written_key_groups() or 1)
-    counted: dict[StateRange, str] = {}
-    for stage in manifest.stages:
-        if stage.name not in restored:
-            continue
-        into = restored[stage.name]
-        for entry in stage.files:
-            parsed = parse_state_file(entry.path)
-            if parsed is None:
-                raise SnapshotCorruptedError(
-                    f"snapshot {manifest.name!r}: stage {stage.name!r} has a file "
-                    f"{entry.path!r} this sparkjet cannot read"
-                )
-            lo, hi, keys = parsed
-            data = snapshot.read_file(entry.path)  # checked against its sha256 and size
-            version = paths.write_copy(into, lo, hi, 0, keys, data)
-            counted[StateRange(into, lo, hi)] = version.name
-    carried_time = snapshot.event_time()
-    if carried_time is not None:
-        carried_time = carried_time.renamed(
-            {r.snapshot_name: r.stage for r in rows if r.carried})
-        windows = {r.stage for r in rows if r.kind == "state" and r.carried and r.new_window}
-        restored_sources = {r.stage for r in rows if r.kind == "source" and r.carried}
-        carried_time = carried_time.restricted(restored_sources, windows)
-    checkpoint.write_commit(CommitRecord(
-        0, ends, int(time.time() * 1000), 0, counted,
-        RestoredFrom(manifest.name, manifest.batch_id, manifest.job_id), carried_time,
-    ))
-    return rows
-
-
-@dataclass(frozen=True)
-class SourceOffsets:
-    """A new job's sources' offsets now, by source stage name (called at most once each)."""
-
-    #: Where the source starts without a snapshot (``Source.initial_offsets``).
-    initial: Callable[[str], Any]
-    #: The end of its data now (``Source.latest_offsets``).
-    latest: Callable[[str], Any]
-    #: The source's partitions at some offsets (``Source.watermark_partitions``).
-    partitions: Callable[[str, Any], list[str]]
-
-
-def _seed_offsets(
-    plan: Plan, manifest: Manifest, rows: list[UpgradeRow], offsets: SourceOffsets,
-    options: UpgradeOptions,
-) -> dict[str, Any]:
-    """Each source's offsets at the seeded batch 0 (see :func:`seed_checkpoint`)."""
-    by_stage = {r.stage: r for r in rows if r.kind == "source"}
-    ends: dict[str, Any] = {}
-    for node in plan.sources():
-        source = plan.name(node)
-        row = by_stage[source]
-        if not row.carried:
-            start = options.start_of(source)
-            ends[source] = offsets.latest(source) if start == "latest" else offsets.initial(
-                source)
-            continue
-        restored = manifest.sources[row.snapshot_name]
-        initial = offsets.initial(source)
-        had = offsets.partitions(source, restored)
-        has = offsets.partitions(source, initial)
-        gone = [p for p in had if p not in has]
-        start = options.start_of(source)
-        if gone and start is not None:
-            ends[source] = offsets.latest(source) if start == "latest" else initial
-            continue
-        if gone:
-            raise StateIncompatibleError(
-                f"cannot start from snapshot {manifest.name!r}: source {source!r} had "
-                f"{len(had)} partitions in the snapshot and has {len(has)} now; partition(s) "
-                f"{', '.join(gone[:5])} are gone, so their offsets cannot be carried (say "
-                f"where it starts with source_starts / --source-start {source}=initial or "
-                f"{source}=latest)",
-                stages=[source])
-        ends[source] = _with_new_partitions(restored, initial)
-    return ends
-
-
-def _with_new_partitions(restored: Any, initial: Any) -> Any:
-    """Restored offsets, with partitions that came since taking their initial offsets."""
-    if isinstance(restored, list) and isinstance(initial, list) and len(initial) > len(restored):
-        return [*restored, *initial[len(restored):]]
-    if isinstance(restored, dict) and isinstance(initial, dict):
-        return {**{k: v for k, v in initial.items() if k not in restored}, **restored}
-    return restored

@@ -1,7 +1,7 @@
 """Starting a new job from a snapshot: its checkpoint seeded at submit, before its record exists.
 
 The rules (which stages and sources carry over, Jet's upgrade options) are
-:func:`~sparkjet.core.exports.seed_checkpoint`'s; this module gives it the
+:func:`~sparkjet.core.restore.seed_checkpoint`'s; this module gives it the
 job's sources as the submitting driver sees them, removes a half-made
 checkpoint when the seed is refused, and logs what the snapshot restored.
 """
@@ -13,11 +13,11 @@ from collections.abc import Callable
 
 from sparkjet.core.checkpoint import Checkpoint
 from sparkjet.core.contracts import JobContext
-from sparkjet.core.exports import SourceOffsets, seed_checkpoint
 from sparkjet.core.graph import Transform
 from sparkjet.core.microbatch_loop import latest_offsets
 from sparkjet.core.model import JobConfig
 from sparkjet.core.planner import Plan
+from sparkjet.core.restore import SourceOffsets, seed_checkpoint
 from sparkjet.core.snapshots import Snapshot
 from sparkjet.core.snapshots.upgrade import UpgradeOptions
 
