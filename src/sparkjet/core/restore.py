@@ -28,7 +28,12 @@ from sparkjet.core.planner import Plan
 from sparkjet.core.snapshots.format import parse_state_file
 from sparkjet.core.snapshots.manifest import Manifest
 from sparkjet.core.snapshots.reader import Snapshot
-from sparkjet.core.snapshots.upgrade import UpgradeOptions, UpgradeRow, require_compatible
+from sparkjet.core.snapshots.upgrade import (
+    CheckedUpgrade,
+    UpgradeOptions,
+    UpgradeRow,
+    require_compatible,
+)
 from sparkjet.core.state_files import StateRange
 
 __all__ = ["SourceOffsets", "seed_checkpoint"]
@@ -41,8 +46,15 @@ def seed_checkpoint(
     offsets: SourceOffsets,
     key_groups: int,
     options: UpgradeOptions | None = None,
+    *,
+    upgrade: CheckedUpgrade | None = None,
 ) -> list[UpgradeRow]:
     """Seed the new job's empty checkpoint from ``snapshot`` (see the module docstring).
+
+    Goes by ``upgrade``, the upgrade rules' rows as a submit checked them
+    for ``plan`` and ``snapshot`` (:func:`~sparkjet.core.snapshots.upgrade.require_compatible`),
+    so they run once; without it the rules run here, with ``options``.
+    Returns the rows.
 
     ``offsets`` tells a source's offsets now (where it would start, and its
     data's end): a source restored from the snapshot takes the snapshot's
@@ -56,9 +68,20 @@ def seed_checkpoint(
     restarted without the snapshot). Create-only at the commit record: a
     second driver seeding at once finds batch 0 committed and goes on from it.
     """
-    options = options or UpgradeOptions()
     manifest = snapshot.manifest
-    rows = require_compatible(plan, manifest, options)
+    if upgrade is None:
+        upgrade = require_compatible(plan, manifest, options)
+    elif options is not None:
+        raise ValueError("seed_checkpoint takes options or a checked upgrade, not both")
+    elif upgrade.plan.names != plan.names or upgrade.manifest != manifest:
+        # (The job's plan is the submit's with its error policies applied: the
+        # same stages, which is what the rules judged.)
+        raise ValueError(
+            f"snapshot {manifest.name!r}: the checked upgrade given is for another "
+            "pipeline or snapshot"
+        )
+    options = upgrade.options
+    rows = list(upgrade.rows)
     restored = {r.snapshot_name: r.stage for r in rows if r.kind == "state" and r.carried}
     groups = {s.key_groups for s in manifest.stages if s.name in restored}
     if len(groups) > 1:

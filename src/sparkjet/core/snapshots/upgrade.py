@@ -14,9 +14,11 @@ with state matched by stage name:
 This module owns the rules and nothing else: :func:`check_upgrade` says per
 stateful stage and per source what a restore does (:class:`UpgradeRow`, what
 ``jet.check_upgrade`` and ``sparkjet check-upgrade`` show), and
-:func:`require_compatible` refuses a start that any row refuses. It reads a
-snapshot's manifest, never its files: the restore itself (a new checkpoint
-seeded from the snapshot) is :mod:`sparkjet.core.restore`'s.
+:func:`require_compatible` refuses a start that any row refuses, or returns
+the start as checked (:class:`CheckedUpgrade`): a submit runs the rules once,
+and the restore (a new checkpoint seeded from the snapshot,
+:mod:`sparkjet.core.restore`) goes by what they said. The rules read a
+snapshot's manifest, never its files.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from sparkjet.core.snapshots.manifest import Manifest
 from sparkjet.core.windows import WindowDefinition
 
 __all__ = [
+    "CheckedUpgrade",
     "UpgradeOptions",
     "UpgradeRow",
     "check_upgrade",
@@ -368,10 +371,28 @@ def _check_renames(plan: Plan, manifest: Manifest, options: UpgradeOptions) -> N
                 f"{old!r} to {new!r}, which is not a stage of this pipeline", stages=[new])
 
 
+@dataclass(frozen=True)
+class CheckedUpgrade:
+    """Starting ``plan`` from the snapshot of ``manifest``: checked, and allowed.
+
+    What :func:`require_compatible` returns, and what the restore takes
+    (:func:`sparkjet.core.restore.seed_checkpoint`), so a submit runs the
+    rules once.
+    """
+
+    plan: Plan
+    manifest: Manifest
+    #: The options the rules were run with.
+    options: UpgradeOptions
+    #: :func:`check_upgrade`'s rows, none of them refused.
+    rows: tuple[UpgradeRow, ...]
+
+
 def require_compatible(
     plan: Plan, manifest: Manifest, options: UpgradeOptions | None = None
-) -> list[UpgradeRow]:
+) -> CheckedUpgrade:
     """:func:`check_upgrade`, raising StateIncompatibleError naming every refused row."""
+    options = options or UpgradeOptions()
     if not plan.streaming:
         raise JobStateError(
             f"snapshot {manifest.name!r}: only a streaming pipeline can start from a "
@@ -385,4 +406,4 @@ def require_compatible(
             + "; ".join(r.refusal for r in bad),
             stages=[r.stage for r in bad],
         )
-    return rows
+    return CheckedUpgrade(plan, manifest, options, tuple(rows))
