@@ -331,12 +331,12 @@ def test_a_signed_snapshot_is_refused_with_the_wrong_key(
     assert "s3cr3t-second-7c2" not in message and "s3cr3t-first-9f1" not in message
 
 
-def test_a_restore_that_carries_no_state_keeps_the_jobs_own_key_groups(tmp_path: Any) -> None:
-    """Every stateful stage new: the checkpoint gets the job's key_groups, not the snapshot's."""
+def a_restore_of_offsets_only(tmp_path: Any) -> tuple[Any, Any, Any, Any]:
+    """A new checkpoint, v2's plan, snapshot ``old`` (offsets, no state) and sources' offsets."""
     from sparkjet.core.checkpoint import Checkpoint
-    from sparkjet.core.exports import SourceOffsets, seed_checkpoint
     from sparkjet.core.planner import plan
     from sparkjet.core.plugin_manager import PluginHost
+    from sparkjet.core.restore import SourceOffsets
     from sparkjet.core.snapshots import ManifestFields, SnapshotStore
     from sparkjet.core.store.fs import Store
     from sparkjet.testing import StoreLocation
@@ -350,9 +350,46 @@ def test_a_restore_that_carries_no_state_keeps_the_jobs_own_key_groups(tmp_path:
     planned = plan(v2(), PluginHost(), EXACTLY_ONCE)
     offsets = SourceOffsets(lambda s: [0, 0], lambda s: [9, 9],
                             lambda s, at: [str(p) for p in range(len(at))])
-    rows = seed_checkpoint(checkpoint, planned, snapshots.get("old"), offsets, 64)
+    return checkpoint, planned, snapshots.get("old"), offsets
+
+
+def test_a_restore_that_carries_no_state_keeps_the_jobs_own_key_groups(tmp_path: Any) -> None:
+    """Every stateful stage new: the checkpoint gets the job's key_groups, not the snapshot's."""
+    from sparkjet.core.restore import seed_checkpoint
+
+    checkpoint, planned, snapshot, offsets = a_restore_of_offsets_only(tmp_path)
+    rows = seed_checkpoint(checkpoint, planned, snapshot, offsets, 64)
     assert {(r.kind, r.status) for r in rows} == {("state", "new"), ("source", "restored")}
     assert checkpoint.written_key_groups() == 64
+    assert checkpoint.commit_record(0).ends == {"clicks": [5, 7]}
+
+
+def test_a_restore_goes_by_the_upgrade_checked_for_it(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seeding by the submit's checked upgrade runs no rules; one of another plan is refused."""
+    from sparkjet.core.planner import plan
+    from sparkjet.core.plugin_manager import PluginHost
+    from sparkjet.core.restore import seed_checkpoint
+    from sparkjet.core.snapshots import upgrade
+    from sparkjet.core.snapshots.upgrade import UpgradeOptions, require_compatible
+
+    checkpoint, planned, snapshot, offsets = a_restore_of_offsets_only(tmp_path)
+    checked = require_compatible(planned, snapshot.manifest)
+
+    def again(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the upgrade rules ran again")
+
+    monkeypatch.setattr(upgrade, "check_upgrade", again)
+    other = plan(v2(), PluginHost(), EXACTLY_ONCE)
+    with pytest.raises(ValueError, match="another pipeline"):
+        seed_checkpoint(checkpoint, other, snapshot, offsets, 64, upgrade=checked)
+    with pytest.raises(ValueError, match="not both"):
+        seed_checkpoint(checkpoint, planned, snapshot, offsets, 64, UpgradeOptions(),
+                        upgrade=checked)
+    assert checkpoint.meta() is None
+    rows = seed_checkpoint(checkpoint, planned, snapshot, offsets, 64, upgrade=checked)
+    assert rows == list(checked.rows)
     assert checkpoint.commit_record(0).ends == {"clicks": [5, 7]}
 
 

@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 
 from sparkjet.aggregate import counting, summing
-from sparkjet.core.exports import SourceOffsets, UpgradeOptions, seed_checkpoint
 from sparkjet.core.microbatch_loop import offsets_behind
+from sparkjet.core.restore import SourceOffsets, seed_checkpoint
 from sparkjet.core.snapshots.format import code_identity, operation_identity
+from sparkjet.core.snapshots.upgrade import UpgradeOptions
 from sparkjet.errors import StateIncompatibleError
 from sparkjet.job import ProcessingGuarantee
 from sparkjet.pipeline import Pipeline, StreamSource
@@ -169,9 +170,9 @@ def _two_counts(filtered_first: bool) -> Pipeline:
 
 def test_generated_names_carry_no_state_into_a_stage_over_other_inputs(tmp_path: Any) -> None:
     """Same key, same operation, other inputs: swapping them swaps their generated names."""
-    from sparkjet.core.exports import check_upgrade
     from sparkjet.core.planner import plan
     from sparkjet.core.plugin_manager import PluginHost
+    from sparkjet.core.snapshots.upgrade import check_upgrade
 
     manifest = _manifest_of(_two_counts(filtered_first=False), tmp_path)
     unchanged = plan(_two_counts(filtered_first=False), PluginHost(), ProcessingGuarantee.NONE)

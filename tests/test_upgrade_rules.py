@@ -97,6 +97,26 @@ def upgrade_counts(client: Any, p: Pipeline, **options: Any) -> dict[str, int]:
         stop(job)
 
 
+def test_a_submit_from_a_snapshot_runs_the_rules_once(
+    client: Any, v1_snapshot: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checked at submit, seeded by what the check said: the rules are not run again."""
+    from sparkjet.core.snapshots import upgrade
+
+    checked = upgrade.check_upgrade
+    calls: list[str] = []
+
+    def counted(plan: Any, manifest: Any, options: Any = None) -> Any:
+        calls.append(manifest.name)
+        return checked(plan, manifest, options)
+
+    monkeypatch.setattr(upgrade, "check_upgrade", counted)
+    # A rename: the seeding carries the state and offsets by the submit's options.
+    assert upgrade_counts(client, pipeline(source="src-b"),
+                          stage_renames={"src-a": "src-b"}) == per_user(events(0, 60))
+    assert calls == ["v1"]
+
+
 def test_a_renamed_source_is_refused_and_carried_by_a_rename(
     client: Any, v1_snapshot: Any
 ) -> None:

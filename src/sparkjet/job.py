@@ -10,10 +10,10 @@ of ``jet.check_upgrade``.
 
 from __future__ import annotations
 
-from sparkjet.core.exports import UpgradeRow
 from sparkjet.core.jobs import Job, JobStatusEvent
 from sparkjet.core.model import JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.core.snapshots import Snapshot, SnapshotStore
+from sparkjet.core.snapshots.upgrade import UpgradeRow
 
 __all__ = [
     "Job",

@@ -25,7 +25,7 @@ started from a snapshot taken with another window definition reshapes it on
 first use (:func:`reshaped`): frames are reassigned to the new frame their
 end falls in, colliding ones combined in order; sessions are merged anew
 with the new timeout. A session state never meets a sliding definition: the
-upgrade rules refuse that change (``exports.check_upgrade``).
+upgrade rules refuse that change (``snapshots.upgrade.check_upgrade``).
 
 Timers: in a streaming job a range's keys are filed by the time they are next
 due (:class:`sparkjet.core.timers.DueIndex`, kept with the range's state as

@@ -1,9 +1,14 @@
 """Starting a new job from a snapshot: its checkpoint seeded at submit, before its record exists.
 
 The rules (which stages and sources carry over, Jet's upgrade options) are
-:func:`~sparkjet.core.exports.seed_checkpoint`'s; this module gives it the
+:mod:`sparkjet.core.snapshots.upgrade`'s, and the seeding
+:func:`~sparkjet.core.restore.seed_checkpoint`'s; this module gives it the
 job's sources as the submitting driver sees them, removes a half-made
 checkpoint when the seed is refused, and logs what the snapshot restored.
+
+The submit checks the rules before the job exists, and the job's runner
+seeds its checkpoint afterwards: :class:`CheckedSnapshot` carries the check
+from one to the other, so a submit runs the rules once.
 """
 
 from __future__ import annotations
@@ -13,16 +18,30 @@ from collections.abc import Callable
 
 from sparkjet.core.checkpoint import Checkpoint
 from sparkjet.core.contracts import JobContext
-from sparkjet.core.exports import SourceOffsets, UpgradeOptions, seed_checkpoint
 from sparkjet.core.graph import Transform
 from sparkjet.core.microbatch_loop import latest_offsets
 from sparkjet.core.model import JobConfig
 from sparkjet.core.planner import Plan
+from sparkjet.core.restore import SourceOffsets, seed_checkpoint
 from sparkjet.core.snapshots import Snapshot
+from sparkjet.core.snapshots.upgrade import CheckedUpgrade, UpgradeOptions, require_compatible
 
-__all__ = ["seed_job"]
+__all__ = ["CheckedSnapshot", "seed_job"]
 
 log = logging.getLogger("sparkjet.jobs")
+
+
+class CheckedSnapshot(Snapshot):
+    """The snapshot a new job starts from, with the upgrade its submit checked (``upgrade``).
+
+    Reads as ``snapshot`` does; :func:`seed_job` seeds by ``upgrade``
+    instead of running the rules again.
+    """
+
+    def __init__(self, snapshot: Snapshot, upgrade: CheckedUpgrade) -> None:
+        super().__init__(snapshot._store, snapshot.manifest)
+        #: The rules' rows for the new job's plan, as its submit checked them.
+        self.upgrade = upgrade
 
 
 def seed_job(
@@ -34,7 +53,9 @@ def seed_job(
     ``make`` builds the driver's context of each source (asked for its
     initial and latest offsets). Each restored file is read once, checked
     against the manifest as it is copied; a bad one refuses the submit (the
-    half-made checkpoint is removed), naming the file.
+    half-made checkpoint is removed), naming the file. A
+    :class:`CheckedSnapshot` seeds by the upgrade its submit checked; any
+    other snapshot is checked here.
     """
     name = snapshot.name
     sources = {plan.name(n): (n, spec) for n, spec in plan.sources().items()}
@@ -47,8 +68,12 @@ def seed_job(
             sources[stage][1].source.watermark_partitions(at)),
     )
     try:
+        if isinstance(snapshot, CheckedSnapshot):
+            upgrade = snapshot.upgrade
+        else:
+            upgrade = require_compatible(plan, snapshot.manifest, UpgradeOptions.of(config))
         rows = seed_checkpoint(checkpoint, plan, snapshot, offsets, config.key_groups,
-                               UpgradeOptions.of(config))
+                               upgrade=upgrade)
     except BaseException:
         checkpoint.delete()
         raise

@@ -19,12 +19,6 @@ from sparkjet.core.errors import (
     PipelineDefinitionError,
     ProcessingGuaranteeError,
 )
-from sparkjet.core.exports import (
-    UpgradeOptions,
-    UpgradeRow,
-    check_upgrade,
-    require_compatible,
-)
 from sparkjet.core.jobs.handle import Job
 from sparkjet.core.jobs.record import (
     JobRecord,
@@ -35,11 +29,18 @@ from sparkjet.core.jobs.record import (
     this_driver,
 )
 from sparkjet.core.jobs.runner import JobRunner, Services
+from sparkjet.core.jobs.seeding import CheckedSnapshot
 from sparkjet.core.model import JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.core.planner import plan
 from sparkjet.core.snapshots import Manifest, Snapshot
 from sparkjet.core.snapshots.format import pipeline_fingerprint, stateful_stages
 from sparkjet.core.snapshots.migrate import StateTransform, migrate_snapshot
+from sparkjet.core.snapshots.upgrade import (
+    UpgradeOptions,
+    UpgradeRow,
+    check_upgrade,
+    require_compatible,
+)
 
 log = logging.getLogger("sparkjet.jobs")
 
@@ -190,10 +191,13 @@ class JetService:
             # Refused now, never half restored later: the manifest (and its
             # signature), the attempt's files and the upgrade rules here; each
             # restored file's checksum below, as it is copied into the new job's
-            # checkpoint, before the job exists (so each file is read once).
-            snapshot = self.services.snapshots().get(config.initial_snapshot_name)
-            snapshot.check_listing()
-            rows = require_compatible(validated, snapshot.manifest, UpgradeOptions.of(config))
+            # checkpoint, before the job exists (so each file is read once). The
+            # rules run once: the seeding goes by the rows checked here.
+            found = self.services.snapshots().get(config.initial_snapshot_name)
+            found.check_listing()
+            upgrade = require_compatible(validated, found.manifest, UpgradeOptions.of(config))
+            snapshot = CheckedSnapshot(found, upgrade)
+            rows = upgrade.rows
             restore = {"snapshot": snapshot.name, "batch": snapshot.manifest.batch_id,
                        "stages": {r.stage: r.status for r in rows if r.kind == "state"},
                        "sources": {r.stage: r.status for r in rows if r.kind == "source"}}

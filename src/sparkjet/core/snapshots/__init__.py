@@ -38,6 +38,10 @@ The modules, one concern each:
 - :mod:`.reader`: :class:`Snapshot`, every read checked against the manifest;
 - :mod:`.storage`: :class:`SnapshotStore`: attempts, replace by name, list,
   delete, copy, gc;
+- :mod:`.migrate`: a new snapshot from an old one, its stages renamed,
+  dropped or rewritten key by key (``migrate-snapshot``);
+- :mod:`.upgrade`: Jet's upgrade rules: what a pipeline may start from a
+  snapshot, read from its manifest (``check_upgrade``);
 - :mod:`.backends`: which backend ``[snapshots]`` means.
 """
 
