@@ -24,8 +24,8 @@ from sparkjet.core.checkpoint import BatchPlan, Checkpoint, CommitRecord
 from sparkjet.core.client import Client
 from sparkjet.core.config import load_config
 from sparkjet.core.jobs import handle as handle_module
+from sparkjet.core.jobs import heartbeat as heartbeat_module
 from sparkjet.core.jobs import record as record_module
-from sparkjet.core.jobs import runner as runner_module
 from sparkjet.core.jobs import streaming as streaming_module
 from sparkjet.core.state_files import RangeState, StatePaths
 from sparkjet.core.store.commit_log import CommitLog
@@ -318,8 +318,8 @@ make_client = _clients.make
 @pytest.fixture(autouse=True)
 def _fast_and_tidy(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(streaming_module, "CLUSTER_CHECK_SECONDS", 0.0)
-    monkeypatch.setattr(runner_module, "CONTROL_POLL_SECONDS", 0.02)
-    monkeypatch.setattr(runner_module, "HEARTBEAT_SECONDS", 0.05)
+    monkeypatch.setattr(heartbeat_module, "CONTROL_POLL_SECONDS", 0.02)
+    monkeypatch.setattr(heartbeat_module, "HEARTBEAT_SECONDS", 0.05)
     yield
     _clients.close()
 

@@ -21,6 +21,8 @@ from pyspark import cloudpickle as pyspark_cloudpickle
 import sparkjet
 from sparkjet.contrib import kafka as kafka_plugin
 from sparkjet.contrib.kafka import KafkaError, KafkaFencedError, KafkaSink, KafkaSource
+from sparkjet.contrib.kafka import readers as kafka_readers
+from sparkjet.contrib.kafka import watcher as kafka_watcher
 from sparkjet.errors import JobFailedError
 from sparkjet.job import JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.pipeline import Pipeline
@@ -478,7 +480,7 @@ def test_a_kept_reader_reads_exact_ranges_across_transaction_markers(
     assert source.offset_of((0, 3, 7), 1) == 6  # the runs still name each record's offset
     # A reader unused for _READER_IDLE_S is closed (it fetches while kept); the next
     # read makes another.
-    monkeypatch.setattr(kafka_plugin, "_READER_IDLE_S", 0.0)
+    monkeypatch.setattr(kafka_readers, "_READER_IDLE_S", 0.0)
     assert kafka_plugin._READERS.sweep() >= 1
     assert key not in kafka_plugin._READERS._idle
     assert source.read((0, 6, 8), context) == [13, 14]
@@ -635,7 +637,7 @@ def test_a_read_on_the_driver_takes_the_records_the_watcher_read(
     assert copy.read((1, 1, 3), task) == [3, 5]
     assert taken == [0, 1]
     # Over _FOLLOWED_KEPT records the watcher keeps none, and reads fall back.
-    monkeypatch.setattr(kafka_plugin, "_FOLLOWED_KEPT", 1)
+    monkeypatch.setattr(kafka_watcher, "_FOLLOWED_KEPT", 1)
     publish(bootstrap, topic, [6, 7, 8, 9])
     wait_until(lambda: watched(ends, {"0": 5, "1": 5}), 10, "the watcher to read the new records")
     assert copy.read((0, 3, 5), task) == [6, 8]

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from sparkjet.core.client import Client
-from sparkjet.core.jobs import runner as runner_module
+from sparkjet.core.jobs import heartbeat as heartbeat_module
 from sparkjet.core.jobs import streaming as streaming_module
 from sparkjet.core.jobs.lifecycle import (
     ACTION_FROM,
@@ -154,7 +154,7 @@ def test_split_brain_protection_needs_half_plus_one() -> None:
 @pytest.fixture(autouse=True)
 def _fast_checks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(streaming_module, "CLUSTER_CHECK_SECONDS", 0.0)
-    monkeypatch.setattr(runner_module, "CONTROL_POLL_SECONDS", 0.02)
+    monkeypatch.setattr(heartbeat_module, "CONTROL_POLL_SECONDS", 0.02)
 
 
 @pytest.fixture

@@ -4,6 +4,10 @@
 - :mod:`.handle`: :class:`Job`, what users hold;
 - :mod:`.runner`: drives one job in this process, on the engine: its threads,
   lifecycle and failures;
+- :mod:`.heartbeat`: the runner's watcher thread: control requests taken,
+  heartbeats written, an outcome the store refused stored later;
+- :mod:`.statuses`: a job's status changes: checked, stored, told to listeners;
+- :mod:`.batch`: the engine a batch job runs on (the driver's when small);
 - :mod:`.streaming`: a streaming job's micro-batch loop in its runner, and the
   loop's host;
 - :mod:`.exporting`: snapshot exports (the cut and its export; requests,

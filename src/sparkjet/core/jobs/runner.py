@@ -1,40 +1,41 @@
 """The runner: drives one job in this process, on the engine, while it lives here.
 
 The job thread runs the work (a batch plan, or the micro-batch loop); a
-watcher thread takes control requests from other processes and refreshes the
-lease until the job is terminal. A streaming job's thread ends when it is
-suspended and a new one starts on resume, in this process or, after a driver
-died, in the process that resumes it. Every status change goes through the
-transition table (:mod:`.lifecycle`).
+watcher thread (:mod:`.heartbeat`) takes control requests from other
+processes and refreshes the lease until the job is terminal. A streaming
+job's thread ends when it is suspended and a new one starts on resume, in
+this process or, after a driver died, in the process that resumes it. Every
+status change goes through the transition table (:mod:`.lifecycle`), by
+:mod:`.statuses`.
 
 The runner owns the job's lifecycle: its threads, statuses, failures, the
 checkpoint's folder and the exports asked of it. The rest has owners of its
 own: a streaming job's micro-batch loop and its host (:mod:`.streaming`),
 snapshot exports (:mod:`.exporting`), seeding from a snapshot at submit
-(:mod:`.seeding`) and the metrics shown (:mod:`.metrics`).
+(:mod:`.seeding`), the metrics shown (:mod:`.metrics`), the watcher
+thread's requests and heartbeats (:mod:`.heartbeat`), the status changes
+and their listeners (:mod:`.statuses`) and the engine a batch job runs on
+(:mod:`.batch`).
 
 Threads and the locks between them: the job thread, the watcher, the export
 threads beside the loop (:mod:`.exporting`) and those of exports other
 processes ask for (:mod:`.control`). The lease's lock orders every change
-and write of the record; ``status_lock`` orders a status write with the
-listeners registered; ``_park_lock`` guards whether a job thread runs the
-work, so a cancel racing a suspend ends the job once; the export queue's lock
-guards the exports waiting for a cut and the pins. The service's registry
-(:mod:`.service`) has its own.
+and write of the record; the statuses' lock (:mod:`.statuses`) orders a
+status write with the listeners registered; ``_park_lock`` guards whether a
+job thread runs the work, so a cancel racing a suspend ends the job once;
+the export queue's lock guards the exports waiting for a cut and the pins.
+The service's registry (:mod:`.service`) has its own.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from sparkjet.core.adaptive import ask_sizes, choose_local, resolve_adaptive
 from sparkjet.core.checkpoint import Checkpoint
 from sparkjet.core.config import EngineSettings
 from sparkjet.core.contracts import JobContext
@@ -45,28 +46,17 @@ from sparkjet.core.errors import (
     JobFencedError,
     JobStateError,
 )
-from sparkjet.core.graph import SourceSpec, Transform
+from sparkjet.core.graph import Transform
+from sparkjet.core.jobs.batch import batch_engine
 from sparkjet.core.jobs.control import ControlDesk
 from sparkjet.core.jobs.exporting import Exporter, ExportRequest
-from sparkjet.core.jobs.lifecycle import (
-    Action,
-    JobStatusEvent,
-    check_action,
-    check_transition,
-)
+from sparkjet.core.jobs.heartbeat import Heartbeat
+from sparkjet.core.jobs.lifecycle import Action, JobStatusEvent, check_action
 from sparkjet.core.jobs.metrics import job_metrics, stage_metrics
 from sparkjet.core.jobs.policy import ClusterWatch
-from sparkjet.core.jobs.record import (
-    HEARTBEAT_SECONDS,
-    Change,
-    Failure,
-    JobRecord,
-    Lease,
-    checkpoint_path,
-    lease_refresh_seconds,
-    now_ms,
-)
+from sparkjet.core.jobs.record import Change, Failure, JobRecord, Lease, checkpoint_path, now_ms
 from sparkjet.core.jobs.seeding import seed_job
+from sparkjet.core.jobs.statuses import Statuses
 from sparkjet.core.jobs.streaming import StreamRun
 from sparkjet.core.microbatch_loop import StopReason
 from sparkjet.core.model import JobConfig, JobStatus, ProcessingGuarantee, StageCount
@@ -81,14 +71,6 @@ if TYPE_CHECKING:
     from sparkjet.core.jobs.handle import Job
 
 log = logging.getLogger("sparkjet.jobs")
-
-#: How often the watcher looks for control requests.
-CONTROL_POLL_SECONDS = 0.25
-#: On an object store (S3, GCS), where each look is a billed listing, how often
-#: the watcher looks at the control folder at least (``[engine]
-#: idle_poll_max_seconds`` if less).
-REMOTE_CONTROL_POLL_SECONDS = 2.0
-
 
 @dataclass(frozen=True)
 class Services:
@@ -128,11 +110,9 @@ class JobRunner:
         self.final_counts: dict[StageCount, int] | None = None
         self.execution_start = -1
         self.execution_completion = -1
-        self.listeners: list[Callable[[JobStatusEvent], None]] = []
+        #: The job's status: each change checked, stored, told to listeners and plugins.
+        self.statuses = Statuses(job, self.lease, services.plugins)
         self._future_work_cancelled = False
-        #: Orders status writes with listener registration: a listener added
-        #: after a status became visible never hears of that change.
-        self.status_lock = threading.Lock()
         #: True while no job thread runs the work (not started yet, or
         #: suspended): a cancel then ends the job itself. Guarded by
         #: ``_park_lock`` so a cancel racing a suspend ends the job exactly once.
@@ -149,8 +129,16 @@ class JobRunner:
         #: Requests from other processes, taken by the watcher thread.
         self.control = ControlDesk(services.records, self.lease, job.label, services.redact,
                                    self.act, self.export_snapshot)
+        #: The watcher thread's work: requests taken, heartbeats written.
+        self.heartbeat = Heartbeat(
+            job.id, job.label, self.lease, self.control,
+            self.stream if self.plan.streaming else None, self.done,
+            services.store.object_store, services.engine_settings,
+            cancel_again=self._cancel_again, stop_fenced=self._stop_fenced,
+            failed_stored=self._discard_checkpoint_of_failed,
+        )
         self.watcher = threading.Thread(
-            target=self._watch, name=f"sparkjet-watch-{job.id}", daemon=True
+            target=self.heartbeat.run, name=f"sparkjet-watch-{job.id}", daemon=True
         )
 
     # --- record and status ----------------------------------------------------
@@ -159,52 +147,12 @@ class JobRunner:
         """Change the job's record (``lambda r: replace(r, ...)``) and write it."""
         self.lease.write(change)
 
-    def record_outcome(self, change: Change) -> None:
-        """Change the record for how the job ended or stopped, even if the store fails now.
-
-        A store that fails while the job is failing (a full disk, throttling,
-        expired credentials) must not leave the job half-stopped: the change
-        holds here at once (handles in this process see it), and the watcher
-        keeps writing the record until the store takes it. Meanwhile no
-        heartbeat lands, so other processes see the driver gone and may take
-        the job over (which fences this one off).
-        """
-        try:
-            self.lease.write(change)
-        except JobFencedError:
-            raise
-        except Exception as exc:
-            log.error(
-                "job %s: its record could not be stored (%s); the job is %s here, and this "
-                "process writes it again every %g s until the store takes it",
-                self.job.label, exc, self.lease.status.value, HEARTBEAT_SECONDS,
-            )
-
     def set_status(
         self, new: JobStatus, description: str | None = None, user_requested: bool = False,
         *, outcome: bool = False,
     ) -> None:
-        """Change the status, store it and tell the listeners.
-
-        With ``outcome`` (how the job ended or stopped) a store that fails
-        does not stop it: see :meth:`record_outcome`.
-        """
-        with self.status_lock:
-            old = self.lease.status
-            check_transition(self.job.label, old, new)
-            change: Change = lambda r: replace(r, status=new)  # noqa: E731
-            if outcome:
-                self.record_outcome(change)
-            else:
-                self.lease.write(change)
-            listeners = list(self.listeners)
-        event = JobStatusEvent(old, new, description, user_requested)
-        for listener in listeners:
-            try:
-                listener(event)
-            except Exception:
-                log.exception("a status listener of job %s failed", self.job.label)
-        self.services.plugins.job_status_changed(job=self.job, old_status=old, new_status=new)
+        """Change the status, store it and tell the listeners (see :meth:`.Statuses.set`)."""
+        self.statuses.set(new, description, user_requested, outcome=outcome)
 
     def context_factory(self) -> Callable[[Transform], JobContext]:
         """Builds the context each source, sink and transform of the plan sees on the driver."""
@@ -230,8 +178,7 @@ class JobRunner:
 
     def add_listener(self, listener: Callable[[JobStatusEvent], None]) -> None:
         """Call ``listener`` on every status change from now on."""
-        with self.status_lock:
-            self.listeners.append(listener)
+        self.statuses.add_listener(listener)
 
     @property
     def cluster(self) -> ClusterWatch:
@@ -250,101 +197,10 @@ class JobRunner:
         if not self.watcher.is_alive():
             self.watcher.start()
 
-    def _watch(self) -> None:
-        with store_requests.working_for(self.job.id):
-            self._take_requests_and_beat()
-            self._store_unwritten_outcome()
-
     def _run_counted(self, resuming: bool) -> None:
         """:meth:`_run`, its store requests counted for the job."""
         with store_requests.working_for(self.job.id):
             self._run(resuming)
-
-    def _store_unwritten_outcome(self) -> None:
-        """After the job ended: write the record its end left unwritten, until it lands."""
-        lease = self.lease
-        if lease.unwritten is None:
-            return
-        while lease.fenced is None:
-            time.sleep(HEARTBEAT_SECONDS)
-            try:
-                lease.write()
-            except JobFencedError:
-                return  # the job is another driver's: nothing of this one's is written
-            except Exception as exc:
-                log.debug("job %s: storing its record failed again: %s", self.job.label, exc)
-            else:
-                log.info("job %s: its record is stored (%s)", self.job.label,
-                         lease.status.value)
-                if lease.status is JobStatus.FAILED:
-                    with contextlib.suppress(JobFencedError):
-                        self._discard_checkpoint_of_failed()
-                return
-
-    def _control_every(self) -> float:
-        """How often the watcher takes control requests: every look, or on S3/GCS less often."""
-        if not self.services.store.object_store:
-            return 0.0
-        return min(REMOTE_CONTROL_POLL_SECONDS,
-                   max(self.services.engine_settings.idle_poll_max_seconds, CONTROL_POLL_SECONDS))
-
-    def _beat_due(self) -> bool:
-        """Whether the heartbeat writes the record now.
-
-        On a local store every :data:`HEARTBEAT_SECONDS` since the record
-        was last written. On S3 or GCS, where each write is a PUT and a fence
-        check, as often only while a write failed or micro-batches committed
-        since (their progress, which the loop leaves to the heartbeat there);
-        else once the lease needs refreshing (:func:`lease_refresh_seconds`):
-        what changes while the job idles (a source's lag) reaches the record
-        within that time.
-        """
-        since = time.monotonic() - self.lease.written_at
-        if since < HEARTBEAT_SECONDS:
-            return False
-        if not self.services.store.object_store or self.lease.unwritten is not None:
-            return True
-        if self.plan.streaming and self.stream.progress_unwritten:
-            return True
-        return since >= lease_refresh_seconds()
-
-    def _take_requests_and_beat(self) -> None:
-        failing = False
-        control_every = self._control_every()
-        last_control = float("-inf")
-        while not self.done.wait(CONTROL_POLL_SECONDS):
-            # The heartbeat has a try of its own: nothing the control folder
-            # holds may stop it, or the job would be judged dead and taken over.
-            try:
-                if self.cancel_requested.is_set() and not self._future_work_cancelled:
-                    # Engines that cancel only running work: repeat until the runner
-                    # sees the flag, so work started meanwhile stops too.
-                    self.cancel()
-                if time.monotonic() - last_control >= control_every:
-                    last_control = time.monotonic()
-                    self.control.take()
-            except Exception:
-                log.exception("job %s: taking control requests failed", self.job.label)
-            # A streaming job's heartbeat carries its progress too (a source's
-            # lag changes between batches, while the job idles or works).
-            if self._beat_due():
-                try:
-                    running = (self.plan.streaming
-                               and self.stream.progress.last_committed >= 0)
-                    change = self.stream.progress_change() if running else None
-                    self.lease.write(change)
-                except JobFencedError as exc:
-                    self._stop_fenced(exc)
-                    return
-                except Exception as exc:
-                    if not failing:  # once: a store that is down fails every 0.25 s
-                        log.exception("job %s: heartbeat failed", self.job.label)
-                    log.debug("job %s: heartbeat failed: %s", self.job.label, exc)
-                    failing = True
-                else:
-                    if failing:
-                        log.info("job %s: heartbeats are stored again", self.job.label)
-                    failing = False
 
     def _stop_fenced(self, exc: JobFencedError) -> None:
         """Another driver took the job over: stop here, writing nothing more (it is theirs)."""
@@ -392,6 +248,11 @@ class JobRunner:
         if end_now:
             # Suspended: nothing runs, end the job now.
             self._end_suspended_by_cancel()
+
+    def _cancel_again(self) -> None:
+        """Cancel again if the engine did not cancel future work (the watcher repeats it)."""
+        if self.cancel_requested.is_set() and not self._future_work_cancelled:
+            self.cancel()
 
     def _park(self) -> None:
         """The job thread stops here, SUSPENDED; a cancel that came meanwhile ends the job."""
@@ -506,27 +367,14 @@ class JobRunner:
         hooks = RunHooks(cancelled=self.cancel_requested.is_set,
                          before_commit=lambda: self.set_status(JobStatus.COMPLETING))
         try:
-            self.execution = self._batch_engine(contexts).batch(job, hooks)
+            services = self.services
+            engine = batch_engine(self.plan, contexts, self.job.config.adaptive_micro_batches,
+                                  services.engine, services.local_engine,
+                                  services.engine_settings, self.job.label)
+            self.execution = engine.batch(job, hooks)
             self.execution.run()
         finally:
             self.plan.close_sources(contexts)
-
-    def _batch_engine(self, contexts: Callable[[Transform], JobContext]) -> Engine:
-        """Where a batch job runs: on the driver when its input is known and small (adaptive)."""
-        services = self.services
-        local = services.local_engine
-        if local is None or not resolve_adaptive(self.job.config.adaptive_micro_batches,
-                                                 services.engine_settings):
-            return services.engine
-        sizes = ask_sizes({
-            self.plan.name(node): functools.partial(node.spec.source.estimated_size,
-                                                    contexts(node))
-            for node in self.plan.nodes if isinstance(node.spec, SourceSpec)})
-        small, reason = choose_local(sizes, state_bytes=0, driver_holds_state=False,
-                                     settings=services.engine_settings, enabled=True)
-        log.debug("job %s runs %s: %s", self.job.label, "on the driver" if small else "on Spark",
-                  reason)
-        return local if small else services.engine
 
     def _checkpoint(self, record_now: bool = True) -> Checkpoint:
         """The job's checkpoint; a new one is named in the record (written now, or staged)."""
