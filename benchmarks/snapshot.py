@@ -51,16 +51,11 @@ from _harness import connect
 
 from sparkjet.aggregate import counting
 from sparkjet.core.checkpoint import BatchPlan, Checkpoint, CommitRecord
-from sparkjet.core.exports import (
-    SourceOffsets,
-    cut_export,
-    export_state,
-    release_cut,
-    seed_checkpoint,
-)
+from sparkjet.core.exports import cut_export, export_state, release_cut
 from sparkjet.core.keygroups import task_range
 from sparkjet.core.planner import Plan, plan
 from sparkjet.core.plugin_manager import PluginHost
+from sparkjet.core.restore import SourceOffsets, seed_checkpoint
 from sparkjet.core.snapshots import SnapshotStore
 from sparkjet.core.snapshots.migrate import migrate_snapshot
 from sparkjet.core.state_files import RangeState, StateRange

@@ -96,13 +96,48 @@ def on_spark(request: pytest.FixtureRequest) -> bool:
 
 
 def in_process_client(store_url: str) -> sparkjet.Client:
-    """A client on ``store_url`` whose jobs all run in this process: no JVM."""
-    from sparkjet.core.client import Client
-    from sparkjet.core.config import load_config
-    from sparkjet.core.inprocess.engine import InProcessEngine
+    """A client on ``store_url`` whose jobs all run in this process (``driver_only``): no JVM."""
+    return sparkjet.connect(store={"url": store_url}, spark=TEST_SPARK,
+                            engine={"driver_only": True})
 
-    config = load_config({"store": {"url": store_url}, "spark": TEST_SPARK})
-    return Client(config, engine=InProcessEngine(TEST_PARALLELISM))
+
+def _spark_asked(request: pytest.FixtureRequest) -> bool:
+    """Whether the test may use Spark: marked ``spark``, or run on a Spark parameter."""
+    if on_spark(request):
+        return True
+    params = getattr(request.node, "callspec", None)
+    asked = params.params if params is not None else {}
+    return any(asked.get(name) not in (None, "in-process") for name in ("reduce_path",
+                                                                        "engine_kind"))
+
+
+@pytest.fixture(autouse=True)
+def _spark_only_where_marked(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[None]:
+    """Fail a test that starts or uses the Spark session without saying it needs Spark.
+
+    So the tests that need a JVM are the ones marked ``spark`` (or run on a
+    Spark parameter), and ``-m "not spark"`` runs the rest without one.
+    """
+    if _spark_asked(request):
+        yield
+        return
+    from sparkjet.core.runtime import session
+
+    used: list[str] = []
+    real = session.get_session
+
+    def noted(*args: Any, **kwargs: Any) -> Any:
+        used.append("get_session")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(session, "get_session", noted)
+    yield
+    if used:
+        pytest.fail("this test uses the Spark session but is not marked spark: mark it "
+                    "@pytest.mark.spark (it needs a JVM), or run its jobs in process",
+                    pytrace=False)
 
 
 @pytest.fixture

@@ -79,6 +79,8 @@ class FakeExecution:
 class FakeEngine:
     """See the module docstring."""
 
+    in_process = False
+
     def __init__(self, parallelism: int = 2) -> None:
         self._parallelism = parallelism
         self.lock = threading.Lock()

@@ -135,6 +135,7 @@ def test_any_mix_of_engines_and_stops_is_exactly_once(
         end(job)
 
 
+@pytest.mark.spark
 def test_small_batches_run_on_the_driver_and_large_ones_on_spark(tmp_path: Path) -> None:
     client = connect(tmp_path / "store")
     stream = client.get_stream("events", partitions=2)

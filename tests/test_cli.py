@@ -158,6 +158,7 @@ def test_config_option_names_the_configuration_file(
 # --- submit ------------------------------------------------------------------------
 
 
+@pytest.mark.spark
 def test_submit_runs_the_pipeline_and_list_jobs_shows_it(
     capsys: pytest.CaptureFixture[str], config_file: Path, client: sparkjet.Client
 ) -> None:
@@ -188,6 +189,7 @@ def test_submit_runs_the_pipeline_and_list_jobs_shows_it(
     assert job_rows(capsys.readouterr().out) == []
 
 
+@pytest.mark.spark
 def test_submit_passes_args_to_the_pipeline_function(
     capsys: pytest.CaptureFixture[str], config_file: Path, client: sparkjet.Client
 ) -> None:
@@ -218,6 +220,7 @@ def test_submit_passes_args_to_the_pipeline_function(
     assert job_rows(capsys.readouterr().out)[0][3] == "N/A"
 
 
+@pytest.mark.spark
 def test_submit_calls_a_pipeline_function_without_parameters(
     capsys: pytest.CaptureFixture[str], config_file: Path, client: sparkjet.Client
 ) -> None:
@@ -233,6 +236,7 @@ def test_submit_calls_a_pipeline_function_without_parameters(
     assert sorted(client.get_list("w").get_all()) == ["a", "b"]
 
 
+@pytest.mark.spark
 def test_submit_no_adaptive_reaches_the_job_config_and_its_record(
     capsys: pytest.CaptureFixture[str], config_file: Path, client: sparkjet.Client
 ) -> None:
@@ -253,6 +257,7 @@ def test_submit_no_adaptive_reaches_the_job_config_and_its_record(
     assert JobConfig().adaptive_micro_batches is None  # without the flag: the TOML decides
 
 
+@pytest.mark.spark
 def test_submit_prints_the_logger_sink_on_stderr(
     capsys: pytest.CaptureFixture[str], config_file: Path
 ) -> None:
@@ -270,6 +275,7 @@ def test_submit_prints_the_logger_sink_on_stderr(
     assert "item=BETA" in err
 
 
+@pytest.mark.spark
 def test_failed_job_exits_1_and_never_prints_a_secret(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
@@ -753,6 +759,7 @@ def sparkjet_logger_kept() -> Iterator[None]:
     logger.handlers[:] = saved[2]
 
 
+@pytest.mark.spark
 def test_submit_of_a_streaming_pipeline_runs_until_suspended(
     capsys: pytest.CaptureFixture[str],
     config_file: Path,
@@ -797,6 +804,7 @@ def test_submit_of_a_streaming_pipeline_runs_until_suspended(
     ("guarantee", "outcome"),
     [("exactly_once", "suspended"), ("none", "cancelled")],
 )
+@pytest.mark.spark
 def test_interrupted_submit_suspends_a_job_with_a_guarantee_else_cancels(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,

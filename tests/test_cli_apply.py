@@ -100,6 +100,7 @@ def test_apply_submits_exports_once_and_suspends(
             wait_for(found.is_terminal, 60, "the job to stop")
 
 
+@pytest.mark.spark
 def test_apply_reads_a_pipeline_url_and_refuses_a_snapshot_of_a_completed_job(
     capsys: pytest.CaptureFixture[str], client: sparkjet.Client
 ) -> None:

@@ -457,6 +457,7 @@ def test_a_bug_is_one_line_and_its_traceback_is_printed_with_v(
 # --- 8. per-stage counts go on from the checkpoint --------------------------------------------
 
 
+@pytest.mark.spark
 def test_per_stage_counts_continue_across_suspend_and_another_driver(
     client: sparkjet.Client, store_url: str, cancel_at_end: list[Job],
 ) -> None:

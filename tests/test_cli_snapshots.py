@@ -134,6 +134,7 @@ def local_time(millis: int) -> str:
 # --- save, list, inspect, check-upgrade, submit -s: the whole upgrade ----------------------
 
 
+@pytest.mark.spark
 def test_save_list_inspect_check_and_submit_from_a_snapshot(
     capsys: pytest.CaptureFixture[str], config_file: Path, client: sparkjet.Client
 ) -> None:
@@ -419,6 +420,7 @@ def test_incompatible_upgrade_is_refused_with_the_stage_named(
     assert client.get_jet().get_jobs() == []
 
 
+@pytest.mark.spark
 def test_corrupt_state_file_is_named(
     capsys: pytest.CaptureFixture[str], config_file: Path, client: sparkjet.Client,
     tmp_path: Path,

@@ -148,6 +148,7 @@ def test_the_reported_command_line_is_refused_by_the_real_command(
 
 
 @pytest.mark.usefixtures("config_file")
+@pytest.mark.spark
 def test_arguments_after_double_dash_and_plain_arguments_reach_the_pipeline(
     capsys: pytest.CaptureFixture[str], client: sparkjet.Client,
 ) -> None:
@@ -326,6 +327,7 @@ def test_submit_refuses_upgrade_options_without_a_snapshot(
 
 
 @pytest.mark.usefixtures("config_file")
+@pytest.mark.spark
 def test_submit_puts_the_upgrade_options_in_the_job_config(
     capsys: pytest.CaptureFixture[str], client: sparkjet.Client, cancel_at_end: list[Job],
 ) -> None:

@@ -6,6 +6,7 @@ conftest's autouse fixture runs every test in an empty working directory with
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -582,8 +583,8 @@ def test_unknown_engine_key_is_refused_naming_the_known_ones() -> None:
 
     assert str(info.value) == (
         f"{path}: unknown key 'local_max_item' in [engine] (expected one of: adaptive, "
-        "cold_state_bytes, driver_state_bytes, idle_poll_max_seconds, local_max_bytes, "
-        "local_max_items, stream_poll_seconds)"
+        "cold_state_bytes, driver_only, driver_state_bytes, idle_poll_max_seconds, "
+        "local_max_bytes, local_max_items, stream_poll_seconds)"
     )
 
 
@@ -591,6 +592,47 @@ def test_bad_engine_value_in_connect_arguments() -> None:
     with pytest.raises(ConfigError, match=r"^connect\(\) arguments: \[engine\] "
                        r"local_max_bytes: expected a whole number of bytes, 0 or more, got -1"):
         sparkjet.connect(engine={"local_max_bytes": -1})
+
+
+def test_driver_only_must_be_a_bool() -> None:
+    with pytest.raises(ConfigError, match=r"^connect\(\) arguments: \[engine\] "
+                       r"driver_only: expected true or false, got 'yes' \(str\)"):
+        sparkjet.connect(engine={"driver_only": "yes"})
+
+
+def test_a_driver_only_client_runs_batch_and_streaming_jobs_and_never_starts_spark(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sparkjet.core.runtime import session
+    from sparkjet.errors import JobCancelledError
+    from sparkjet.pipeline import Pipeline, StreamSource
+
+    def no_spark(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a driver_only client started Spark")
+
+    monkeypatch.setattr(session, "get_session", no_spark)
+    client = sparkjet.connect(store={"url": str(tmp_path / "store")},
+                              engine={"driver_only": True})
+    assert client.runs_on_spark is False
+    assert sparkjet.connect(store={"url": str(tmp_path / "store")}).runs_on_spark is True
+    batch = Pipeline.create()
+    (batch.read_from(Pipeline.from_list("numbers", range(100))).map(lambda n: n * 2)
+     .write_to(Pipeline.to_list("doubled")))
+    client.get_jet().submit(batch).join(timeout=60)
+    assert sorted(client.get_list("doubled").get_all()) == [n * 2 for n in range(100)]
+    client.get_stream("events", partitions=2).publish_all(list(range(10)))
+    streaming = Pipeline.create()
+    streaming.read_from(StreamSource("events")).write_to(Pipeline.to_list("seen"))
+    job = client.get_jet().submit(streaming)
+    deadline = time.monotonic() + 60
+    while client.get_list("seen").size() < 10:
+        assert time.monotonic() < deadline, "the streaming job read nothing"
+        time.sleep(0.01)
+    job.cancel()
+    with pytest.raises(JobCancelledError):
+        job.join(timeout=60)
+    assert sorted(client.get_list("seen").get_all()) == list(range(10))
+    assert job.get_metrics()["localBatches"] >= 1
 
 
 # --- [engine]: how an idle streaming job polls S3 and GCS ---------------------------------

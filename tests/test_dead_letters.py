@@ -300,6 +300,7 @@ def test_a_window_with_the_dead_letter_policy_sets_its_late_items_aside(
     assert [r for r in out.get_all() if r.start == 0] == [KeyedWindowResult(0, 100, "a", 2)]
 
 
+@pytest.mark.spark
 def test_the_cli_submits_with_a_policy_and_reads_the_letters(
     client: sparkjet.Client, tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:

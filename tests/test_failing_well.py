@@ -47,6 +47,7 @@ def _stream_pipeline() -> Pipeline:
     return p
 
 
+@pytest.mark.spark
 def test_two_submitters_racing_for_a_name_one_wins(
     store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -171,6 +171,7 @@ def test_cancel_before_spark_work_starts(client, jet) -> None:  # type: ignore[n
     assert client.get_list("early").get_all() == []
 
 
+@pytest.mark.spark
 def test_job_names_are_unique_across_clients(client, jet, store_url) -> None:  # type: ignore[no-untyped-def]
     job = jet.submit(slow_pipeline(n=100, sink="held"), JobConfig(name="held"))
     # Another client on the same store stands for another process.

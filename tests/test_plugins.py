@@ -991,6 +991,7 @@ class RegistersBreakable:
         register(BreakableSnapshotBackend)
 
 
+@pytest.mark.spark
 def test_on_snapshot_exported_is_called_once_per_completed_export(
     store_url: str, tmp_path: Path
 ) -> None:

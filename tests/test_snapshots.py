@@ -306,6 +306,7 @@ def test_a_plugin_transform_declares_its_state_signature(client: Any) -> None:
         client.get_jet().submit(pipeline(HighsAsList()), config)
 
 
+@pytest.mark.spark
 def test_a_signed_snapshot_is_refused_with_the_wrong_key(
     store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -424,6 +425,7 @@ class RegistersGated:
         register(GatedSnapshotBackend)
 
 
+@pytest.mark.spark
 def test_a_running_job_goes_on_while_its_snapshot_is_exported(
     store_url: str, tmp_path: Any
 ) -> None:
@@ -623,6 +625,7 @@ class RegistersCounting:
         register(CountingSnapshotBackend)
 
 
+@pytest.mark.spark
 def test_a_restore_reads_each_snapshot_file_once(store_url: str, tmp_path: Any) -> None:
     client = sparkjet.connect(store={"url": store_url}, spark=TEST_SPARK,
                               snapshots={"backend": "counting", "url": str(tmp_path / "snaps")})

@@ -337,6 +337,7 @@ def wait_dropped(client: sparkjet.Client, job: Job, held: set[int], ended_ok: bo
         pytest.fail(f"workers {sorted(held)} held job {job.id}; now: {last}")
 
 
+@pytest.mark.spark  # the workers of Spark keep state loaded
 def test_a_suspended_or_cancelled_jobs_state_leaves_the_workers(
     client: sparkjet.Client, cancel_at_end: list[Job]
 ) -> None:
@@ -362,6 +363,7 @@ def test_a_suspended_or_cancelled_jobs_state_leaves_the_workers(
     wait_dropped(client, job, held, ended_ok=True)
 
 
+@pytest.mark.spark
 def test_a_budget_smaller_than_the_state_still_gives_exact_results(
     client: sparkjet.Client, cancel_at_end: list[Job]
 ) -> None:

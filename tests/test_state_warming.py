@@ -103,6 +103,7 @@ def test_a_stopped_job_or_no_budget_or_no_files_warms_nothing(
 # --- a real job -------------------------------------------------------------------------
 
 
+@pytest.mark.spark
 def test_small_batches_move_to_the_driver_once_a_state_over_the_cold_budget_is_warm(
     tmp_path: Path, cancel_at_end: list[Any]
 ) -> None:

@@ -338,6 +338,7 @@ def test_failure_suspends_or_fails_per_config(client) -> None:  # type: ignore[n
     assert failing.status is JobStatus.FAILED
 
 
+@pytest.mark.spark  # the cluster is Spark's
 def test_state_carries_over_when_the_cluster_grows_and_shrinks(  # type: ignore[no-untyped-def]
     client, monkeypatch
 ) -> None:

@@ -367,6 +367,7 @@ def test_records_json_reads_are_named_in_unit(client: sparkjet.Client) -> None:
         store.read_json(store.path("plugin", "absent.json"))
 
 
+@pytest.mark.spark
 def test_a_shuffle_defined_during_another_jobs_swap_does_not_take_its_name(
     client: sparkjet.Client,
 ) -> None:

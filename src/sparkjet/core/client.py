@@ -30,6 +30,10 @@ from sparkjet.core.store.job_records import JobRecords
 from sparkjet.core.store.stream_log import PollSettings
 from sparkjet.core.store.structures import IList, IMap, IStream
 
+#: How many partitions a ``driver_only`` client's in-process engine spreads a
+#: batch over: the machine's cores, 2 to 8.
+DRIVER_ONLY_PARALLELISM = max(2, min(os.cpu_count() or 2, 8))
+
 
 class Client:
     """Entry point to sparkjet, like Hazelcast's client: ``sparkjet.connect()`` makes one.
@@ -80,12 +84,26 @@ class Client:
 
     @property
     def engine(self) -> Engine:
-        """The engine jobs run on: Spark unless the client was built with another."""
-        if self._engine is None:
-            from sparkjet.core.runtime.spark_engine import SparkEngine
+        """The engine jobs run on: Spark, or the in-process engine (``[engine] driver_only``).
 
-            self._engine = SparkEngine(self.config, self.plugins)
+        A client built with an engine of its own runs every job there.
+        """
+        if self._engine is None:
+            if self.config.engine.driver_only:
+                from sparkjet.core.inprocess.engine import InProcessEngine
+
+                self._engine = InProcessEngine(DRIVER_ONLY_PARALLELISM)
+                self._given_engine = True  # no other engine beside it
+            else:
+                from sparkjet.core.runtime.spark_engine import SparkEngine
+
+                self._engine = SparkEngine(self.config, self.plugins)
         return self._engine
+
+    @property
+    def runs_on_spark(self) -> bool:
+        """Whether this client's jobs may run on Spark (False: ``driver_only``, or given one)."""
+        return not (self.config.engine.driver_only or self._given_engine)
 
     @property
     def local_engine(self) -> Engine | None:
@@ -94,7 +112,7 @@ class Client:
         None when the client was built with an engine of its own: every batch
         runs there.
         """
-        if self._given_engine:
+        if self._given_engine or self.config.engine.driver_only:
             return None
         if self._local_engine is None:
             from sparkjet.core.inprocess.engine import InProcessEngine

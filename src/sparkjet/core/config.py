@@ -60,6 +60,7 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], str]]] = {
     # [engine]: where a micro-batch runs (EngineSettings); the numbers are 0 or more.
     "engine": {
         "adaptive": ((bool,), "true or false"),
+        "driver_only": ((bool,), "true or false"),
         "local_max_items": ((int,), "a whole number of items, 0 or more"),
         "local_max_bytes": ((int,), "a whole number of bytes, 0 or more"),
         "driver_state_bytes": ((int,), "a whole number of bytes, 0 or more"),
@@ -122,6 +123,9 @@ class EngineSettings:
     """
 
     adaptive: bool = True
+    #: Every job's work in the driver's process (the in-process engine), Spark never
+    #: started: for tests, a laptop, jobs whose input and state fit one process.
+    driver_only: bool = False
     local_max_items: int = DEFAULT_LOCAL_MAX_ITEMS
     local_max_bytes: int = DEFAULT_LOCAL_MAX_BYTES
     driver_state_bytes: int = DEFAULT_DRIVER_STATE_BYTES
@@ -294,7 +298,7 @@ def _check(data: Mapping[str, Any], where: str) -> None:
                 raise ConfigError(
                     f"{where}: [{section}] {key}: expected {expected}, got {_kind(value)}"
                 )
-            if section == "engine" and key != "adaptive" and (
+            if section == "engine" and key not in ("adaptive", "driver_only") and (
                     cast(float, value) < 0 or (key in _POSITIVE and not cast(float, value) > 0)):
                 raise ConfigError(
                     f"{where}: [{section}] {key}: expected {expected}, got {_kind(value)}"

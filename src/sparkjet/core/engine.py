@@ -157,6 +157,10 @@ class MicroBatch(Execution, Protocol):
 class Engine(Protocol):
     """The engine a job's work runs on; every method is called on the driver."""
 
+    #: Whether its tasks run in the driver's own process (a micro-batch there
+    #: counts as run on the driver, ``localBatches``).
+    in_process: bool
+
     def parallelism(self) -> int:
         """How many tasks the engine runs at once: the default partition count."""
 

@@ -14,9 +14,7 @@ batch's state tasks owned, ``state/<stage>/<lo>-<hi>-<keys>.state``, holding
 what a checkpoint's full copy holds (``{"values": {key: entry}, "touched":
 {key: millis}}``, cloudpickled; see :mod:`sparkjet.core.checkpoint`).
 
-:class:`SourceOffsets` and :func:`seed_checkpoint` are :mod:`sparkjet.core.restore`'s,
-named here too for the callers that still import them from this module
-(``benchmarks/snapshot.py``).
+Restoring a snapshot into a new checkpoint is :mod:`sparkjet.core.restore`'s.
 """
 
 from __future__ import annotations
@@ -36,7 +34,6 @@ from sparkjet.core.event_time import EventTime
 from sparkjet.core.keygroups import task_range
 from sparkjet.core.model import DEFAULT_KEY_GROUPS
 from sparkjet.core.planner import Plan
-from sparkjet.core.restore import SourceOffsets, seed_checkpoint
 from sparkjet.core.snapshots.format import (
     EVENT_TIME_FILE,
     pipeline_fingerprint,
@@ -51,11 +48,9 @@ from sparkjet.core.state_files import Counted, StatePaths, StateVersion
 
 __all__ = [
     "ExportCut",
-    "SourceOffsets",
     "cut_export",
     "export_state",
     "release_cut",
-    "seed_checkpoint",
 ]
 
 

@@ -398,7 +398,7 @@ class StreamLoop:
         """
         adaptive = self.settings.adaptive
         if adaptive is None:
-            return self.engine, False
+            return self.engine, self.engine.in_process
         if not self._state_known:
             local, reason = False, "the size of the job's state is not known yet"
         else:

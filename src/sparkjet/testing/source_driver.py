@@ -34,7 +34,8 @@ def main(argv: list[str]) -> int:
     from sparkjet.errors import JobStateError
     from sparkjet.job import JobConfig, ProcessingGuarantee
 
-    client = sparkjet.connect(store=spec["store"], spark=spec["spark"])
+    client = sparkjet.connect(store=spec["store"], spark=spec["spark"],
+                              engine=spec.get("engine", {}))
     spec["harness"].prepare(client)
     jet = client.get_jet()
     job = jet.get_job_by_name(spec["job_name"])

@@ -63,6 +63,7 @@ from sparkjet.core.model import JobConfig, JobStatus, ProcessingGuarantee, Stage
 from sparkjet.core.planner import Plan
 from sparkjet.core.plugin_manager import PluginHost
 from sparkjet.core.snapshots import Manifest, Snapshot, SnapshotStore
+from sparkjet.core.snapshots.upgrade import CheckedUpgrade
 from sparkjet.core.store import requests as store_requests
 from sparkjet.core.store.fs import Store
 from sparkjet.core.store.job_records import JobRecords
@@ -458,13 +459,14 @@ class JobRunner:
             self.cancel()
         return manifest
 
-    def seed(self, snapshot: Snapshot) -> None:
+    def seed(self, snapshot: Snapshot, upgrade: CheckedUpgrade) -> None:
         """Start the new job's checkpoint from ``snapshot``, at submit, before its record exists.
 
-        See :func:`~sparkjet.core.jobs.seeding.seed_job`: a bad file refuses the submit.
+        ``upgrade`` is what the submit's check of the upgrade rules found. See
+        :func:`~sparkjet.core.jobs.seeding.seed_job`: a bad file refuses the submit.
         """
         checkpoint = self._checkpoint(record_now=False)
-        seed_job(checkpoint, self.plan, snapshot, self.job.config, self.job.label,
+        seed_job(checkpoint, self.plan, snapshot, upgrade, self.job.config, self.job.label,
                  self.context_factory())
 
     def _run_stream(self) -> StopReason:

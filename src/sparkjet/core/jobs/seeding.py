@@ -7,8 +7,9 @@ job's sources as the submitting driver sees them, removes a half-made
 checkpoint when the seed is refused, and logs what the snapshot restored.
 
 The submit checks the rules before the job exists, and the job's runner
-seeds its checkpoint afterwards: :class:`CheckedSnapshot` carries the check
-from one to the other, so a submit runs the rules once.
+seeds its checkpoint afterwards by what that check found
+(:class:`~sparkjet.core.snapshots.upgrade.CheckedUpgrade`), so a submit runs
+the rules once.
 """
 
 from __future__ import annotations
@@ -24,38 +25,24 @@ from sparkjet.core.model import JobConfig
 from sparkjet.core.planner import Plan
 from sparkjet.core.restore import SourceOffsets, seed_checkpoint
 from sparkjet.core.snapshots import Snapshot
-from sparkjet.core.snapshots.upgrade import CheckedUpgrade, UpgradeOptions, require_compatible
+from sparkjet.core.snapshots.upgrade import CheckedUpgrade
 
-__all__ = ["CheckedSnapshot", "seed_job"]
+__all__ = ["seed_job"]
 
 log = logging.getLogger("sparkjet.jobs")
 
 
-class CheckedSnapshot(Snapshot):
-    """The snapshot a new job starts from, with the upgrade its submit checked (``upgrade``).
-
-    Reads as ``snapshot`` does; :func:`seed_job` seeds by ``upgrade``
-    instead of running the rules again.
-    """
-
-    def __init__(self, snapshot: Snapshot, upgrade: CheckedUpgrade) -> None:
-        super().__init__(snapshot._store, snapshot.manifest)
-        #: The rules' rows for the new job's plan, as its submit checked them.
-        self.upgrade = upgrade
-
-
 def seed_job(
-    checkpoint: Checkpoint, plan: Plan, snapshot: Snapshot, config: JobConfig, label: str,
-    make: Callable[[Transform], JobContext],
+    checkpoint: Checkpoint, plan: Plan, snapshot: Snapshot, upgrade: CheckedUpgrade,
+    config: JobConfig, label: str, make: Callable[[Transform], JobContext],
 ) -> None:
     """Start job ``label``'s new ``checkpoint`` from ``snapshot``.
 
     ``make`` builds the driver's context of each source (asked for its
     initial and latest offsets). Each restored file is read once, checked
     against the manifest as it is copied; a bad one refuses the submit (the
-    half-made checkpoint is removed), naming the file. A
-    :class:`CheckedSnapshot` seeds by the upgrade its submit checked; any
-    other snapshot is checked here.
+    half-made checkpoint is removed), naming the file. The stages and
+    sources carry over as ``upgrade``, the submit's check of the rules, says.
     """
     name = snapshot.name
     sources = {plan.name(n): (n, spec) for n, spec in plan.sources().items()}
@@ -68,10 +55,6 @@ def seed_job(
             sources[stage][1].source.watermark_partitions(at)),
     )
     try:
-        if isinstance(snapshot, CheckedSnapshot):
-            upgrade = snapshot.upgrade
-        else:
-            upgrade = require_compatible(plan, snapshot.manifest, UpgradeOptions.of(config))
         rows = seed_checkpoint(checkpoint, plan, snapshot, offsets, config.key_groups,
                                upgrade=upgrade)
     except BaseException:

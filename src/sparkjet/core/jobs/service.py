@@ -29,7 +29,6 @@ from sparkjet.core.jobs.record import (
     this_driver,
 )
 from sparkjet.core.jobs.runner import JobRunner, Services
-from sparkjet.core.jobs.seeding import CheckedSnapshot
 from sparkjet.core.model import JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.core.planner import plan
 from sparkjet.core.snapshots import Manifest, Snapshot
@@ -196,9 +195,9 @@ class JetService:
             found = self.services.snapshots().get(config.initial_snapshot_name)
             found.check_listing()
             upgrade = require_compatible(validated, found.manifest, UpgradeOptions.of(config))
-            snapshot = CheckedSnapshot(found, upgrade)
+            snapshot = (found, upgrade)
             rows = upgrade.rows
-            restore = {"snapshot": snapshot.name, "batch": snapshot.manifest.batch_id,
+            restore = {"snapshot": found.name, "batch": found.manifest.batch_id,
                        "stages": {r.stage: r.status for r in rows if r.kind == "state"},
                        "sources": {r.stage: r.status for r in rows if r.kind == "source"}}
         store = self.services.store
@@ -247,7 +246,7 @@ class JetService:
             # fails part-way (or loses the name) leaves none of its files behind.
             try:
                 if snapshot is not None:
-                    runner.seed(snapshot)
+                    runner.seed(*snapshot)
                 if frozen is not None:
                     # A streaming job outlives its driver: resume() elsewhere needs the pipeline.
                     self.services.store.write_bytes(self.records.layout.pipeline(job.id), frozen)
