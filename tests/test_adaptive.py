@@ -97,6 +97,7 @@ def end(job: Any) -> None:
         min_size=4, max_size=7),
     seed=st.integers(0, 2**16),
 )
+@pytest.mark.spark
 def test_any_mix_of_engines_and_stops_is_exactly_once(
     tmp_path_factory: pytest.TempPathFactory, steps: list[tuple[int, str]], seed: int
 ) -> None:

@@ -363,6 +363,7 @@ def test_an_upgrade_whose_submit_fails_starts_from_its_snapshot_on_the_next_appl
 
 
 @pytest.mark.slow  # a streaming job suspended, upgraded and resumed: about a minute
+@pytest.mark.spark
 def test_a_suspended_job_is_upgraded_and_stays_suspended(
     capsys: pytest.CaptureFixture[str], client: sparkjet.Client
 ) -> None:

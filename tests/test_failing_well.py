@@ -425,6 +425,7 @@ def _filling_job(
 
 
 @pytest.mark.slow
+@pytest.mark.spark
 def test_a_store_that_fills_up_while_the_job_suspends_on_failure_leaves_it_resumable(
     small_disk: SmallDisk, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
@@ -464,6 +465,7 @@ def test_a_store_that_fills_up_while_the_job_suspends_on_failure_leaves_it_resum
 
 
 @pytest.mark.slow
+@pytest.mark.spark
 def test_a_store_that_fills_up_while_the_job_fails_ends_it_failed_for_everyone(
     small_disk: SmallDisk, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],

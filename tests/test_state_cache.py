@@ -289,6 +289,7 @@ def windowed_job(client: sparkjet.Client, name: str, keys: int, **config: Any) -
 
 
 @pytest.mark.slow
+@pytest.mark.spark
 def test_a_job_holding_many_keys_does_not_slow_another_jobs_tasks(
     client: sparkjet.Client, cancel_at_end: list[Job]
 ) -> None:

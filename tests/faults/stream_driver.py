@@ -93,7 +93,7 @@ def _install_pause(batch: int, marker: str) -> None:
 
     original = checkpoint.Checkpoint.write_commit
 
-    def write_commit(self, record, state=None):  # type: ignore[no-untyped-def]
+    def write_commit(self, record, *args, **kwargs):  # type: ignore[no-untyped-def]
         b = record.batch
         if b >= batch and not os.path.exists(marker):
             with open(marker, "w") as fh:
@@ -101,7 +101,7 @@ def _install_pause(batch: int, marker: str) -> None:
             print(f"PAUSED {b}", flush=True)
             while True:  # wait for SIGKILL
                 time.sleep(1)
-        return original(self, record, state)
+        return original(self, record, *args, **kwargs)
 
     checkpoint.Checkpoint.write_commit = write_commit
 
