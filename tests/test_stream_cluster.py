@@ -42,7 +42,7 @@ from sparkjet.testing import StoreLocation
 from tests.cluster.standalone import Proc, StandaloneCluster, descendants
 from tests.conftest import wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.spark]  # a Spark cluster of worker processes
 
 DRIVER = Path(__file__).parent / "cluster" / "stream_driver.py"
 N_KEYS = 13

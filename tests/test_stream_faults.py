@@ -42,6 +42,9 @@ from tests.conftest import wait_until
 from tests.faults import flaky_sink
 from tests.faults.stream_driver import REJECT_EVERY
 
+#: Their drivers are processes that run Spark (tests/faults/stream_driver.py).
+pytestmark = pytest.mark.spark
+
 FAULTS = Path(__file__).parent / "faults"
 DRIVER = FAULTS / "stream_driver.py"
 REPO = Path(__file__).parent.parent
