@@ -56,6 +56,10 @@ __all__ = ["CACHE", "SWEEP_SECONDS", "CacheOwner", "StateCache", "estimate_bytes
 
 log = logging.getLogger(__name__)
 
+#: Held around each freeze and each unfreeze-collect-freeze: another thread's
+#: freeze between a reclaim's unfreeze and its collect would keep dropped state alive.
+_GC_LOCK = threading.Lock()
+
 #: How often the sweeper reads the records of the jobs whose state is cached here.
 SWEEP_SECONDS = 5.0
 #: On S3 or GCS, where reading a job's record is a billed GET, the sweeper
@@ -208,7 +212,8 @@ class StateCache:
         collection :meth:`put` runs walks only what the batch made, not the
         millions of objects just read (750 ms at 500k keys of window frames).
         """
-        gc.freeze()
+        with _GC_LOCK:
+            gc.freeze()
 
     def put(self, key: RangeKey, batch: int, state: RangeState, owner: CacheOwner) -> None:
         """Keep ``state`` (as of ``batch``) for the range's next task, within the owner's budget.
@@ -226,8 +231,9 @@ class StateCache:
                 self._evict_over_budget(owner)
                 self._start_sweeper()
         if kept:
-            gc.collect()
-            gc.freeze()
+            with _GC_LOCK:
+                gc.collect()
+                gc.freeze()
 
     def offer(self, ranges: Mapping[RangeKey, RangeState], batch: int, owner: CacheOwner) -> int:
         """Keep ``ranges`` (each as of ``batch``) where this process keeps none of them yet.
@@ -249,8 +255,9 @@ class StateCache:
                 self._start_sweeper()
             kept = sum(1 for key in added if key in self._entries)
         if added:
-            gc.collect()
-            gc.freeze()
+            with _GC_LOCK:
+                gc.collect()
+                gc.freeze()
         return kept
 
     def _evict_over_budget(self, owner: CacheOwner) -> None:
@@ -315,9 +322,10 @@ class StateCache:
     @staticmethod
     def _reclaim() -> None:
         """Free what dropped entries held, cycles too, and return the heap's free pages."""
-        gc.unfreeze()
-        gc.collect()
-        gc.freeze()
+        with _GC_LOCK:
+            gc.unfreeze()
+            gc.collect()
+            gc.freeze()
         _trim_heap()
 
     def _start_sweeper(self) -> None:
