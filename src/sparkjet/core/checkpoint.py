@@ -432,8 +432,8 @@ class Checkpoint:
         plans of batches ``batch - KEEP_LOG`` and older are removed, after
         the state files they say do not count, with ``state`` (its
         ``counted`` must cover them: a batch it does not know keeps every
-        file). None when ``batch``
-        is not due. Cumulative: a prune that failed is made up by the next.
+        file). None when ``batch`` is not due. Cumulative: a prune that
+        failed is made up by the next.
         """
         if not self.prune_due(batch):
             return None
