@@ -1,6 +1,6 @@
 """An in-process engine for lifecycle tests: no Spark, no JVM, milliseconds per job.
 
-It implements :class:`sparkjet.core.engine.Engine` and records what the
+It implements :class:`sparkjet.core.engine.boundary.Engine` and records what the
 services asked of it. The work itself is not done (sources are not read, sinks
 are not written): the lifecycle, the control protocol, take-over and the
 cluster policy are what these tests are about, and the real Spark engine is
@@ -23,7 +23,7 @@ from typing import Any
 
 from sparkjet.core.client import Client
 from sparkjet.core.config import load_config
-from sparkjet.core.engine import BatchResult, BatchWork, Engine, JobRun, RunHooks
+from sparkjet.core.engine.boundary import BatchResult, BatchWork, Engine, JobRun, RunHooks
 from sparkjet.core.errors import JobFailedError
 from sparkjet.core.model import StageCount
 from sparkjet.pipeline import Pipeline, StreamSource

@@ -20,14 +20,14 @@ import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from sparkjet.core.checkpoint import BatchPlan, Checkpoint, CommitRecord
 from sparkjet.core.client import Client
 from sparkjet.core.config import load_config
 from sparkjet.core.jobs import handle as handle_module
 from sparkjet.core.jobs import heartbeat as heartbeat_module
 from sparkjet.core.jobs import record as record_module
 from sparkjet.core.jobs import streaming as streaming_module
-from sparkjet.core.state_files import RangeState, StatePaths
+from sparkjet.core.state.checkpoint import BatchPlan, Checkpoint, CommitRecord
+from sparkjet.core.state.files import RangeState, StatePaths
 from sparkjet.core.store.commit_log import CommitLog
 from sparkjet.core.store.fs import Store
 from sparkjet.core.store.job_records import JobRecords
@@ -605,10 +605,10 @@ def test_commit_once_costs_the_same_however_long_the_log(
 _OVER_MEMORY = r"""
 import resource, sys
 from sparkjet.aggregate import counting
-from sparkjet.core.graph import AggregateSpec
-from sparkjet.core.keyed import keyed_fold
-from sparkjet.core.tasks.state import StateTask
-from sparkjet.core.state_files import RangeState, StatePaths
+from sparkjet.core.pipeline.graph import AggregateSpec
+from sparkjet.core.pipeline.keyed import keyed_fold
+from sparkjet.core.engine.tasks.state import StateTask
+from sparkjet.core.state.files import RangeState, StatePaths
 from sparkjet.core.store.fs import Store
 
 store = Store(sys.argv[1])
@@ -627,7 +627,7 @@ try:
     list(task(0, iter([])))
     list(task(0, iter([("key-1", (0, 1))])))
 except Exception as exc:
-    from sparkjet.core.fusion import decode_failure
+    from sparkjet.core.pipeline.fusion import decode_failure
     stage, cause, _ = decode_failure(str(exc))
     print(type(exc).__name__, stage, type(cause).__name__, cause)
 else:

@@ -640,8 +640,8 @@ def test_the_heartbeat_outlives_a_failure_to_gather_its_progress(
     """
     from sparkjet.core.client import Client
     from sparkjet.core.config import load_config
-    from sparkjet.core.inprocess.engine import InProcessEngine
-    from sparkjet.core.jobs.streaming import StreamRun
+    from sparkjet.core.engine.inprocess.engine import InProcessEngine
+    from sparkjet.core.jobs.stream_run import StreamRun
 
     original = StreamRun.progress_change
     calls: list[int] = []

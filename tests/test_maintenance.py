@@ -13,7 +13,7 @@ import pytest
 from sparkjet.cli import main
 from sparkjet.core.client import Client
 from sparkjet.core.config import load_config
-from sparkjet.core.maintenance import collect_garbage
+from sparkjet.core.maintenance.gc import collect_garbage
 from sparkjet.core.store.fs import Store
 from sparkjet.core.store.job_records import JobRecords
 from tests.fake_engine import FakeEngine
@@ -156,8 +156,8 @@ def test_the_client_collects_garbage(tmp_path: Path) -> None:
 
 def test_state_files_no_key_group_needs_go(store: Store) -> None:
     """Files of a checkpoint's state written with 2 tasks, then a full copy by 1: the 2 go."""
-    from sparkjet.core.checkpoint import BatchPlan, Checkpoint, CommitRecord
-    from sparkjet.core.state_files import RangeState
+    from sparkjet.core.state.checkpoint import BatchPlan, Checkpoint, CommitRecord
+    from sparkjet.core.state.files import RangeState
 
     records = JobRecords(store)
     records.write({"id": "j", "status": "RUNNING", "completion_time": -1,
@@ -188,7 +188,7 @@ def test_state_files_no_key_group_needs_go(store: Store) -> None:
 
 
 def test_the_client_collects_what_killed_snapshot_exports_left(tmp_path: Path) -> None:
-    from sparkjet.core.snapshots import snapshot_folder
+    from sparkjet.core.state.snapshots import snapshot_folder
 
     client = Client(load_config({"store": {"url": str(tmp_path / "s")}}), engine=FakeEngine())
     backend = client.snapshots.backend

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import pytest
 
 import sparkjet
-from sparkjet.core.microbatch_loop import latest_offsets
+from sparkjet.core.microbatch.loop import latest_offsets
 from sparkjet.errors import JobFailedError, PipelineDefinitionError, PluginError
 from sparkjet.job import JobConfig, JobStatus
 from sparkjet.pipeline import Pipeline

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from sparkjet.core.jobs import Job, JobStatusEvent
 from sparkjet.core.model import JobConfig, JobStatus, ProcessingGuarantee
-from sparkjet.core.snapshots import Snapshot, SnapshotStore
-from sparkjet.core.snapshots.upgrade import UpgradeRow
+from sparkjet.core.state.snapshots import Snapshot, SnapshotStore
+from sparkjet.core.state.snapshots.upgrade import UpgradeRow
 
 __all__ = [
     "Job",

@@ -1,7 +1,7 @@
 """The plugin author's API: the hook marker, the base classes, the contexts and store views.
 
 A plugin is a module (or object) with functions marked ``@hookimpl`` whose
-names are hooks from :mod:`sparkjet.core.hookspecs` (documented in
+names are hooks from :mod:`sparkjet.core.host.hookspecs` (documented in
 ``docs/plugins.md``). Distributions expose plugins through the ``sparkjet``
 entry-point group::
 
@@ -37,7 +37,7 @@ change; lifecycle hooks see a job as a :class:`JobView` and a snapshot as a
 
 from __future__ import annotations
 
-from sparkjet.core.contracts import (
+from sparkjet.core.host.contracts import (
     ALL_GUARANTEES,
     AT_LEAST_ONCE_AT_MOST,
     BatchedItems,
@@ -56,11 +56,11 @@ from sparkjet.core.contracts import (
     TaskContext,
     open_file_store,
 )
-from sparkjet.core.hookspecs import JobView, ManifestView, StageView, hookimpl
+from sparkjet.core.host.hookspecs import JobView, ManifestView, StageView, hookimpl
+from sparkjet.core.host.manager import Category, PluginInfo, Registered
 from sparkjet.core.model import ProcessingGuarantee
-from sparkjet.core.plugin_manager import Category, PluginInfo, Registered
+from sparkjet.core.pipeline.windows import KeyedWindowResult, WindowResult
 from sparkjet.core.store.fs import file_modified
-from sparkjet.core.windows import KeyedWindowResult, WindowResult
 
 __all__ = [
     "ALL_GUARANTEES",

@@ -1,7 +1,7 @@
 """The client, the composition root: configuration, store, plugins, engine and jet service.
 
-It is the one place that picks the engine (Spark, from :mod:`sparkjet.core.runtime`)
-and hands it to the services, which know it only as :class:`~sparkjet.core.engine.Engine`.
+It is the one place that picks the engine (Spark, from :mod:`sparkjet.core.engine.spark`)
+and hands it to the services, which know it only as :class:`~sparkjet.core.engine.boundary.Engine`.
 """
 
 from __future__ import annotations
@@ -13,18 +13,18 @@ from typing import Any
 
 from sparkjet.core.config import Config, load_config
 from sparkjet.core.config import _resolve as resolve_env  # ${env:...}, as the file does
-from sparkjet.core.engine import Engine
+from sparkjet.core.engine.boundary import Engine
 from sparkjet.core.errors import ConfigError
+from sparkjet.core.host.manager import PluginHost, PluginInfo
 from sparkjet.core.jobs import JetService, Services
-from sparkjet.core.maintenance import (
+from sparkjet.core.maintenance.gc import (
     DEFAULT_GRACE_SECONDS,
     DEFAULT_RETENTION_SECONDS,
     GarbageReport,
     collect_garbage,
 )
-from sparkjet.core.plugin_manager import PluginHost, PluginInfo
-from sparkjet.core.retention import Holders, Retention, TrimReport, trim_stream
-from sparkjet.core.snapshots import SnapshotStore, kind_for_url, snapshot_store
+from sparkjet.core.maintenance.retention import Holders, Retention, TrimReport, trim_stream
+from sparkjet.core.state.snapshots import SnapshotStore, kind_for_url, snapshot_store
 from sparkjet.core.store.fs import Store
 from sparkjet.core.store.job_records import JobRecords
 from sparkjet.core.store.stream_log import PollSettings
@@ -78,7 +78,7 @@ class Client:
     @property
     def spark(self) -> Any:
         """The Spark session (started on first use)."""
-        from sparkjet.core.runtime.session import get_session
+        from sparkjet.core.engine.spark.session import get_session
 
         return get_session(self.config, self.plugins)
 
@@ -90,12 +90,12 @@ class Client:
         """
         if self._engine is None:
             if self.config.engine.driver_only:
-                from sparkjet.core.inprocess.engine import InProcessEngine
+                from sparkjet.core.engine.inprocess.engine import InProcessEngine
 
                 self._engine = InProcessEngine(DRIVER_ONLY_PARALLELISM)
                 self._given_engine = True  # no other engine beside it
             else:
-                from sparkjet.core.runtime.spark_engine import SparkEngine
+                from sparkjet.core.engine.spark.engine import SparkEngine
 
                 self._engine = SparkEngine(self.config, self.plugins)
         return self._engine
@@ -115,7 +115,7 @@ class Client:
         if self._given_engine or self.config.engine.driver_only:
             return None
         if self._local_engine is None:
-            from sparkjet.core.inprocess.engine import InProcessEngine
+            from sparkjet.core.engine.inprocess.engine import InProcessEngine
 
             self._local_engine = InProcessEngine(self.engine.parallelism)
         return self._local_engine

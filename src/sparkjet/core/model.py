@@ -26,7 +26,7 @@ class StageCount(NamedTuple):
 
     The tasks add counts under these keys, the engine sums them by key, the
     streaming loop keeps the totals in its commit records (in their own string
-    form, see :mod:`sparkjet.core.checkpoint`) and the job's metrics read them.
+    form, see :mod:`sparkjet.core.state.checkpoint`) and the job's metrics read them.
     A tuple, so it pickles small and hashes fast on the way from the tasks.
     """
 
@@ -90,7 +90,7 @@ class JobStatus(enum.Enum):
 
 
 _INT_FIELDS = ("snapshot_interval_millis",)
-#: ``JobConfig.error_policy`` values (:mod:`sparkjet.core.dead_letters` says what they do).
+#: ``JobConfig.error_policy`` values (:mod:`sparkjet.core.pipeline.dead_letters` says what they do).
 ERROR_POLICIES = ("fail", "dead-letter")
 #: Key groups of a new streaming job's state (``JobConfig.key_groups``), and the most allowed.
 DEFAULT_KEY_GROUPS = 128

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkjet.core.contracts import SnapshotBackend
-from sparkjet.core.plugin_manager import Category, PluginHost
-from sparkjet.core.snapshots import kind_for_url
+from sparkjet.core.host.contracts import SnapshotBackend
+from sparkjet.core.host.manager import Category, PluginHost
+from sparkjet.core.state.snapshots import kind_for_url
 from sparkjet.core.store.fs import Store
 
 

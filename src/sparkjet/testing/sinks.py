@@ -53,8 +53,8 @@ from typing import Any
 import cloudpickle
 import pytest
 
-from sparkjet.core.checkpoint import Checkpoint, CommitRecord
 from sparkjet.core.client import Client
+from sparkjet.core.state.checkpoint import Checkpoint, CommitRecord
 from sparkjet.job import JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.pipeline import Pipeline, StreamSource
 from sparkjet.plugin import JobContext, Sink, TaskContext

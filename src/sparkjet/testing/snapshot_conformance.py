@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
-from sparkjet.core.contracts import SnapshotBackend
 from sparkjet.core.errors import (
     SnapshotCorruptedError,
     SnapshotNotFoundError,
     SnapshotReplacedError,
 )
-from sparkjet.core.snapshots import (
+from sparkjet.core.host.contracts import SnapshotBackend
+from sparkjet.core.state.snapshots import (
     MANIFEST,
     ManifestFields,
     Snapshot,

@@ -25,10 +25,10 @@ from typing import Any, ClassVar
 import cloudpickle
 import pytest
 
-from sparkjet.core.checkpoint import BatchPlan, Checkpoint
 from sparkjet.core.client import Client
-from sparkjet.core.contracts import InputSize, JobContext, Source, TaskContext
-from sparkjet.core.microbatch_loop import latest_offsets
+from sparkjet.core.host.contracts import InputSize, JobContext, Source, TaskContext
+from sparkjet.core.microbatch.loop import latest_offsets
+from sparkjet.core.state.checkpoint import BatchPlan, Checkpoint
 from sparkjet.job import Job, JobConfig, ProcessingGuarantee
 from sparkjet.pipeline import Pipeline
 

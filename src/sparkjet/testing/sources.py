@@ -110,8 +110,8 @@ import cloudpickle
 import pytest
 
 from sparkjet.core.client import Client
-from sparkjet.core.contracts import source_lag
-from sparkjet.core.microbatch_loop import latest_offsets
+from sparkjet.core.host.contracts import source_lag
+from sparkjet.core.microbatch.loop import latest_offsets
 from sparkjet.job import JobStatus
 from sparkjet.testing.source_harness import (
     SEEN,

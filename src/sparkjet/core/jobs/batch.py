@@ -1,9 +1,9 @@
 """Where a batch job runs: on the driver when its input is known and small, else on Spark.
 
-With adaptive micro-batches on (:func:`~sparkjet.core.adaptive.resolve_adaptive`)
+With adaptive micro-batches on (:func:`~sparkjet.core.engine.adaptive.resolve_adaptive`)
 and an in-process engine in this process, the runner (:mod:`.runner`) asks
 each source of a batch plan its estimated size and runs the job on the driver
-when the rules of :mod:`sparkjet.core.adaptive` say it is small; otherwise,
+when the rules of :mod:`sparkjet.core.engine.adaptive` say it is small; otherwise,
 and always without them, on the engine.
 """
 
@@ -13,12 +13,12 @@ import functools
 import logging
 from collections.abc import Callable
 
-from sparkjet.core.adaptive import ask_sizes, choose_local, resolve_adaptive
 from sparkjet.core.config import EngineSettings
-from sparkjet.core.contracts import JobContext
-from sparkjet.core.engine import Engine
-from sparkjet.core.graph import SourceSpec, Transform
-from sparkjet.core.planner import Plan
+from sparkjet.core.engine.adaptive import ask_sizes, choose_local, resolve_adaptive
+from sparkjet.core.engine.boundary import Engine
+from sparkjet.core.host.contracts import JobContext
+from sparkjet.core.pipeline.graph import SourceSpec, Transform
+from sparkjet.core.pipeline.planner import Plan
 
 log = logging.getLogger("sparkjet.jobs")
 

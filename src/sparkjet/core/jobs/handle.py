@@ -30,7 +30,7 @@ from sparkjet.core.jobs.record import Answer, JobRecord, driver_alive, now_ms, r
 from sparkjet.core.model import JobConfig, JobStatus
 
 if TYPE_CHECKING:
-    from sparkjet.core.snapshots import Snapshot
+    from sparkjet.core.state.snapshots import Snapshot
 
 #: How long an export asked of a driver in another process may take, by default.
 EXPORT_TIMEOUT_SECONDS = 600.0

@@ -36,17 +36,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from sparkjet.core.checkpoint import Checkpoint
 from sparkjet.core.config import EngineSettings
-from sparkjet.core.contracts import JobContext
-from sparkjet.core.engine import Engine, Execution, JobRun, RunHooks
+from sparkjet.core.engine.boundary import Engine, Execution, JobRun, RunHooks
 from sparkjet.core.errors import (
     JobCancelledError,
     JobFailedError,
     JobFencedError,
     JobStateError,
 )
-from sparkjet.core.graph import Transform
+from sparkjet.core.host.contracts import JobContext
+from sparkjet.core.host.manager import PluginHost
 from sparkjet.core.jobs.batch import batch_engine
 from sparkjet.core.jobs.control import ControlDesk
 from sparkjet.core.jobs.exporting import Exporter, ExportRequest
@@ -57,13 +56,14 @@ from sparkjet.core.jobs.policy import ClusterWatch
 from sparkjet.core.jobs.record import Change, Failure, JobRecord, Lease, checkpoint_path, now_ms
 from sparkjet.core.jobs.seeding import seed_job
 from sparkjet.core.jobs.statuses import Statuses
-from sparkjet.core.jobs.streaming import StreamRun
-from sparkjet.core.microbatch_loop import StopReason
+from sparkjet.core.jobs.stream_run import StreamRun
+from sparkjet.core.microbatch.loop import StopReason
 from sparkjet.core.model import JobConfig, JobStatus, ProcessingGuarantee, StageCount
-from sparkjet.core.planner import Plan
-from sparkjet.core.plugin_manager import PluginHost
-from sparkjet.core.snapshots import Manifest, Snapshot, SnapshotStore
-from sparkjet.core.snapshots.upgrade import CheckedUpgrade
+from sparkjet.core.pipeline.graph import Transform
+from sparkjet.core.pipeline.planner import Plan
+from sparkjet.core.state.checkpoint import Checkpoint
+from sparkjet.core.state.snapshots import Manifest, Snapshot, SnapshotStore
+from sparkjet.core.state.snapshots.upgrade import CheckedUpgrade
 from sparkjet.core.store import requests as store_requests
 from sparkjet.core.store.fs import Store
 from sparkjet.core.store.job_records import JobRecords

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sparkjet.core.errors import StoreError
-from sparkjet.core.naming import PICKLE_PROTOCOL, json_loads
 from sparkjet.core.store import upkeep
-from sparkjet.core.store.files import StoreFiles
 from sparkjet.core.store.layout import CommitLogPaths
+from sparkjet.core.store.naming import PICKLE_PROTOCOL, json_loads, loads
+from sparkjet.core.store.protocol import StoreFiles
 
 log = logging.getLogger("sparkjet.store")
 
@@ -149,7 +149,7 @@ class CommitLog:
                     f"{self.label}: segment {path!r} named by a committed record is missing"
                 )
             ) from exc
-        items: list[Any] = self.store.decode(path, raw, pickle.loads, f"{self.label}: segment")
+        items: list[Any] = self.store.decode(path, raw, loads, f"{self.label}: segment")
         return items
 
     def sequences(self) -> list[int]:
@@ -341,7 +341,7 @@ class CommitLog:
             data = self.store.read_bytes(path)
         except FileNotFoundError:
             return None
-        raw = self.store.decode(path, data, pickle.loads, f"{self.label}: record",
+        raw = self.store.decode(path, data, loads, f"{self.label}: record",
                                 keys=("op", "parts", "writer"))
         return Record(seq, raw["op"], raw["parts"], raw["writer"], raw.get("producer"),
                       raw.get("batch"))
@@ -364,7 +364,7 @@ class CommitLog:
                 raise ValueError(f"it says it folds up to record {base['seq']}")
 
         base: dict[str, Any] = self.store.decode(
-            path, raw, pickle.loads, f"{self.label}: base", keys=("seq", "records", "producers"),
+            path, raw, loads, f"{self.label}: base", keys=("seq", "records", "producers"),
             check=folds_up_to_seq)
         return base
 
