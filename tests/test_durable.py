@@ -25,7 +25,7 @@ from sparkjet.core.config import load_config
 from sparkjet.core.jobs import handle as handle_module
 from sparkjet.core.jobs import heartbeat as heartbeat_module
 from sparkjet.core.jobs import record as record_module
-from sparkjet.core.jobs import streaming as streaming_module
+from sparkjet.core.jobs import stream_run as streaming_module
 from sparkjet.core.state.checkpoint import BatchPlan, Checkpoint, CommitRecord
 from sparkjet.core.state.files import RangeState, StatePaths
 from sparkjet.core.store.commit_log import CommitLog

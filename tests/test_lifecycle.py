@@ -25,7 +25,7 @@ import pytest
 
 from sparkjet.core.client import Client
 from sparkjet.core.jobs import heartbeat as heartbeat_module
-from sparkjet.core.jobs import streaming as streaming_module
+from sparkjet.core.jobs import stream_run as streaming_module
 from sparkjet.core.jobs.lifecycle import (
     ACTION_FROM,
     TRANSITIONS,
