@@ -56,9 +56,6 @@ class Client:
         self._engine = engine
         #: Whether the client was given its engine (then every batch runs there).
         self._given_engine = engine is not None
-        #: Where small micro-batches run: in this process, beside Spark (None: not
-        #: made yet, or the client runs its jobs on an engine it was given).
-        self._local_engine: Engine | None = None
         self._jet: JetService | None = None
         self._snapshots: SnapshotStore | None = None
 
@@ -84,41 +81,32 @@ class Client:
 
     @property
     def engine(self) -> Engine:
-        """The engine jobs run on: Spark, or the in-process engine (``[engine] driver_only``).
+        """The engine jobs run on, made on first use.
 
-        A client built with an engine of its own runs every job there.
+        The adaptive engine (:class:`~sparkjet.core.engine.adaptive.AdaptiveEngine`):
+        Spark, and the in-process engine for what is small; with ``[engine]
+        driver_only`` the in-process engine alone. A client built with an
+        engine of its own runs every job there.
         """
         if self._engine is None:
-            if self.config.engine.driver_only:
-                from sparkjet.core.engine.inprocess.engine import InProcessEngine
+            from sparkjet.core.engine.inprocess.engine import InProcessEngine
 
+            if self.config.engine.driver_only:
                 self._engine = InProcessEngine(DRIVER_ONLY_PARALLELISM)
-                self._given_engine = True  # no other engine beside it
             else:
+                from sparkjet.core.engine.adaptive import AdaptiveEngine
                 from sparkjet.core.engine.spark.engine import SparkEngine
 
-                self._engine = SparkEngine(self.config, self.plugins)
+                spark = SparkEngine(self.config, self.plugins)
+                # The parallelism a job sees does not depend on where a batch runs.
+                self._engine = AdaptiveEngine(spark, InProcessEngine(spark.parallelism),
+                                              self.config.engine)
         return self._engine
 
     @property
     def runs_on_spark(self) -> bool:
         """Whether this client's jobs may run on Spark (False: ``driver_only``, or given one)."""
         return not (self.config.engine.driver_only or self._given_engine)
-
-    @property
-    def local_engine(self) -> Engine | None:
-        """The in-process engine small micro-batches run on beside Spark.
-
-        None when the client was built with an engine of its own: every batch
-        runs there.
-        """
-        if self._given_engine or self.config.engine.driver_only:
-            return None
-        if self._local_engine is None:
-            from sparkjet.core.engine.inprocess.engine import InProcessEngine
-
-            self._local_engine = InProcessEngine(self.engine.parallelism)
-        return self._local_engine
 
     @property
     def snapshots(self) -> SnapshotStore:
@@ -186,7 +174,6 @@ class Client:
                 redact=self.config.redact,
                 plugin_options=self.config.plugin_options,
                 snapshots=lambda: self.snapshots,
-                local_engine=self.local_engine,
                 engine_settings=self.config.engine,
             ))
         return self._jet

@@ -1,11 +1,16 @@
-"""Adaptive micro-batches: whether a micro-batch runs on the driver or on Spark.
+"""The adaptive engine: each micro-batch and batch job on the driver when small, else on Spark.
 
-A pure decision, taken from what is known before the batch runs: the input
-size each source planned (items and bytes, each possibly unknown), the
-bytes of keyed state the job holds, whether the driver holds any of it
-loaded already, and the ``[engine]`` settings
-(:class:`~sparkjet.core.config.EngineSettings`). It imports no engine and no
-Spark: the loop asks, then hands the batch to the engine chosen.
+:class:`AdaptiveEngine` is an :class:`~sparkjet.core.engine.boundary.Engine`
+made by the client from two others, Spark's and the in-process one, and the
+``[engine]`` settings (:class:`~sparkjet.core.config.EngineSettings`). The
+services hand it every batch job and micro-batch as they would to any
+engine; it decides where each runs, from what is known before it runs: the
+input size each source planned (items and bytes, each possibly unknown),
+the bytes of keyed state the job holds (:attr:`BatchWork.state_bytes`),
+whether the driver holds any of it loaded already (the process's
+:data:`~sparkjet.core.state.cache.CACHE`), and the settings. The execution
+it returns says where it ran (``on_driver``). The decision itself is the pure
+:func:`choose_local`.
 
 Local only when every rule says so, checked in this order (the first that
 fails is the reason given):
@@ -22,19 +27,34 @@ fails is the reason given):
 The reason is a short line for logs and metrics: ``"small: 12 items"``,
 ``"large: 9000 items > 5000"``, ``"size unknown for source 'clicks'"``.
 
+While a stateful job's state size is not known yet (the first batch of a run
+of its loop from an existing checkpoint), its micro-batch goes to Spark.
+
 A batch that goes to Spark only because the driver holds none of a state
 that fits ``driver_state_bytes`` (rule 5's second half) is the case
-:func:`worth_warming` names: the loop then loads the state into the driver
+:func:`worth_warming` names: the engine then loads the state into the driver
 in the background (:mod:`sparkjet.core.state.warming`), so the next small
 batches find it there.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Mapping
 
 from sparkjet.core.config import EngineSettings
+from sparkjet.core.engine.boundary import (
+    BatchWork,
+    Engine,
+    Execution,
+    JobRun,
+    MicroBatch,
+    RunHooks,
+)
+from sparkjet.core.pipeline.graph import KeyedSpec
+from sparkjet.core.state.cache import CACHE, StateCache
+from sparkjet.core.state.warming import WARMING, Warming
 
 log = logging.getLogger("sparkjet.adaptive")
 
@@ -136,3 +156,91 @@ def worth_warming(
     local, _ = choose_local(sizes, state_bytes=state_bytes, driver_holds_state=True,
                             settings=settings, enabled=True)
     return local
+
+
+class AdaptiveEngine:
+    """Runs each batch job and micro-batch on ``local`` when it is small, else on ``spark``.
+
+    See the module docstring. Everything but the choice is Spark's: the
+    parallelism a job sees (``local`` spreads a run over as many partitions),
+    the version a snapshot records, the executors the cluster policy
+    watches, and the job groups a cancel stops (``local``'s runs ask the
+    job's ``cancelled`` themselves).
+    """
+
+    def __init__(
+        self,
+        spark: Engine,
+        local: Engine,
+        settings: EngineSettings,
+        *,
+        cache: StateCache = CACHE,
+        warming: Warming = WARMING,
+    ) -> None:
+        self.spark, self.local, self.settings = spark, local, settings
+        self._cache, self._warming = cache, warming
+
+    def parallelism(self) -> int:
+        return self.spark.parallelism()
+
+    def version(self) -> str:
+        return self.spark.version()
+
+    def live_executors(self) -> frozenset[str] | None:
+        return self.spark.live_executors()
+
+    def bind(self, job_id: str, description: str) -> None:
+        self.spark.bind(job_id, description)
+
+    def cancel(self, job_id: str) -> bool:
+        return self.spark.cancel(job_id)
+
+    def batch(self, job: JobRun, hooks: RunHooks) -> Execution:
+        """A batch job on the driver when every source's estimated input is small."""
+        if not resolve_adaptive(job.adaptive, self.settings):
+            return self.spark.batch(job, hooks)
+        plan = job.plan
+        sizes = ask_sizes({
+            plan.name(node): functools.partial(spec.source.estimated_size, job.job_context(node))
+            for node, spec in plan.sources().items()})
+        local, reason = choose_local(sizes, state_bytes=0, driver_holds_state=False,
+                                     settings=self.settings, enabled=True)
+        log.debug("job %s runs %s: %s", job.label, "on the driver" if local else "on Spark",
+                  reason)
+        return (self.local if local else self.spark).batch(job, hooks)
+
+    def micro_batch(self, job: JobRun, work: BatchWork, hooks: RunHooks) -> MicroBatch:
+        """One micro-batch on the driver when its planned input and the job's state are small.
+
+        One that goes to Spark only because the driver holds none of a state
+        that would fit there starts loading it into the driver meanwhile.
+        """
+        local, reason = self._choose(job, work, hooks)
+        log.debug("job %s: micro-batch %d runs %s: %s", job.label, work.batch,
+                  "on the driver" if local else "on Spark", reason)
+        return (self.local if local else self.spark).micro_batch(job, work, hooks)
+
+    def _choose(self, job: JobRun, work: BatchWork, hooks: RunHooks) -> tuple[bool, str]:
+        if not resolve_adaptive(job.adaptive, self.settings):
+            return False, "adaptive micro-batches off"
+        if work.state_bytes is None:
+            return False, "the size of the job's state is not known yet"
+        plan = job.plan
+        sizes = ask_sizes({
+            plan.name(node): functools.partial(
+                spec.source.range_size, *work.source_ranges[plan.name(node)],
+                job.job_context(node))
+            for node, spec in plan.sources().items()})
+        owner = job.cache_owner
+        holds = owner is not None and owner.job_id in self._cache.jobs()
+        local, reason = choose_local(sizes, state_bytes=work.state_bytes,
+                                     driver_holds_state=holds, settings=self.settings,
+                                     enabled=True)
+        if owner is not None and owner.budget > 0 and worth_warming(
+                sizes, state_bytes=work.state_bytes, driver_holds_state=holds,
+                settings=self.settings):
+            stages = [plan.name(n) for n in plan.nodes if isinstance(n.spec, KeyedSpec)]
+            if self._warming.start(work.state, stages, work.tasks, work.committed, owner,
+                                   hooks.cancelled):
+                reason += "; loading the state into the driver meanwhile"
+        return local, reason

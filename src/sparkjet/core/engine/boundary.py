@@ -1,14 +1,18 @@
 """The engine boundary: what the job services ask of the engine that runs the work.
 
 The services (:mod:`sparkjet.core.jobs`, :mod:`sparkjet.core.microbatch.loop`) talk
-to Spark only through :class:`Engine`. They hand it the job (:class:`JobRun`,
-made once per run), for a micro-batch that batch's work (:class:`BatchWork`),
-and the runner's callbacks (:class:`RunHooks`); they get an :class:`Execution`
-whose run returns a :class:`BatchResult`. The Spark implementation lives in
-:mod:`sparkjet.core.engine.spark` and is chosen by the client, the composition
-root. Nothing here imports Spark, so the job lifecycle, the control protocol,
-take-over and the cluster policy run against an in-process engine in the
-tests, in milliseconds and without a JVM.
+to the engine only through :class:`Engine`, and see one engine. They hand it
+the job (:class:`JobRun`, made once per run), for a micro-batch that batch's
+work (:class:`BatchWork`), and the runner's callbacks (:class:`RunHooks`);
+they get an :class:`Execution` whose run returns a :class:`BatchResult`, and
+which says whether it ran in the driver's process (:attr:`Execution.on_driver`).
+The engines are the client's choice, the composition root: Spark
+(:mod:`sparkjet.core.engine.spark`), the in-process engine
+(:mod:`sparkjet.core.engine.inprocess`), or the adaptive engine that picks
+one of those two per batch (:mod:`sparkjet.core.engine.adaptive`). Nothing
+here imports Spark, so the job lifecycle, the control protocol, take-over and
+the cluster policy run on the in-process engine in the tests, in
+milliseconds and without a JVM.
 
 The Spark engine conforms structurally (the runtime imports only this
 module's job, work, hooks and result types); mypy checks that it fits where
@@ -53,6 +57,11 @@ class JobRun:
     #: The checkpoint a stream's batch ids count in (``JobContext.checkpoint_id``);
     #: None for a batch job, which has none.
     checkpoint_id: str | None = None
+    #: The job's ``JobConfig.adaptive_micro_batches``: whether its small work may
+    #: run on the driver (None: as the ``[engine] adaptive`` setting says).
+    adaptive: bool | None = None
+    #: The job as logs name it.
+    label: str = ""
 
 
 @dataclass(frozen=True)
@@ -81,6 +90,10 @@ class BatchWork:
     #: for this batch, so its state tasks do not each list it again (a stage
     #: missing here: each task lists it). See :meth:`StatePaths.versions`.
     listed: Mapping[str, list[str]] = field(default_factory=dict)
+    #: The bytes of keyed state the job holds, as its last batch reported
+    #: (None: not known yet in this run of the loop: a stateful job's first
+    #: batch after a start from an existing checkpoint, a restart or a take-over).
+    state_bytes: int | None = 0
 
 
 @dataclass(frozen=True)
@@ -123,6 +136,10 @@ class BatchResult:
 class Execution(Protocol):
     """One unit of work on the engine: a whole batch job, or one micro-batch."""
 
+    #: Whether its tasks run in the driver's own process (a micro-batch run
+    #: there counts in ``localBatches``, the others in ``sparkBatches``).
+    on_driver: bool
+
     def run(self) -> BatchResult:
         """Run to the end on the calling thread; raise ``JobFailedError`` if the work failed.
 
@@ -156,10 +173,6 @@ class MicroBatch(Execution, Protocol):
 
 class Engine(Protocol):
     """The engine a job's work runs on; every method is called on the driver."""
-
-    #: Whether its tasks run in the driver's own process (a micro-batch there
-    #: counts as run on the driver, ``localBatches``).
-    in_process: bool
 
     def parallelism(self) -> int:
         """How many tasks the engine runs at once: the default partition count."""

@@ -46,7 +46,6 @@ from sparkjet.core.errors import (
 )
 from sparkjet.core.host.contracts import JobContext
 from sparkjet.core.host.manager import PluginHost
-from sparkjet.core.jobs.batch import batch_engine
 from sparkjet.core.jobs.control import ControlDesk
 from sparkjet.core.jobs.exporting import Exporter, ExportRequest
 from sparkjet.core.jobs.heartbeat import Heartbeat
@@ -87,9 +86,7 @@ class Services:
     plugin_options: Mapping[str, Mapping[str, Any]]
     #: The configured snapshot store (made on first use).
     snapshots: Callable[[], SnapshotStore]
-    #: The engine small micro-batches run on, in this process (None: none; every
-    #: batch runs on :attr:`engine`), and the ``[engine]`` settings saying when.
-    local_engine: Engine | None = None
+    #: The ``[engine]`` settings (the watcher's and an idle loop's polls).
     engine_settings: EngineSettings = field(default_factory=EngineSettings)
 
 
@@ -125,8 +122,7 @@ class JobRunner:
         #: A streaming job's micro-batch loop and its host (unused by a batch job).
         self.stream = StreamRun(job, self.plan, services.engine, services.store, self.lease,
                                 self.cancel_requested, self.exporter, self.context_factory,
-                                self._checkpoint, services.local_engine,
-                                services.engine_settings)
+                                self._checkpoint, services.engine_settings)
         #: Requests from other processes, taken by the watcher thread.
         self.control = ControlDesk(services.records, self.lease, job.label, services.redact,
                                    self.act, self.export_snapshot)
@@ -364,15 +360,12 @@ class JobRunner:
 
     def _run_batch(self) -> None:
         contexts = self.context_factory()
-        job = JobRun(self.plan, contexts, metrics=self.job.config.metrics_enabled)
+        job = JobRun(self.plan, contexts, metrics=self.job.config.metrics_enabled,
+                     adaptive=self.job.config.adaptive_micro_batches, label=self.job.label)
         hooks = RunHooks(cancelled=self.cancel_requested.is_set,
                          before_commit=lambda: self.set_status(JobStatus.COMPLETING))
         try:
-            services = self.services
-            engine = batch_engine(self.plan, contexts, self.job.config.adaptive_micro_batches,
-                                  services.engine, services.local_engine,
-                                  services.engine_settings, self.job.label)
-            self.execution = engine.batch(job, hooks)
+            self.execution = self.services.engine.batch(job, hooks)
             self.execution.run()
         finally:
             self.plan.close_sources(contexts)

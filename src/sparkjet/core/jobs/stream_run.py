@@ -26,7 +26,6 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from sparkjet.core.config import EngineSettings
-from sparkjet.core.engine.adaptive import resolve_adaptive
 from sparkjet.core.engine.boundary import Engine
 from sparkjet.core.errors import JobCancelledError
 from sparkjet.core.host.contracts import JobContext
@@ -36,7 +35,6 @@ from sparkjet.core.jobs.policy import ClusterWatch
 from sparkjet.core.jobs.record import Change, Lease
 from sparkjet.core.microbatch.loop import (
     RELIST_SECONDS,
-    Adaptive,
     LoopSettings,
     StopReason,
     StreamLoop,
@@ -71,15 +69,13 @@ class StreamRun:
         cancel_requested: threading.Event, exporter: Exporter,
         context_factory: Callable[[], Callable[[Transform], JobContext]],
         checkpoint: Callable[[], Checkpoint],
-        local_engine: Engine | None = None,
         engine_settings: EngineSettings | None = None,
     ) -> None:
         """``context_factory`` and ``checkpoint`` are the runner's.
 
         ``checkpoint`` gives the job's checkpoint, naming a new one in the
-        record if it has none. ``local_engine``: where small micro-batches run
-        when adaptive micro-batches are on (``engine_settings`` and the job's
-        config say); None: every batch runs on ``engine``.
+        record if it has none. ``engine_settings``: the ``[engine]`` settings
+        (how often an idle loop lists its sources).
         """
         self.job, self.plan = job, plan
         self._engine, self._store, self._lease = engine, store, lease
@@ -87,7 +83,6 @@ class StreamRun:
         self._exporter = exporter
         self._context_factory = context_factory
         self._checkpoint = checkpoint
-        self._local_engine = local_engine
         self._engine_settings = engine_settings or EngineSettings()
         #: What the loop reports, for the metrics and the record's ``progress``.
         self.progress = StreamProgress()
@@ -101,14 +96,6 @@ class StreamRun:
         self._loop: StreamLoop | None = None
         #: A micro-batch committed since the record last took the progress (S3, GCS).
         self.progress_unwritten = False
-
-    def _adaptive(self) -> Adaptive | None:
-        """Where small micro-batches run, if adaptive micro-batches are on for the job."""
-        settings = self._engine_settings
-        if self._local_engine is None or not resolve_adaptive(
-                self.job.config.adaptive_micro_batches, settings):
-            return None
-        return Adaptive(self._local_engine, settings)
 
     def _relist_seconds(self) -> float:
         """How often the loop lists its sources while their waits say nothing came.
@@ -137,7 +124,7 @@ class StreamRun:
             checkpoint,
             LoopSettings(config.metrics_enabled, trigger, config.key_groups,
                          CacheOwner(self._store, self.job.id, config.state_cache_bytes),
-                         self._adaptive(),
+                         config.adaptive_micro_batches, self.job.label,
                          relist_seconds=self._relist_seconds()),
             self,  # the loop's host
             self.progress,

@@ -16,7 +16,6 @@ what the loop asks of the job it runs for is :class:`LoopHost`.
 from __future__ import annotations
 
 import enum
-import functools
 import json
 import logging
 import threading
@@ -25,8 +24,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from sparkjet.core.config import EngineSettings
-from sparkjet.core.engine.adaptive import ask_sizes, choose_local, worth_warming
 from sparkjet.core.engine.boundary import BatchResult, BatchWork, Engine, JobRun, RunHooks
 from sparkjet.core.errors import SourceOffsetsError
 from sparkjet.core.host.contracts import JobContext, Source
@@ -36,9 +33,8 @@ from sparkjet.core.model import DEFAULT_KEY_GROUPS, StageCount
 from sparkjet.core.pipeline.event_time import NO_WATERMARK, EventTime, WindowClock, stage_watermark
 from sparkjet.core.pipeline.graph import KeyedSpec, Transform, WindowSpec
 from sparkjet.core.pipeline.planner import Plan
-from sparkjet.core.state.cache import CACHE, CacheOwner
+from sparkjet.core.state.cache import CacheOwner
 from sparkjet.core.state.checkpoint import BatchPlan, Checkpoint, CommitRecord
-from sparkjet.core.state.warming import WARMING
 from sparkjet.core.store import requests as store_requests
 from sparkjet.core.store.upkeep import Upkeep
 
@@ -210,25 +206,13 @@ class LoopSettings:
     #: The job whose state the workers keep loaded between batches, and their budget
     #: (None: reloaded from the checkpoint every batch).
     cache_owner: CacheOwner | None = None
-    #: Small micro-batches run on the driver (None: every batch on the engine).
-    adaptive: Adaptive | None = None
+    #: The job's ``JobConfig.adaptive_micro_batches``, handed to the engine with
+    #: each batch (None: as the engine's ``[engine] adaptive`` setting says).
+    adaptive: bool | None = None
+    #: The job as logs name it.
+    label: str = ""
     #: How often the loop lists its sources while their waits say nothing came.
     relist_seconds: float = RELIST_SECONDS
-
-
-@dataclass(frozen=True)
-class Adaptive:
-    """Adaptive micro-batches: the engine a small one runs on, and what small is.
-
-    Which engine runs a batch is decided once its plan is known (written
-    ahead, or a replay's), from the sizes the sources say the planned ranges
-    have and the state the job holds (:func:`sparkjet.core.engine.adaptive.choose_local`).
-    The plan does not name the engine: a replay may run on either.
-    """
-
-    #: The engine small batches run on: the in-process one.
-    engine: Engine
-    settings: EngineSettings
 
 
 class StreamLoop:
@@ -383,46 +367,6 @@ class StreamLoop:
                                    stage in planned.early)
                 for stage in self.windows}
 
-    def _engine_for(self, planned: BatchPlan) -> tuple[Engine, bool]:
-        """The engine to run ``planned`` on, and whether it is the local one.
-
-        Decided from the plan, the sources' sizes and the state the job
-        holds: the local engine when adaptive micro-batches are on and the
-        batch is small (:func:`~sparkjet.core.engine.adaptive.choose_local`). A
-        batch sent to Spark only because the driver holds none of a state
-        that fits there starts loading it into the driver in the background
-        (:mod:`sparkjet.core.state.warming`). While
-        this run has not yet seen how big the job's keyed state is (its first
-        batch here, after a restart or a take-over), a stateful job's batch
-        goes to Spark.
-        """
-        adaptive = self.settings.adaptive
-        if adaptive is None:
-            return self.engine, self.engine.in_process
-        if not self._state_known:
-            local, reason = False, "the size of the job's state is not known yet"
-        else:
-            ranges = planned.source_ranges()
-            sizes = ask_sizes({
-                self.plan.name(node): functools.partial(
-                    spec.source.range_size, *ranges[self.plan.name(node)],
-                    self.job_context(node))
-                for node, spec in self.sources.items()})
-            owner = self.settings.cache_owner
-            holds = owner is not None and owner.job_id in CACHE.jobs()
-            state_bytes = sum(size for _, size in self.progress.state.values())
-            local, reason = choose_local(
-                sizes, state_bytes=state_bytes, driver_holds_state=holds,
-                settings=adaptive.settings, enabled=True)
-            if owner is not None and owner.budget > 0 and worth_warming(
-                    sizes, state_bytes=state_bytes, driver_holds_state=holds,
-                    settings=adaptive.settings) and WARMING.start(
-                    self.checkpoint, planned, self._state_stages, owner, self.host.cancelled):
-                reason += "; loading the state into the driver meanwhile"
-        log.debug("micro-batch %d runs %s: %s", planned.batch,
-                  "on the driver" if local else "on Spark", reason)
-        return (adaptive.engine, True) if local else (self.engine, False)
-
     def _stop_asked(self) -> StopReason | None:
         self.host.between_batches()
         return self.host.stop_reason()
@@ -460,7 +404,8 @@ class StreamLoop:
         batch = committed + 1
         # What every micro-batch of this run shares: the job, and the host's callbacks.
         job = JobRun(self.plan, self.job_context, metrics=self.settings.metrics,
-                     cache_owner=self.settings.cache_owner, checkpoint_id=self.checkpoint.id)
+                     cache_owner=self.settings.cache_owner, checkpoint_id=self.checkpoint.id,
+                     adaptive=self.settings.adaptive, label=self.settings.label)
         hooks = RunHooks(cancelled=host.cancelled)
         quiet_until = 0.0  # till then the sources said nothing came: no need to list them
         listed = 0.0  # when the loop last listed the sources' offsets
@@ -512,14 +457,16 @@ class StreamLoop:
                 else:
                     log.info("replaying micro-batch %d with its recorded offsets", batch)
                 clocks = self._clocks(planned)
-                engine, local = self._engine_for(planned)
                 work = BatchWork(
                     batch=batch, committed=batch - 1, source_ranges=planned.source_ranges(),
                     state=commits.state(host.pinned_batch()),
                     tasks=planned.state_tasks(groups), now_ms=planned.time_ms, windows=clocks,
                     listed=commits.listed(self._state_stages),
+                    state_bytes=(sum(size for _, size in self.progress.state.values())
+                                 if self._state_known else None),
                 )
-                run = engine.micro_batch(job, work, hooks)
+                run = self.engine.micro_batch(job, work, hooks)
+                local = run.on_driver
                 result = run.run()
                 duration_ms = int((time.monotonic() - started) * 1000)
                 event_time = self.event_time.after(

@@ -10,7 +10,8 @@ Spark job (150-250 ms), and a read of a whole range whenever PySpark gives a
 state task a Python worker that does not hold it.
 
 So when a batch goes to Spark for that reason alone
-(:func:`~sparkjet.core.engine.adaptive.worth_warming`), the loop asks for a warm-up
+(:func:`~sparkjet.core.engine.adaptive.worth_warming`), the adaptive engine asks
+for a warm-up
 (:meth:`Warming.start`): a daemon thread reads each range of the job's keyed
 stages as of the last committed batch, as its state tasks would (the same
 listing, only the files that count), and offers them to the driver's
@@ -31,7 +32,6 @@ import time
 from collections.abc import Callable, Sequence
 
 from sparkjet.core.state.cache import CACHE, CacheOwner, RangeKey, StateCache
-from sparkjet.core.state.checkpoint import BatchPlan, Checkpoint
 from sparkjet.core.state.files import RangeState, StatePaths
 from sparkjet.core.state.keygroups import task_range
 
@@ -91,54 +91,55 @@ class Warming:
 
     def start(
         self,
-        checkpoint: Checkpoint,
-        planned: BatchPlan,
+        paths: StatePaths,
         stages: Sequence[str],
+        tasks: int,
+        committed: int,
         owner: CacheOwner,
         stopped: Callable[[], bool] = lambda: False,
     ) -> bool:
-        """Warm the state of ``stages`` in ``checkpoint`` for batches run as ``planned`` is.
+        """Warm ``stages``' state under ``paths`` as of batch ``committed``, in ``tasks`` ranges.
 
-        Returns at once: False when a warm-up of the checkpoint runs, or the
-        last one ended less than its pause ago; otherwise starts one on a
-        daemon thread and returns True. ``stopped``: the job stops (asked
-        between ranges).
+        ``paths`` is where a micro-batch's state tasks read (which files
+        count: a copy is taken). Returns at once: False when a warm-up of the
+        same state runs, or the last one ended less than its pause ago;
+        otherwise starts one on a daemon thread and returns True. ``stopped``:
+        the job stops (asked between ranges).
         """
-        root = checkpoint.state_root
+        root = paths.root
         now = time.monotonic()
         with self._lock:
             if root in self._running or now < self._not_before.get(root, (0.0, 0.0))[0]:
                 return False
             thread = threading.Thread(
-                target=self._warm, args=(checkpoint, planned, list(stages), owner, stopped),
+                target=self._warm,
+                args=(paths.with_counted(dict(paths.counted)), list(stages), tasks, committed,
+                      owner, stopped),
                 name=f"sparkjet-state-warming-{owner.job_id}", daemon=True)
             self._running[root] = thread
         thread.start()
         return True
 
-    def running(self, checkpoint: Checkpoint) -> threading.Thread | None:
-        """The warm-up of ``checkpoint``'s state running now, if any."""
+    def running(self, root: str) -> threading.Thread | None:
+        """The warm-up of the state under ``root`` (a checkpoint's state root) running now."""
         with self._lock:
-            return self._running.get(checkpoint.state_root)
+            return self._running.get(root)
 
     def _warm(
         self,
-        checkpoint: Checkpoint,
-        planned: BatchPlan,
+        paths: StatePaths,
         stages: list[str],
+        tasks: int,
+        committed: int,
         owner: CacheOwner,
         stopped: Callable[[], bool],
     ) -> None:
-        root = checkpoint.state_root
+        root = paths.root
         kept = 0
         started = time.monotonic()
         try:
-            groups = checkpoint.written_key_groups()
-            committed = checkpoint.last_commit()
-            if groups is not None and committed >= 0:
-                paths = checkpoint.state(groups).with_counted(checkpoint.counted())
-                kept = warm_ranges(paths, stages, planned.state_tasks(groups), committed, owner,
-                                   self.cache, stopped)
+            if committed >= 0:
+                kept = warm_ranges(paths, stages, tasks, committed, owner, self.cache, stopped)
                 log.info("job %s: loaded %d range(s) of its state as of micro-batch %d into "
                          "the driver in %.1f s", owner.job_id, kept, committed,
                          time.monotonic() - started)

@@ -74,6 +74,8 @@ class LocalDatasets:
     ``pickle_items`` False skips pickling items at the boundaries (benchmarks).
     """
 
+    on_driver = True
+
     def __init__(
         self,
         parallelism: int | Callable[[], int],

@@ -37,8 +37,6 @@ class InProcessEngine:
     skips pickling items where Spark would (benchmarks only).
     """
 
-    in_process = True
-
     def __init__(
         self, parallelism: int | Callable[[], int], *, pickle_items: bool = True
     ) -> None:

@@ -90,6 +90,8 @@ def _restore_order(records: Iterator[tuple[int, Any]]) -> Iterator[Any]:
 class SparkDatasets:
     """Datasets as RDDs on SparkContext ``sc``; see the module docstring."""
 
+    on_driver = False
+
     def __init__(self, sc: Any) -> None:
         self.sc = sc
         self._persisted: list[Any] = []

@@ -24,8 +24,6 @@ PARALLELISM_SECONDS = 1.0
 class SparkEngine:
     """Runs batch plans and micro-batches as Spark RDD work; see the module docstring."""
 
-    in_process = False
-
     def __init__(self, config: Config, plugins: PluginHost) -> None:
         self._config = config
         self._plugins = plugins

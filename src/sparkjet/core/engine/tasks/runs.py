@@ -97,6 +97,9 @@ class Datasets(Protocol):
     :class:`~sparkjet.core.pipeline.fusion.StageFailure` of the stage that emitted it.
     """
 
+    #: Whether the tasks run in the driver's own process (see ``Execution.on_driver``).
+    on_driver: bool
+
     def parallelism(self) -> int:
         """How many partitions a reduce or a sort spreads over."""
         ...
@@ -190,6 +193,8 @@ class PlanRun:
     def __init__(self, datasets: Datasets, job: JobRun, hooks: RunHooks) -> None:
         self.plan: Plan = job.plan
         self.data = datasets
+        #: Whether the run's tasks run in the driver's process (its datasets say).
+        self.on_driver = datasets.on_driver
         self.job_context = job.job_context
         self.metrics = job.metrics
         self.cancelled = hooks.cancelled
