@@ -10,7 +10,8 @@ import cloudpickle
 import pytest
 
 from sparkjet.core.state import compaction
-from sparkjet.core.state.files import COMPACT_EVERY, COMPACT_LIMIT, StatePaths, StateVersion
+from sparkjet.core.state.files import COMPACT_EVERY, COMPACT_LIMIT, StatePaths
+from sparkjet.core.state.versions import StateVersion
 from sparkjet.core.store.fs import Store
 
 

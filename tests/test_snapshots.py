@@ -492,8 +492,9 @@ def test_a_state_file_gone_mid_export_is_named(tmp_path: Any) -> None:
     from sparkjet.core.pipeline.planner import plan
     from sparkjet.core.state.checkpoint import BatchPlan, Checkpoint, CommitRecord
     from sparkjet.core.state.export import cut_export, export_state, release_cut
-    from sparkjet.core.state.files import RangeState, StateRange
+    from sparkjet.core.state.files import RangeState
     from sparkjet.core.state.snapshots import SnapshotStore
+    from sparkjet.core.state.versions import StateRange
     from sparkjet.core.store.fs import Store
     from sparkjet.testing import StoreLocation
 
@@ -552,8 +553,9 @@ def test_an_export_folds_changelogs_in_compaction_children(where: str, tmp_path:
     from sparkjet.core.pipeline.planner import plan
     from sparkjet.core.state.checkpoint import BatchPlan, Checkpoint, CommitRecord
     from sparkjet.core.state.export import cut_export, export_state, release_cut
-    from sparkjet.core.state.files import RangeState, StateRange
+    from sparkjet.core.state.files import RangeState
     from sparkjet.core.state.snapshots import SnapshotStore
+    from sparkjet.core.state.versions import StateRange
     from sparkjet.core.store.fs import Store
     from sparkjet.testing import StoreLocation
 

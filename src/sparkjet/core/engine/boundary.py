@@ -31,7 +31,8 @@ from sparkjet.core.pipeline.event_time import WindowClock
 from sparkjet.core.pipeline.graph import Transform
 from sparkjet.core.pipeline.planner import Plan
 from sparkjet.core.state.cache import CacheOwner
-from sparkjet.core.state.files import StatePaths, StateRange
+from sparkjet.core.state.files import StatePaths
+from sparkjet.core.state.versions import StateRange
 
 #: Builds the context a plugin sees on the driver for one node of the plan.
 ContextFactory = Callable[[Transform], JobContext]

@@ -43,7 +43,8 @@ from collections.abc import Callable
 
 from sparkjet.core.engine.boundary import MicroBatch
 from sparkjet.core.state.checkpoint import KEEP_LOG, BatchPlan, Checkpoint, CommitRecord
-from sparkjet.core.state.files import Counted, StatePaths
+from sparkjet.core.state.files import StatePaths
+from sparkjet.core.state.versions import Counted
 from sparkjet.core.store import upkeep
 
 __all__ = ["BatchCommit"]

@@ -10,6 +10,7 @@ Top to bottom (import-linter orders them, see ``pyproject.toml``):
 - :mod:`.warming`: the driver's copy of the keyed state, warmed in the background;
 - :mod:`.checkpoint`: the checkpoint's folder and records (plans, commits, pins, meta);
 - :mod:`.cache`: keyed state kept loaded in a worker process between micro-batches;
-- :mod:`.files`: the keyed state's files (names, formats, reading and writing);
+- :mod:`.files`: the keyed state's files: their formats, reading and writing;
+- :mod:`.versions`: their names: ranges, versions, the order of a chain;
 - :mod:`.keygroups`: which key group a key belongs to and which groups a task owns.
 """

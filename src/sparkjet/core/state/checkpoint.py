@@ -74,7 +74,8 @@ from typing import Any
 from sparkjet.core.errors import StoreError
 from sparkjet.core.model import StageCount
 from sparkjet.core.pipeline.event_time import EventTime
-from sparkjet.core.state.files import Counted, StateFiles, StatePaths, StateRange
+from sparkjet.core.state.files import StatePaths
+from sparkjet.core.state.versions import Counted, StateFiles, StateRange
 from sparkjet.core.store.fs import Store
 from sparkjet.core.store.naming import json_loads
 

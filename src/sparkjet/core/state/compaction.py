@@ -42,7 +42,8 @@ from typing import Any
 
 import cloudpickle
 
-from sparkjet.core.state.files import COMPACT_EVERY, COMPACT_LIMIT, StatePaths, StateVersion
+from sparkjet.core.state.files import COMPACT_EVERY, COMPACT_LIMIT, StatePaths
+from sparkjet.core.state.versions import StateVersion
 
 __all__ = ["COMPACT_EVERY", "COMPACT_LIMIT", "compact_now", "running", "shared", "start"]
 

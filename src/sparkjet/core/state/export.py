@@ -33,7 +33,7 @@ from sparkjet.core.pipeline.event_time import EventTime
 from sparkjet.core.pipeline.planner import Plan
 from sparkjet.core.state import compaction
 from sparkjet.core.state.checkpoint import Checkpoint
-from sparkjet.core.state.files import Counted, StatePaths, StateVersion
+from sparkjet.core.state.files import StatePaths
 from sparkjet.core.state.keygroups import task_range
 from sparkjet.core.state.snapshots.format import (
     EVENT_TIME_FILE,
@@ -45,6 +45,7 @@ from sparkjet.core.state.snapshots.format import (
 )
 from sparkjet.core.state.snapshots.manifest import Manifest, ManifestFields, StageFields
 from sparkjet.core.state.snapshots.storage import SnapshotStore
+from sparkjet.core.state.versions import Counted, StateVersion
 
 __all__ = [
     "ExportCut",

@@ -38,8 +38,6 @@ from __future__ import annotations
 import functools
 import gc
 import logging
-import uuid
-from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import cloudpickle
@@ -48,18 +46,23 @@ from sparkjet.core.errors import StoreError
 from sparkjet.core.model import DEFAULT_KEY_GROUPS
 from sparkjet.core.pipeline.timers import DueIndex
 from sparkjet.core.state.keygroups import key_group
+from sparkjet.core.state.versions import (
+    _COMPACTED,
+    _DELTA_SUFFIX,
+    _SHARD_WIDTH,
+    Counted,
+    StateRange,
+    StateVersion,
+    chain_order,
+    full_copy_starts,
+    new_version,
+    parse_version,
+    replaced_by_full_copies,
+)
 from sparkjet.core.store import upkeep
 from sparkjet.core.store.fs import Store
 from sparkjet.core.store.naming import decode_name, encode_name, loads, unpickle
 
-_GROUP_WIDTH = 5  # digits of a key group number in file names
-_WIDTH = 20  # digits of a batch number in file names
-_ATTEMPT_WIDTH = 8  # characters of an attempt id in file names
-_ATTEMPT_CHARS = frozenset("0123456789abcdefz")
-_COMPACTED = "z"  # first character of a compaction's attempt id
-_SHARD_WIDTH = 4  # digits of a shard number in format-1/2 folder names
-_STATE_SUFFIX = ".state"
-_DELTA_SUFFIX = ".delta"
 log = logging.getLogger(__name__)
 #: A range's state is compacted into a full copy once its chain holds this many
 #: changelogs: off the critical path (:mod:`sparkjet.core.state.compaction`) where the
@@ -68,86 +71,6 @@ COMPACT_EVERY = 10
 #: The state task writes a full copy itself once the chain holds this many
 #: changelogs: background compaction has fallen behind or keeps failing.
 COMPACT_LIMIT = 4 * COMPACT_EVERY
-
-
-class StateRange(NamedTuple):
-    """One stage's range of key groups ``[lo, hi)``: what a state task owns and its file covers."""
-
-    stage: str
-    lo: int
-    hi: int
-
-
-#: Per range, the name of the state file that counts (``""``: the task wrote
-#: none): what one batch's commit record names.
-StateFiles = Mapping[StateRange, str]
-
-#: Per batch, the state files that count (:data:`StateFiles`), for the batches
-#: whose commit records are kept and name them.
-Counted = dict[int, StateFiles]
-
-
-class StateVersion(NamedTuple):
-    """One file of a stage's state: a full copy or one batch's changelog of key groups ``[lo, hi)``.
-
-    ``size`` is the file's size in bytes, from its name (-1 for a format-1
-    name, which does not carry it); ``folder`` the sub-folder of a format-1 or
-    format-2 file (its shard's), ``""`` for the flat layout of formats 3 and 4;
-    ``attempt`` the writer's attempt id (format 4; ``""`` before).
-    """
-
-    batch: int
-    keys: int
-    name: str
-    full: bool = True
-    size: int = -1
-    lo: int = 0
-    hi: int = 1
-    folder: str = ""
-    attempt: str = ""
-
-
-def _order(version: StateVersion) -> tuple[int, bool, int, str]:
-    # Batch order; at one batch a changelog before a full copy (the copy includes it).
-    return version.batch, version.full, version.lo, version.name
-
-
-def _new_version(
-    batch: int, lo: int, hi: int, keys: int, data: bytes, full: bool, compacted: bool = False
-) -> StateVersion:
-    """The version of a format-4 file about to be written with ``data``, by a new attempt.
-
-    A full copy that :meth:`StatePaths.compact` folds gets an attempt id
-    starting with ``z`` (:data:`_COMPACTED`): no commit record names it.
-    """
-    attempt = uuid.uuid4().hex[: _ATTEMPT_WIDTH - 1 if compacted else _ATTEMPT_WIDTH]
-    attempt = _COMPACTED + attempt if compacted else attempt
-    name = (f"{batch:0{_WIDTH}d}-{lo:0{_GROUP_WIDTH}d}-{hi:0{_GROUP_WIDTH}d}-{keys}-"
-            f"{len(data)}-{attempt}{_STATE_SUFFIX if full else _DELTA_SUFFIX}")
-    return StateVersion(batch, keys, name, full, len(data), lo, hi, "", attempt)
-
-
-def _parse_version(entry: str, folder: str = "") -> StateVersion | None:
-    for suffix, full in ((_STATE_SUFFIX, True), (_DELTA_SUFFIX, False)):
-        if not entry.endswith(suffix):
-            continue
-        parts = entry[: -len(suffix)].split("-")
-        attempt = ""
-        if not folder and len(parts) == 6 and len(parts[5]) == _ATTEMPT_WIDTH and all(
-                c in _ATTEMPT_CHARS for c in parts[5]):
-            attempt = parts.pop()  # format 4
-        if not all(p.isdigit() for p in parts):
-            return None
-        if folder and len(parts) in (2, 3):  # format 1 or 2, in a shard folder
-            shard = int(folder)
-            size = int(parts[2]) if len(parts) == 3 else -1
-            return StateVersion(int(parts[0]), int(parts[1]), entry, full, size, shard,
-                                shard + 1, folder)
-        if not folder and len(parts) == 5:  # format 3 (and 4): <batch>-<lo>-<hi>-<keys>-<bytes>
-            batch, lo, hi, keys, size = map(int, parts)
-            return StateVersion(batch, keys, entry, full, size, lo, hi, "",
-                                attempt) if lo < hi else None
-    return None
 
 
 class RangeState(NamedTuple):
@@ -203,16 +126,6 @@ def _replay_due(timers: dict[str, DueIndex], delta: dict[str, Any]) -> None:
 def _written_timers(timers: dict[str, DueIndex] | None) -> dict[str, DueIndex]:
     """The indexes to write with a range's state: those a fold keeps up to date."""
     return {kind: index for kind, index in (timers or {}).items() if index.synced}
-
-
-def _starts(chain: list[StateVersion], lo: int, hi: int) -> dict[int, int]:
-    """Per key group in ``[lo, hi)``: the batch of the newest full copy covering it, or -1."""
-    starts = dict.fromkeys(range(lo, hi), -1)
-    for v in chain:
-        if v.full:
-            for g in range(max(v.lo, lo), min(v.hi, hi)):
-                starts[g] = max(starts[g], v.batch)
-    return starts
 
 
 class StatePaths:
@@ -320,14 +233,14 @@ class StatePaths:
         for entry in self.store.listdir(folder) if entries is None else entries:
             if len(entry) == _SHARD_WIDTH and entry.isdigit():
                 if lo <= int(entry) < hi:  # a format-1/2 shard folder
-                    found.extend(_parse_version(e, entry)
+                    found.extend(parse_version(e, entry)
                                  for e in self.store.listdir(f"{folder}/{entry}"))
             else:
-                found.append(_parse_version(entry))
+                found.append(parse_version(entry))
         return sorted(
             (v for v in found if v is not None and v.lo < hi and v.hi > lo and (
                 not counted_only or self.counts(stage, v))),
-            key=_order)
+            key=chain_order)
 
     @staticmethod
     def chain(
@@ -351,7 +264,7 @@ class StatePaths:
         if all(v.lo == lo and v.hi == hi for v in usable):  # one range throughout: the usual
             fulls = [i for i, v in enumerate(usable) if v.full]
             return usable[fulls[-1]:] if fulls else usable
-        starts = _starts(usable, lo, hi)
+        starts = full_copy_starts(usable, lo, hi)
         return [
             v for v in usable
             if any((starts[g] == v.batch) if v.full else (v.batch > starts[g])
@@ -386,7 +299,7 @@ class StatePaths:
         touched: dict[Any, int] = {}
         timers: dict[str, DueIndex] = {}
         simple = all(v.lo == lo and v.hi == hi for v in chain)
-        starts = {} if simple else _starts(chain, lo, hi)
+        starts = {} if simple else full_copy_starts(chain, lo, hi)
         for version in chain:
             data = self._load(stage, version)
             if simple:
@@ -468,7 +381,7 @@ class StatePaths:
         for index in kept.values():
             index.changes()  # what a full copy holds, or the changelog took
         data = cloudpickle.dumps(content)
-        written = _new_version(batch, lo, hi, len(values), data, full)
+        written = new_version(batch, lo, hi, len(values), data, full)
         self.store.write_bytes(self.path(stage, written), data)
         fulls = [v for v in chain if v.full]
         if simple and fulls:
@@ -490,7 +403,7 @@ class StatePaths:
         For a checkpoint seeded from a snapshot; the caller's commit record
         names the file (see :meth:`counts`).
         """
-        written = _new_version(batch, lo, hi, keys, data, True)
+        written = new_version(batch, lo, hi, keys, data, True)
         self.store.write_bytes(self.path(stage, written), data)
         return written
 
@@ -518,7 +431,7 @@ class StatePaths:
         if not chain or all(v.full for v in chain) or not all(
                 v.lo == lo and v.hi == hi for v in chain):
             return None
-        if self.pinned < committed and _replaced(versions, lo, hi, committed):
+        if self.pinned < committed and replaced_by_full_copies(versions, lo, hi, committed):
             log.debug("stage %r key groups [%d, %d): compaction as of batch %d skipped, "
                       "superseded by a later full copy", stage, lo, hi, committed)
             return None
@@ -527,7 +440,7 @@ class StatePaths:
         except FileNotFoundError as exc:
             listed = self.versions(stage, lo, hi)
             gone = [v for v in chain if v not in listed]
-            if not gone or not all(_replaced(listed, lo, hi, v.batch) for v in gone):
+            if not gone or not all(replaced_by_full_copies(listed, lo, hi, v.batch) for v in gone):
                 raise
             log.debug("stage %r key groups [%d, %d): compaction as of batch %d skipped, "
                       "superseded: %d file(s) of its chain were removed after a later full "
@@ -538,7 +451,7 @@ class StatePaths:
         if timers:
             content["timers"] = {kind: index.to_state() for kind, index in timers.items()}
         data = cloudpickle.dumps(content)
-        written = _new_version(chain[-1].batch, lo, hi, len(values), data, True, compacted=True)
+        written = new_version(chain[-1].batch, lo, hi, len(values), data, True, compacted=True)
         self.store.write_bytes(self.path(stage, written), data)
         return written
 
@@ -606,12 +519,6 @@ class StatePaths:
         live = set(self.chain(versions, committed, 0, self.key_groups))
         return [v for v in versions
                 if self.pinned < v.batch <= committed and v not in live]
-
-
-def _replaced(versions: list[StateVersion], lo: int, hi: int, batch: int) -> bool:
-    """Whether ``versions`` hold a full copy after ``batch`` for every key group in ``[lo, hi)``."""
-    return all(any(v.full and v.batch > batch and v.lo <= g < v.hi for v in versions)
-               for g in range(lo, hi))
 
 
 def _apply(

@@ -25,7 +25,6 @@ from typing import Any
 from sparkjet.core.errors import SnapshotCorruptedError, StateIncompatibleError
 from sparkjet.core.pipeline.planner import Plan
 from sparkjet.core.state.checkpoint import Checkpoint, CommitRecord, RestoredFrom
-from sparkjet.core.state.files import StateRange
 from sparkjet.core.state.snapshots.format import parse_state_file
 from sparkjet.core.state.snapshots.manifest import Manifest
 from sparkjet.core.state.snapshots.reader import Snapshot
@@ -35,6 +34,7 @@ from sparkjet.core.state.snapshots.upgrade import (
     UpgradeRow,
     require_compatible,
 )
+from sparkjet.core.state.versions import StateRange
 
 __all__ = ["SourceOffsets", "seed_checkpoint"]
 

@@ -21,7 +21,7 @@ from sparkjet.core.engine.tasks.reports import (
     merge_state_ranges,
 )
 from sparkjet.core.model import StageCount
-from sparkjet.core.state.files import StateRange
+from sparkjet.core.state.versions import StateRange
 
 __all__ = [
     "CountsParam",

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from sparkjet.core.model import StageCount
-from sparkjet.core.state.files import StateRange
+from sparkjet.core.state.versions import StateRange
 
 __all__ = [
     "Counters",

@@ -66,7 +66,7 @@ from sparkjet.core.pipeline.graph import (
 from sparkjet.core.pipeline.keyed import KeyedFold
 from sparkjet.core.pipeline.planner import Plan
 from sparkjet.core.pipeline.window_fold import stage_fold
-from sparkjet.core.state.files import StateRange
+from sparkjet.core.state.versions import StateRange
 
 __all__ = ["Datasets", "EngineReports", "Flow", "MicroBatchRun", "PlanRun"]
 

@@ -20,8 +20,9 @@ from sparkjet.core.engine.tasks.reports import RangeReport, Reports
 from sparkjet.core.pipeline.keyed import KeyedFold, fold_into, group_parts
 from sparkjet.core.state import compaction
 from sparkjet.core.state.cache import CACHE, CacheOwner
-from sparkjet.core.state.files import RangeState, StatePaths, StateRange, StateVersion
+from sparkjet.core.state.files import RangeState, StatePaths
 from sparkjet.core.state.keygroups import task_range
+from sparkjet.core.state.versions import StateRange, StateVersion
 
 __all__ = ["RangeReport", "StateTask"]
 
