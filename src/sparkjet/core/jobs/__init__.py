@@ -2,6 +2,8 @@
 
 - :mod:`.service`: submits and finds jobs, takes over a job whose driver died;
 - :mod:`.handle`: :class:`Job`, what users hold;
+- :mod:`.polling`: a handle's waits, polled, and its requests to a driver in
+  another process, answered in the record;
 - :mod:`.runner`: drives one job in this process, on the engine: its threads,
   lifecycle and failures;
 - :mod:`.heartbeat`: the runner's watcher thread: control requests taken,
