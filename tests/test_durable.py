@@ -371,7 +371,7 @@ def test_a_tampered_checkpoint_field_stops_cancel_before_it_deletes(
     runner = client.get_jet().runners.get(job.id)
     runner.lease.stage(lambda r: replace(r, checkpoint="../../../precious"))
     with pytest.raises(StoreError, match=r"checkpoint field '\.\./\.\./\.\./precious'"):
-        runner._discard_checkpoint()
+        runner.folder.discard()
     assert (outside / "keep.txt").exists()
     runner.lease.stage(lambda r: replace(r, checkpoint="checkpoint"))
     job.cancel()

@@ -23,7 +23,7 @@ from typing import Any
 import cloudpickle
 import pytest
 
-from sparkjet.core.store import commit_log as commit_log_module
+from sparkjet.core.store import commit_records, commit_segments
 from sparkjet.core.store.fs import Store
 from sparkjet.core.store.naming import MOVED_MODULES, loads, moved_module
 from sparkjet.core.store.structures import IList
@@ -115,7 +115,8 @@ def test_a_list_of_window_results_written_by_an_earlier_release_reads_back(
     from sparkjet.core.pipeline.windows import WindowResult
 
     root = tmp_path / "store"
-    monkeypatch.setattr(commit_log_module, "PICKLE_PROTOCOL", 2)  # GLOBAL opcodes, rewritable
+    for writer in (commit_records, commit_segments):  # GLOBAL opcodes, rewritable
+        monkeypatch.setattr(writer, "PICKLE_PROTOCOL", 2)
     written = [WindowResult(0, 10, 3), WindowResult(10, 20, 4)]
     for item in written:
         IList(Store(str(root)), "results").add(item)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from sparkjet.core.jobs.record import JobRecord
 from sparkjet.core.microbatch.loop import StreamProgress
 from sparkjet.core.model import StageCount
 from sparkjet.core.pipeline.event_time import NO_WATERMARK
@@ -20,7 +21,7 @@ from sparkjet.core.pipeline.graph import SinkSpec, WindowSpec
 from sparkjet.core.pipeline.planner import Plan
 from sparkjet.core.store import requests
 
-__all__ = ["job_metrics", "progress_metrics", "stage_metrics"]
+__all__ = ["job_metrics", "progress_metrics", "recorded_metrics", "stage_metrics"]
 
 
 def stage_metrics(
@@ -97,4 +98,24 @@ def job_metrics(
         if restore:
             # Which stages the job's initial snapshot restored, started empty or dropped.
             metrics["snapshotRestore"] = dict(restore)
+    return metrics
+
+
+def recorded_metrics(record: JobRecord) -> dict[str, Any]:
+    """``Job.get_metrics()`` for a job driven in another process: what its record holds.
+
+    All of a completed job's metrics where it stored them
+    (``store_metrics_after_job_completion``); else its times, a streaming
+    job's progress, and which stages its initial snapshot restored.
+    """
+    if record.metrics:
+        return dict(record.metrics)
+    metrics = {
+        "executionStartTime": record.execution_start_time,
+        "executionCompletionTime": record.completion_time,
+        "stages": {},
+        **record.progress,
+    }
+    if record.restore:
+        metrics["snapshotRestore"] = dict(record.restore)
     return metrics

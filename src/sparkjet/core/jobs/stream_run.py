@@ -8,8 +8,8 @@ policy suspending the job when executors are lost) and serves the snapshot
 exports waiting for a cut; before each write it checks the fence; after
 each committed batch it writes the job's progress into its record. It owns
 what only a streaming job has: the loop's progress, the stop asked, the
-cluster watch. Statuses, restarts and the checkpoint's folder stay the
-runner's (:mod:`.runner`).
+cluster watch. Statuses and restarts stay the runner's (:mod:`.runner`),
+the checkpoint's folder is :mod:`.checkpointing`'s.
 
 Threads: the loop and its host run on the job thread; :attr:`stop_request`
 is set by the threads asking (a handle, the watcher) and read between
