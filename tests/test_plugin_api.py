@@ -9,12 +9,13 @@
 - What the test kit needs of the core, exposed on purpose: the store opened
   on a URL, a listing's sizes and times and the storage's clock, a log's
   fold, the loop's call of ``latest_offsets`` and its lag, the built-in
-  snapshot backends.
+  snapshot backends, a job's planned batches.
 """
 
 from __future__ import annotations
 
 import ast
+import itertools
 import subprocess
 import sys
 import textwrap
@@ -552,3 +553,36 @@ def test_builtin_snapshot_backend_by_scheme_or_kind(tmp_path: Path) -> None:
     with pytest.raises(PluginError, match='no snapshot backend of kind "nowhere"'):
         builtin_snapshot_backend("memory://x", kind="nowhere")
 
+
+def test_a_streaming_job_shows_its_planned_batches(client: sparkjet.Client) -> None:
+    from sparkjet.job import PlannedBatch
+    from sparkjet.pipeline import StreamSource
+
+    p = Pipeline.create()
+    p.read_from(StreamSource("in")).set_name("in").write_to(Pipeline.to_list("out"))
+    stream = client.get_stream("in", partitions=1)
+    job = client.get_jet().submit(p, JobConfig(snapshot_interval_millis=50))
+    try:
+        for n in range(3):
+            stream.publish_all([n, n])
+            wait_until(lambda n=n: len(client.get_list("out").get_all()) == 2 * (n + 1),  # type: ignore[misc]
+                       timeout=120, what=f"batch {n}'s items")
+        planned = job.get_planned_batches()
+    finally:
+        cancel_job(job)
+    assert planned and all(isinstance(b, PlannedBatch) for b in planned)
+    assert [b.batch for b in planned] == list(range(len(planned)))
+    assert planned[0].starts == {"in": [0]}
+    assert planned[-1].ends == {"in": [6]}
+    for before, after in itertools.pairwise(planned):
+        assert after.starts == before.ends  # each starts where the last ended
+        assert after.time_ms >= before.time_ms
+    batch = client.get_jet().submit(_list_pipeline())
+    batch.join(timeout=120)
+    assert batch.get_planned_batches() == []
+
+
+def _list_pipeline() -> Pipeline:
+    p = Pipeline.create()
+    p.read_from(Pipeline.from_list("nums", [1, 2])).write_to(Pipeline.to_list("copy"))
+    return p
