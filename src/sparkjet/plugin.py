@@ -37,7 +37,8 @@ change; lifecycle hooks see a job as a :class:`JobView` and a snapshot as a
 A source's author calls it as the micro-batch loop does with
 :func:`latest_offsets`, and reads its lag as the job's metrics count it with
 :func:`source_lag`; a snapshot backend that wraps another builds the
-built-in one for a URL with :func:`builtin_snapshot_backend`.
+built-in one for a URL with :func:`builtin_snapshot_backend`. The test kit,
+:mod:`sparkjet.testing`, is written against these names only.
 """
 
 
