@@ -119,6 +119,8 @@ def test_every_module_sits_in_a_tier() -> None:
          "The services reach the engine only through its boundary"),
         ("cli/commands.py", "from sparkjet.core import store", "sparkjet.core.store",
          "The CLI and the plugins use only the public modules"),
+        ("testing/locations.py", "from sparkjet.core import store", "sparkjet.core.store",
+         "The test kit uses only the public modules and the plugin API"),
         ("core/state/checkpoint.py", "from sparkjet.core import jobs", "sparkjet.core.jobs",
          "The core, top to bottom"),
         # Inside a wing: the state files naming the checkpoint above them.

@@ -1,4 +1,4 @@
-"""The job handle users hold (Jet's ``Job``): status, control, metrics.
+"""The job handle users hold (Jet's ``Job``): status, control, metrics, planned batches.
 
 A handle in the process that drives the job sees it live, through its
 runner; a handle in another process reads the job's record in the store and
@@ -29,8 +29,15 @@ from sparkjet.core.jobs.polling import REMOTE_POLL_SECONDS as REMOTE_POLL_SECOND
 from sparkjet.core.jobs.polling import REQUEST_TIMEOUT_SECONDS as REQUEST_TIMEOUT_SECONDS
 from sparkjet.core.jobs.polling import Polling
 from sparkjet.core.jobs.ports import DrivenJob, JobHost
-from sparkjet.core.jobs.record import Answer, JobRecord, driver_alive, read_record
-from sparkjet.core.model import JobConfig, JobStatus
+from sparkjet.core.jobs.record import (
+    Answer,
+    JobRecord,
+    checkpoint_path,
+    driver_alive,
+    read_record,
+)
+from sparkjet.core.model import JobConfig, JobStatus, PlannedBatch
+from sparkjet.core.state.checkpoint import Checkpoint
 
 if TYPE_CHECKING:
     from sparkjet.core.state.snapshots import Snapshot
@@ -399,3 +406,21 @@ class Job:
         if runner is None:
             return recorded_metrics(self._refresh())
         return runner.metrics()
+
+    def get_planned_batches(self) -> list[PlannedBatch]:
+        """A streaming job's micro-batches as its checkpoint planned them, oldest first.
+
+        Each names the offsets every source stage reads from and up to,
+        written before the batch ran (what a replay after a crash reads
+        again). The checkpoint keeps the plans of at least its last 10
+        committed batches and of a batch planned but not committed yet. Read
+        from the store, so a handle in any process sees them; empty for a job
+        without a checkpoint (a batch job, a stream before its first plan). A
+        job with NONE starts a new checkpoint, counting from 0, on a restart.
+        """
+        path = checkpoint_path(self._service.records, self._refresh())
+        if path is None:
+            return []
+        checkpoint = Checkpoint(self._service.records.store, path)
+        return [PlannedBatch(plan.batch, dict(plan.starts), dict(plan.ends), plan.time_ms)
+                for plan in checkpoint.plans()]

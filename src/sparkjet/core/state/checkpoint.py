@@ -386,6 +386,15 @@ class Checkpoint:
             _batch_file(_OFFSETS, batch), lambda raw: BatchPlan.from_json(json_loads(raw)))
         return plan
 
+    def plans(self) -> list[BatchPlan]:
+        """The plans still kept, in batch order: one listing, then each plan read.
+
+        At least those of the last :data:`KEEP_LOG` committed batches, and a
+        batch planned but not committed yet.
+        """
+        return [plan for batch in self._batches(_OFFSETS)
+                if (plan := self.planned(batch)) is not None]
+
     def write_plan(self, plan: BatchPlan) -> BatchPlan:
         """Record a batch's plan before running it (the write-ahead log).
 

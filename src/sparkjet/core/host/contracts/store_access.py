@@ -2,11 +2,13 @@
 
 Protocols only, never the store's classes (which are internal and may
 change): :class:`FileStore` (the plugin API's one file protocol, opened on
-any URL by :func:`open_file_store`), :class:`CommitLogAccess` and
-:class:`LogRecord` (a list's or map's commit log), :class:`StreamLogAccess`
-(a stream), and :class:`StoreAccess`, the store that holds them. Also the
-wrapper plugins are handed, :class:`PluginStore`, which shows a store as a
-:class:`StoreAccess` and nothing else.
+any URL by :func:`open_file_store`; a listing's files are
+:class:`ListedFile`), :class:`CommitLogAccess` and :class:`LogRecord` (a
+list's or map's commit log), :class:`StreamLogAccess` (a stream), and
+:class:`StoreAccess`, the store that holds them, opened on any URL by
+:func:`open_store`. Also the wrapper plugins are handed,
+:class:`PluginStore`, which shows a store as a :class:`StoreAccess` and
+nothing else.
 """
 
 from __future__ import annotations
@@ -77,8 +79,48 @@ class FileStore(Protocol):
     def find(self, path: str) -> Mapping[str, Mapping[str, Any]]:
         """Every file under ``path``, recursively: its absolute path to fsspec's details of it."""
 
+    def entries(self, path: str) -> Mapping[str, ListedFile]:
+        """The files in the folder ``path`` by base name, with sizes and times, in one listing.
+
+        Listed afresh; empty if ``path`` does not exist. One request on S3
+        and GCS, where a :meth:`size` or :meth:`modified` per file costs one
+        each.
+        """
+
+    def modified(self, path: str) -> float | None:
+        """When ``path`` was last written, in seconds since the epoch by the storage's clock.
+
+        Asked afresh. None when the filesystem keeps no modification times;
+        FileNotFoundError if ``path`` does not exist. Compare it with
+        :meth:`now`, never with this machine's clock.
+        """
+
+    def now(self) -> float | None:
+        """The storage's clock now, in seconds since the epoch: what :meth:`modified` is read on.
+
+        Measured by writing a probe file and reading its modification time
+        back (then advanced by this process's monotonic clock, and probed
+        again now and then); the probe is removed. It may run behind the
+        storage by a write's latency, never ahead. None when the storage
+        keeps no modification times; this machine's clock while the storage
+        takes no writes and no probe has succeeded yet. Liveness and gc ages
+        in sparkjet rest on it.
+        """
+
     def remove(self, path: str, recursive: bool = False) -> None:
         """Delete ``path`` (a whole folder with ``recursive``)."""
+
+
+class ListedFile(Protocol):
+    """A file as a folder's listing (:meth:`FileStore.entries`) shows it."""
+
+    @property
+    def size(self) -> int:
+        """Its size in bytes."""
+
+    @property
+    def modified(self) -> float | None:
+        """When it was last written, in seconds since the epoch by the storage's clock, or None."""
 
 
 def open_file_store(
@@ -128,8 +170,23 @@ class CommitLogAccess(Protocol):
     def stage(self, items: Iterable[Any], writer: str) -> list[tuple[str, Any]]:
         """Runs on executors: the parts for ``items`` (segments written under token ``writer``)."""
 
-    def commit(self, op: str, parts: list[tuple[str, Any]], *, writer: str) -> int:
-        """Runs on the driver: append one record atomically; returns its sequence number."""
+    def commit(
+        self,
+        op: str,
+        parts: list[tuple[str, Any]],
+        *,
+        writer: str,
+        producer: str | None = None,
+        batch: int | None = None,
+    ) -> int:
+        """Runs on the driver: append one record atomically; returns its sequence number.
+
+        Records are numbered 1, 2, ... without gaps. With ``producer`` and
+        ``batch`` (as :meth:`commit_once` takes them) every reader skips the
+        record when that producer's batch was committed before: a second
+        commit of one batch, by a driver fenced off but not yet aware, is
+        never seen twice.
+        """
 
     def commit_once(
         self,
@@ -152,6 +209,17 @@ class CommitLogAccess(Protocol):
 
     def discard_writer(self, writer: str) -> None:
         """Delete every segment staged under the ``writer`` token, also by tasks still running."""
+
+    def fold(self) -> int | None:
+        """Runs on the driver: fold the log into one base now; the record number it folds up to.
+
+        Committers fold a log on their own every 100 records, so readers read
+        one base and the records after it; a plugin that has just committed
+        many records may fold sooner. None when there was nothing new to
+        fold, or another process folded the same records first. Safe beside
+        readers, committers and other folds: a reader sees every record
+        once, folded or not.
+        """
 
 
 class StreamLogAccess(Protocol):
@@ -242,6 +310,22 @@ class StoreAccess(Protocol):
 
     def stream_log(self, name: str) -> StreamLogAccess:
         """The stream ``name``: offsets, appends with tokens, reads by range."""
+
+
+def open_store(
+    url: str,
+    options: Mapping[str, Any] | None = None,
+    redact: Callable[[str], str] | None = None,
+) -> StoreAccess:
+    """The sparkjet store at the fsspec ``url``, as plugins see it: a :class:`StoreAccess`.
+
+    What ``context.store`` is in a job on that store: its files and the logs
+    of its lists, maps and streams. For a plugin's unit tests (contexts built
+    on a real store) and tools that work beside jobs. ``options`` and
+    ``redact`` as for :func:`open_file_store`; nothing is opened before the
+    first use. Picklable.
+    """
+    return Store(url, dict(options or {}), redact)
 
 
 #: What FileStore offers, reached on ``context.store`` itself before ``files`` existed.

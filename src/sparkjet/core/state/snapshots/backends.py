@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import fsspec
@@ -14,11 +14,10 @@ from sparkjet.core.errors import (
     SparkjetError,
 )
 from sparkjet.core.host.contracts import SnapshotBackend
-from sparkjet.core.host.manager import Category
+from sparkjet.core.host.manager import Category, PluginHost
 
 if TYPE_CHECKING:
     from sparkjet.core.config import Config
-    from sparkjet.core.host.manager import PluginHost
 
 from sparkjet.core.state.snapshots.storage import SnapshotStore
 
@@ -35,6 +34,33 @@ def kind_for_url(url: str) -> str | None:
     """The built-in backend kind for a URL's scheme (``local``, ``memory``, ``s3``, ``gcs``)."""
     scheme, _ = fsspec.core.split_protocol(url)
     return _KIND_OF_SCHEME.get(scheme)
+
+
+#: The built-in plugins alone (no third-party entry points), loaded on first use.
+_BUILTIN: list[PluginHost] = []
+
+
+def builtin_snapshot_backend(
+    url: str, options: Mapping[str, Any] | None = None, kind: str | None = None
+) -> SnapshotBackend:
+    """The built-in snapshot backend at ``url``: ``kind``, or the one for the URL's scheme.
+
+    ``local`` for a local path or ``file://``, ``memory``, ``s3`` or ``gcs``
+    (see :func:`kind_for_url`); ``options`` are its storage options. Only
+    sparkjet's own backends, whatever third-party plugins are installed: for
+    a backend that wraps one of them, and for the test kit.
+
+    :raises ConfigError: no ``kind`` given and none for the URL's scheme.
+    :raises PluginError: no built-in backend of that kind.
+    """
+    kind = kind or kind_for_url(url)
+    if kind is None:
+        raise ConfigError(f"no built-in snapshot backend for {url!r}; name its kind")
+    if not _BUILTIN:
+        _BUILTIN.append(PluginHost(autoload=False))
+    cls: Callable[..., SnapshotBackend] = _BUILTIN[0].lookup_kind(
+        Category.SNAPSHOT_BACKEND, kind).cls
+    return cls(url, dict(options or {}))
 
 
 def backend_settings(config: Config) -> tuple[str, str, dict[str, Any]]:
