@@ -226,6 +226,11 @@ def test_every_upgrade_is_refused_or_exact(
     if len(set(names)) != len(names) or any(n.startswith("group-aggregate") for n in names):
         event("not a pipeline")
         return  # two stages of one name: the pipeline itself is refused (tested elsewhere)
+    if not v2.stages:
+        # Every stage dropped: a source with no sink downstream, refused at submit
+        # (tested elsewhere). Hypothesis met it once as three drops in a row.
+        event("not a pipeline")
+        return
     run = next(_runs)
     prefix = f"r{run}"
     pipeline = v2.build(prefix)
