@@ -24,8 +24,13 @@ def tests(session: nox.Session, spark: str) -> None:
     """Run pytest against one pyspark minor version."""
     session.install(f"pyspark=={spark}.*", "-e", ".[test,docs]")
     session.run("python", "-c", "import pyspark; print('pyspark', pyspark.__version__)")
-    # The slowest tests are listed at the end, so a run that grew slow says where.
-    session.run("pytest", "--durations=20", *session.posargs)
+    # Two worker processes (pytest-xdist), each with its own Spark session: the
+    # multi-process fault, storage and CLI tests mostly wait on other
+    # processes, so two run in the time of one on a 2-core machine; a worker
+    # that finishes early takes tests from the other (worksteal). `-n 0` in
+    # the session's arguments runs them in this process. The slowest tests are
+    # listed at the end, so a run that grew slow says where.
+    session.run("pytest", "-n", "2", "--dist", "worksteal", "--durations=20", *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -50,15 +50,16 @@ from typing import Any
 from _harness import connect
 
 from sparkjet.aggregate import counting
-from sparkjet.core.checkpoint import BatchPlan, Checkpoint, CommitRecord
-from sparkjet.core.exports import cut_export, export_state, release_cut
-from sparkjet.core.keygroups import task_range
-from sparkjet.core.planner import Plan, plan
-from sparkjet.core.plugin_manager import PluginHost
-from sparkjet.core.restore import SourceOffsets, seed_checkpoint
-from sparkjet.core.snapshots import SnapshotStore
-from sparkjet.core.snapshots.migrate import migrate_snapshot
-from sparkjet.core.state_files import RangeState, StateRange
+from sparkjet.core.host.manager import PluginHost
+from sparkjet.core.pipeline.planner import Plan, plan
+from sparkjet.core.state.checkpoint import BatchPlan, Checkpoint, CommitRecord
+from sparkjet.core.state.export import cut_export, export_state, release_cut
+from sparkjet.core.state.files import RangeState
+from sparkjet.core.state.keygroups import task_range
+from sparkjet.core.state.restore import SourceOffsets, seed_checkpoint
+from sparkjet.core.state.snapshots import SnapshotStore
+from sparkjet.core.state.snapshots.migrate import migrate_snapshot
+from sparkjet.core.state.versions import StateRange
 from sparkjet.errors import JobCancelledError
 from sparkjet.job import JobConfig, ProcessingGuarantee
 from sparkjet.pipeline import Pipeline, StreamSource

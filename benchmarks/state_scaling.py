@@ -87,7 +87,7 @@ def wait(condition: Any, what: str, poll: float = 0.005) -> None:
 
 
 def sparkjet_run(client: Any, size: int, args: argparse.Namespace) -> list[float]:
-    from sparkjet.core.checkpoint import Checkpoint
+    from sparkjet.core.state.checkpoint import Checkpoint
 
     tag = f"scale-{size}"
     stream = client.get_stream(tag, partitions=2)
@@ -239,7 +239,7 @@ def workers_memory() -> int:
 def settle() -> None:
     """Wait until no compaction child shares the cores (they follow a build's batches)."""
     deadline = time.monotonic() + TIMEOUT
-    while descendants("sparkjet.core.compaction") and time.monotonic() < deadline:
+    while descendants("sparkjet.core.state.compaction") and time.monotonic() < deadline:
         time.sleep(0.2)
     time.sleep(1.0)
 
@@ -324,7 +324,7 @@ def cached_run(client: Any, size: int, args: argparse.Namespace) -> dict[str, fl
             job.cancel()
             with contextlib.suppress(JobCancelledError):
                 job.join(120)
-    from sparkjet.core.state_cache import SWEEP_SECONDS
+    from sparkjet.core.state.cache import SWEEP_SECONDS
 
     time.sleep(2 * SWEEP_SECONDS + 1)  # the workers' sweepers see the job cancelled
     row["after"] = trivial_job(client)

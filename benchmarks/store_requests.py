@@ -26,7 +26,7 @@ from sparkjet import testing
 from sparkjet.aggregate import counting
 from sparkjet.core.client import Client
 from sparkjet.core.config import load_config
-from sparkjet.core.inprocess.engine import InProcessEngine
+from sparkjet.core.engine.inprocess.engine import InProcessEngine
 from sparkjet.job import JobConfig, ProcessingGuarantee
 from sparkjet.pipeline import Pipeline, StreamSource
 

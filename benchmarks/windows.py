@@ -261,7 +261,7 @@ def run(contender: Contender, args: argparse.Namespace, size: int, slide: int
 
 def _idle_range(keys: int, slide: int, end: int) -> dict[Any, Any]:
     """A range of ``keys`` keys, each with one frame ending at ``end``."""
-    from sparkjet.core.windowing import Frames
+    from sparkjet.core.pipeline.window_fold import Frames
 
     return {k: (k, Frames(slide, {end: 1})) for k in range(keys)}
 
@@ -278,10 +278,10 @@ def _timed(run: Callable[[], Any], times: int) -> float:
 
 def idle_keys(args: argparse.Namespace) -> None:
     """One watermark step over ``--idle-keys`` keys, with the index and by the scan."""
-    from sparkjet.core.event_time import WindowClock
-    from sparkjet.core.keyed import fold_into
-    from sparkjet.core.timers import DueIndex
-    from sparkjet.core.windowing import WindowFold
+    from sparkjet.core.pipeline.event_time import WindowClock
+    from sparkjet.core.pipeline.keyed import fold_into
+    from sparkjet.core.pipeline.timers import DueIndex
+    from sparkjet.core.pipeline.window_fold import WindowFold
 
     size, slide = QUERIES["sliding"]
     definition = WindowDefinition.sliding(size, slide)

@@ -58,7 +58,7 @@ def reduce_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     the :func:`client` fixture's jobs run on the in-process engine, the very
     same tasks without Spark.
     """
-    from sparkjet.core.runtime import batch
+    from sparkjet.core.engine.spark import batch
 
     if request.param == "shuffle-reduce":
         monkeypatch.setattr(batch, "DRIVER_REDUCE_LIMIT", -1)
@@ -123,7 +123,7 @@ def _spark_only_where_marked(
     if _spark_asked(request):
         yield
         return
-    from sparkjet.core.runtime import session
+    from sparkjet.core.engine.spark import session
 
     used: list[str] = []
     real = session.get_session

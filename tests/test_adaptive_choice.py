@@ -1,6 +1,6 @@
 """Adaptive micro-batches: the pure choice between the driver and Spark (no Spark needed).
 
-``core.adaptive.choose_local`` takes the sources' planned sizes, the job's
+``core.engine.adaptive.choose_local`` takes the sources' planned sizes, the job's
 state bytes, whether the driver holds any of that state, the ``[engine]``
 settings and whether adaptive batches are on for the job.
 """
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkjet.core.adaptive import PlannedSize, choose_local, resolve_adaptive, worth_warming
 from sparkjet.core.config import EngineSettings
+from sparkjet.core.engine.adaptive import PlannedSize, choose_local, resolve_adaptive, worth_warming
 from sparkjet.job import JobConfig
 
 #: Small thresholds, so a table row reads at a glance.
@@ -141,7 +141,7 @@ def test_adding_items_never_turns_spark_into_local(
 def test_a_source_that_cannot_say_its_size_is_unknown_and_named(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from sparkjet.core.adaptive import ask_sizes
+    from sparkjet.core.engine.adaptive import ask_sizes
 
     def broken() -> None:
         raise OSError("listing refused")

@@ -14,19 +14,14 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from sparkjet.core.checkpoint import FORMAT, BatchPlan, Checkpoint, CommitRecord, RestoredFrom
 from sparkjet.core.errors import StoreError
-from sparkjet.core.keygroups import KeyGroupPartition, key_group, stable_hash, task_range
 from sparkjet.core.model import StageCount
-from sparkjet.core.naming import encode_name
-from sparkjet.core.state_files import (
-    COMPACT_EVERY,
-    RangeState,
-    StatePaths,
-    StateRange,
-    StateVersion,
-)
+from sparkjet.core.state.checkpoint import FORMAT, BatchPlan, Checkpoint, CommitRecord, RestoredFrom
+from sparkjet.core.state.files import COMPACT_EVERY, RangeState, StatePaths
+from sparkjet.core.state.keygroups import KeyGroupPartition, key_group, stable_hash, task_range
+from sparkjet.core.state.versions import StateRange, StateVersion
 from sparkjet.core.store.fs import Store
+from sparkjet.core.store.naming import encode_name
 
 
 @pytest.fixture

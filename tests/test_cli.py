@@ -86,7 +86,7 @@ def config_file(client: sparkjet.Client) -> Path:
 @pytest.fixture
 def no_spark(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fail the test if anything asks for the Spark session."""
-    from sparkjet.core.runtime import session
+    from sparkjet.core.engine.spark import session
 
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("this command must not start Spark")

@@ -363,7 +363,7 @@ def test_metrics_served_to_prometheus_from_another_process(
 
 
 def test_source_lag_counts_what_numeric_offsets_have_unread() -> None:
-    from sparkjet.core.microbatch_loop import source_lag
+    from sparkjet.core.microbatch.loop import source_lag
 
     assert source_lag(3, 10) == 7
     assert source_lag([0, 5], [4, 5, 2]) == 6  # a new partition counts from 0

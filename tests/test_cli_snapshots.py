@@ -282,7 +282,7 @@ def write_snapshot(
     data: bytes = b"x" * 1234, creation_time: int | None = None,
 ) -> Any:
     """A snapshot written straight to the store: one stage, ``clicks-per-user``."""
-    from sparkjet.core.snapshots import ManifestFields, StageFields
+    from sparkjet.core.state.snapshots import ManifestFields, StageFields
 
     fields = ManifestFields(
         job_id="0a1b-2c3d-4e5f-6789", job_name=job_name, sparkjet_version="0.0.0",
@@ -330,7 +330,7 @@ def test_list_snapshots_trims_job_names_as_jet_unless_full(
 @pytest.fixture
 def no_spark(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fail the test if anything asks for the Spark session."""
-    from sparkjet.core.runtime import session
+    from sparkjet.core.engine.spark import session
 
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("this command must not start Spark")

@@ -1,6 +1,6 @@
 """A micro-batch's commit sequence, broken between any two of its store requests.
 
-:class:`sparkjet.core.batch_commit.BatchCommit` runs each micro-batch's
+:class:`sparkjet.core.microbatch.commit.BatchCommit` runs each micro-batch's
 requests in one order: the write-ahead plan, the state folder's listing, the
 state file, the fence, the sink's writer index, its record, its fold check,
 its index again, the commit point, then the job's record. Here the driver's
@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 
 from sparkjet.aggregate import counting
-from sparkjet.core import state_cache
 from sparkjet.core.client import Client
 from sparkjet.core.config import load_config
-from sparkjet.core.inprocess.engine import InProcessEngine
+from sparkjet.core.engine.inprocess.engine import InProcessEngine
+from sparkjet.core.state import cache as state_cache
 from sparkjet.core.store import commit_log, stream_log
 from sparkjet.core.store.fs import Store
 from sparkjet.errors import StoreError

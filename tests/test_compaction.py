@@ -9,8 +9,9 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from sparkjet.core import compaction
-from sparkjet.core.state_files import COMPACT_EVERY, COMPACT_LIMIT, StatePaths, StateVersion
+from sparkjet.core.state import compaction
+from sparkjet.core.state.files import COMPACT_EVERY, COMPACT_LIMIT, StatePaths
+from sparkjet.core.state.versions import StateVersion
 from sparkjet.core.store.fs import Store
 
 

@@ -603,7 +603,7 @@ def test_driver_only_must_be_a_bool() -> None:
 def test_a_driver_only_client_runs_batch_and_streaming_jobs_and_never_starts_spark(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from sparkjet.core.runtime import session
+    from sparkjet.core.engine.spark import session
     from sparkjet.errors import JobCancelledError
     from sparkjet.pipeline import Pipeline, StreamSource
 

@@ -23,8 +23,8 @@ from pyspark import cloudpickle as pyspark_cloudpickle
 import sparkjet
 from sparkjet.aggregate import counting
 from sparkjet.cli import main
-from sparkjet.core.fusion import FusedPass, Op, Stamp, StampKind, Terminal, TerminalKind
-from sparkjet.core.graph import OpKind
+from sparkjet.core.pipeline.fusion import FusedPass, Op, Stamp, StampKind, Terminal, TerminalKind
+from sparkjet.core.pipeline.graph import OpKind
 from sparkjet.errors import ConfigError, JobFailedError, PipelineDefinitionError
 from sparkjet.job import Job, JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.pipeline import KeyedWindowResult, Pipeline, StreamSource, WindowDefinition

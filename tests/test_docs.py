@@ -23,7 +23,7 @@ import pytest
 import sparkjet
 from sparkjet import aggregate, errors, job, pipeline, plugin
 from sparkjet.core import config as core_config
-from sparkjet.core import hookspecs
+from sparkjet.core.host import hookspecs
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -97,7 +97,7 @@ def test_every_hook_has_a_section_in_plugins_md(hook: str) -> None:
     heading = f"`{hook}`"
     found = sections(text, 3)
     assert heading in found, (
-        f"hook {hook} (src/sparkjet/core/hookspecs.py) has no '### `{hook}`' heading "
+        f"hook {hook} (src/sparkjet/core/host/hookspecs.py) has no '### `{hook}`' heading "
         "in docs/plugins.md"
     )
     body = found[heading]
@@ -157,7 +157,7 @@ def test_every_config_key_is_in_configuration_md(section: str) -> None:
 
 
 def test_environment_variables_are_in_configuration_md() -> None:
-    from sparkjet.core import plugin_manager as core_plugins
+    from sparkjet.core.host import manager as core_plugins
 
     text = read_doc("configuration.md")
     for var in (
@@ -171,7 +171,7 @@ def test_environment_variables_are_in_configuration_md() -> None:
 
 
 def test_spark_defaults_are_in_configuration_md() -> None:
-    from sparkjet.core.runtime.session import DEFAULT_CONF
+    from sparkjet.core.engine.spark.session import DEFAULT_CONF
 
     text = read_doc("configuration.md")
     for key, value in DEFAULT_CONF.items():
@@ -326,7 +326,7 @@ def test_updatable_config_fields_are_documented() -> None:
 
 
 def test_streaming_metrics_are_in_streaming_md() -> None:
-    from sparkjet.core.microbatch_loop import StreamProgress
+    from sparkjet.core.microbatch.loop import StreamProgress
 
     text = read_doc("streaming.md")
     keys = [*StreamProgress().as_metrics(), "snapshotKeys", "snapshotBytes"]
@@ -355,7 +355,7 @@ def test_stream_handle_is_documented() -> None:
 
 
 def test_checkpoint_layout_matches_the_code() -> None:
-    from sparkjet.core import checkpoint
+    from sparkjet.core.state import checkpoint
 
     text = read_doc("streaming.md")
     layout = (checkpoint.__doc__ or "").split("::", 1)[1]

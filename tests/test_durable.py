@@ -1,7 +1,8 @@
 """Durable state on a store other processes share: what the store and the checkpoint
 promise when files go missing, get truncated or tampered with, when a filesystem
 client retries a create, and when a second driver takes a job over from one that
-is still alive (fencing). No Spark here: jobs run on the fake engine.
+is still alive (fencing). No Spark here: jobs run their real tasks on the
+in-process engine (:mod:`tests.engine_knobs`).
 """
 
 from __future__ import annotations
@@ -20,14 +21,13 @@ import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from sparkjet.core.checkpoint import BatchPlan, Checkpoint, CommitRecord
 from sparkjet.core.client import Client
-from sparkjet.core.config import load_config
 from sparkjet.core.jobs import handle as handle_module
 from sparkjet.core.jobs import heartbeat as heartbeat_module
 from sparkjet.core.jobs import record as record_module
-from sparkjet.core.jobs import streaming as streaming_module
-from sparkjet.core.state_files import RangeState, StatePaths
+from sparkjet.core.jobs import stream_run as streaming_module
+from sparkjet.core.state.checkpoint import BatchPlan, Checkpoint, CommitRecord
+from sparkjet.core.state.files import RangeState, StatePaths
 from sparkjet.core.store.commit_log import CommitLog
 from sparkjet.core.store.fs import Store
 from sparkjet.core.store.job_records import JobRecords
@@ -41,10 +41,12 @@ from sparkjet.errors import (
 from sparkjet.job import JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.pipeline import Pipeline, StreamSource
 from tests.conftest import wait_until
-from tests.fake_engine import FakeClients, FakeEngine, stream_pipeline
+from tests.engine_knobs import Clients, ControlledEngine, sink_items, stream_pipeline
 
 S = JobStatus
 EXACTLY_ONCE = ProcessingGuarantee.EXACTLY_ONCE
+
+_clients = Clients()
 
 
 @pytest.fixture(params=["file", "memory"])
@@ -103,7 +105,7 @@ def test_a_store_that_ignores_create_only_writes_is_found_and_refuses_exactly_on
     assert Store(f"memory://cond-{tmp_path.name}").conditional_writes is True
     assert Store(str(tmp_path / "local")).conditional_writes is True
 
-    client = Client(load_config({"store": {"url": url}}), engine=FakeEngine())
+    client = _clients.make(url)
     client.get_stream("events", partitions=1)
     with pytest.raises(ProcessingGuaranteeError, match=rf"store '{url}' does not") as info:
         client.get_jet().submit(stream_pipeline(), JobConfig(processing_guarantee=EXACTLY_ONCE))
@@ -311,7 +313,6 @@ def test_a_late_attempt_of_an_old_batch_never_deletes_a_newer_version(store: Sto
 # --- jobs: control files and fencing ----------------------------------------------------
 
 
-_clients = FakeClients()
 make_client = _clients.make
 
 
@@ -335,7 +336,7 @@ def submit(client: Client, name: str) -> Any:
 def test_malformed_control_files_are_quarantined_and_never_stop_the_heartbeat(
     store_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    client = make_client(store_url, FakeEngine())
+    client = make_client(store_url)
     client.get_stream("events", partitions=1)
     job = submit(client, "steady")
     control = Path(client.store.root) / "jobs" / job.id / "control"
@@ -360,7 +361,7 @@ def test_malformed_control_files_are_quarantined_and_never_stop_the_heartbeat(
 def test_a_tampered_checkpoint_field_stops_cancel_before_it_deletes(
     store_url: str, tmp_path: Path
 ) -> None:
-    client = make_client(store_url, FakeEngine())
+    client = make_client(store_url)
     client.get_stream("events", partitions=1)
     job = submit(client, "tampered")
     job.suspend()
@@ -371,7 +372,7 @@ def test_a_tampered_checkpoint_field_stops_cancel_before_it_deletes(
     runner = client.get_jet().runners.get(job.id)
     runner.lease.stage(lambda r: replace(r, checkpoint="../../../precious"))
     with pytest.raises(StoreError, match=r"checkpoint field '\.\./\.\./\.\./precious'"):
-        runner._discard_checkpoint()
+        runner.folder.discard()
     assert (outside / "keep.txt").exists()
     runner.lease.stage(lambda r: replace(r, checkpoint="checkpoint"))
     job.cancel()
@@ -384,8 +385,8 @@ def test_a_driver_taken_over_while_alive_is_fenced_and_stops_writing(
 ) -> None:
     """Driver A looks dead to B (a long pause, a partition) but lives on. B takes the
     job over at epoch 1; A finds itself fenced at its next write and stops; no batch is
-    planned or committed twice, and the record stays B's."""
-    engine_a, engine_b = FakeEngine(), FakeEngine()
+    planned or committed twice, the record stays B's, and the sink holds every item once."""
+    engine_a, engine_b = ControlledEngine(), ControlledEngine()
     a = make_client(store_url, engine_a)
     stream = a.get_stream("events", partitions=1)
     job_a = submit(a, "zombie")
@@ -396,11 +397,13 @@ def test_a_driver_taken_over_while_alive_is_fenced_and_stops_writing(
     b = make_client(store_url, engine_b)
     job_b = b.get_jet().get_job(job_a.id)
     assert job_b is not None
-    engine_a.gate.clear()  # A is "paused" inside its next micro-batch
+    engine_a.hold.clear()  # A "pauses" in its next micro-batch, its work done, before its commit
     stream.publish_all(range(3, 6))
     checkpoint = Path(a.store.root) / "jobs" / job_a.id / "checkpoint"
-    wait_until(lambda: (checkpoint / "offsets" / f"{1:020d}.json").exists(), timeout=10,
-               what="A to plan batch 1 and run it")
+    wait_until(engine_a.holding.is_set, timeout=10, what="A to plan batch 1 and run it")
+    assert (checkpoint / "offsets" / f"{1:020d}.json").exists()
+    assert [w.batch for w in engine_a.micro_batches(job_a.id)] == [0, 1]
+    assert sink_items(a) == [0, 1, 2]  # A's batch 1 is written, not committed
     # B judges A dead (its heartbeat looked stale from where B stands).
     monkeypatch.setattr(handle_module, "driver_alive", lambda records, record: False)
     job_b.resume()
@@ -409,8 +412,9 @@ def test_a_driver_taken_over_while_alive_is_fenced_and_stops_writing(
     stream.publish_all(range(6, 9))
     wait_until(lambda: job_b.get_metrics()["lastCommittedBatch"] >= 2, timeout=10,
                what="B to commit batches 1 and 2")
+    assert sink_items(b) == list(range(9))
 
-    engine_a.gate.set()  # A wakes up
+    engine_a.hold.set()  # A wakes up
     with pytest.raises(JobFencedError, match=r"epoch 0\) was fenced off: .* at epoch 1") as info:
         job_a.join(timeout=10)
     assert info.value.epoch == 1
@@ -425,6 +429,7 @@ def test_a_driver_taken_over_while_alive_is_fenced_and_stops_writing(
     assert [int(n[:-5]) for n in commits] == [0, 1, 2] and ends == [[3], [6], [9]]
     assert [(c.batch, c.source_ranges["events"]) for c in engine_b.micro_batches(job_a.id)] == [
         (1, ([3], [6])), (2, ([6], [9]))]
+    assert sink_items(a) == list(range(9))  # A's batch 1 was aborted, B's replay landed once
     job_b.cancel()
     with pytest.raises(JobCancelledError):
         job_b.join(timeout=10)
@@ -453,11 +458,8 @@ def test_a_canary_secret_reaches_no_store_file(
 ) -> None:
     canary = "canary-7f3a9c1e-do-not-persist"
     monkeypatch.setenv("SPARKJET_TEST_CANARY", canary)
-    client = Client(load_config({
-        "store": {"url": store_url},
-        "plugins": {"some-plugin": {"token": "${env:SPARKJET_TEST_CANARY}"}},
-    }), engine=FakeEngine())
-    _clients.made.append(client)
+    client = make_client(
+        store_url, plugins={"some-plugin": {"token": "${env:SPARKJET_TEST_CANARY}"}})
     stream = client.get_stream("events", partitions=1)
 
     # A function that captured the client would carry the configuration into
@@ -473,7 +475,8 @@ def test_a_canary_secret_reaches_no_store_file(
         arguments=["--token", canary],
     ))
     stream.publish_all(range(5))
-    wait_until(lambda: job.get_metrics()["lastCommittedBatch"] >= 0, timeout=10, what="a batch")
+    wait_until(lambda: len(sink_items(client)) >= 5, timeout=10, what="the items in the sink")
+    assert sink_items(client) == list(range(5))  # the sink's files are among those scanned
     record = client.get_jet().records.read(job.id) or {}
     assert record["config"]["arguments"] == ["--token", "***"]
     assert job.config.arguments == ["--token", "***"]
@@ -605,10 +608,10 @@ def test_commit_once_costs_the_same_however_long_the_log(
 _OVER_MEMORY = r"""
 import resource, sys
 from sparkjet.aggregate import counting
-from sparkjet.core.graph import AggregateSpec
-from sparkjet.core.keyed import keyed_fold
-from sparkjet.core.tasks.state import StateTask
-from sparkjet.core.state_files import RangeState, StatePaths
+from sparkjet.core.pipeline.graph import AggregateSpec
+from sparkjet.core.pipeline.keyed import keyed_fold
+from sparkjet.core.engine.tasks.state import StateTask
+from sparkjet.core.state.files import RangeState, StatePaths
 from sparkjet.core.store.fs import Store
 
 store = Store(sys.argv[1])
@@ -627,7 +630,7 @@ try:
     list(task(0, iter([])))
     list(task(0, iter([("key-1", (0, 1))])))
 except Exception as exc:
-    from sparkjet.core.fusion import decode_failure
+    from sparkjet.core.pipeline.fusion import decode_failure
     stage, cause, _ = decode_failure(str(exc))
     print(type(exc).__name__, stage, type(cause).__name__, cause)
 else:

@@ -570,12 +570,12 @@ def test_a_job_whose_failure_handling_fails_still_ends_failed_for_everyone(
     ``join`` raises naming both errors, listeners and plugins hear FAILED, the
     store holds it with the stage, and the name is free for the next submit.
     """
-    from sparkjet.core.jobs.runner import JobRunner
+    from sparkjet.core.jobs.outcome import Tally
 
-    def broken_metrics(self: JobRunner) -> dict[str, Any]:
+    def broken_metrics(self: Tally) -> dict[str, Any]:
         raise RuntimeError("metrics broke")
 
-    monkeypatch.setattr(JobRunner, "metrics", broken_metrics)
+    monkeypatch.setattr(Tally, "metrics", broken_metrics)
 
     def boom(x: int) -> int:
         raise ValueError(f"bad item {x}")
@@ -640,8 +640,8 @@ def test_the_heartbeat_outlives_a_failure_to_gather_its_progress(
     """
     from sparkjet.core.client import Client
     from sparkjet.core.config import load_config
-    from sparkjet.core.inprocess.engine import InProcessEngine
-    from sparkjet.core.jobs.streaming import StreamRun
+    from sparkjet.core.engine.inprocess.engine import InProcessEngine
+    from sparkjet.core.jobs.stream_run import StreamRun
 
     original = StreamRun.progress_change
     calls: list[int] = []

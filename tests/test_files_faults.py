@@ -52,7 +52,7 @@ def later_file() -> bytes:
 
 def committed_offsets(client: sparkjet.Client, job_id: str) -> Any:
     """The file source's offsets at the job's last committed micro-batch (None before one)."""
-    from sparkjet.core.checkpoint import Checkpoint
+    from sparkjet.core.state.checkpoint import Checkpoint
 
     checkpoint = Checkpoint(client.store, client.store.layout.checkpoint(job_id, "checkpoint"))
     last = checkpoint.last_commit()

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 import sparkjet
+from sparkjet.core.engine.inprocess.datasets import LocalData, LocalDatasets
 from sparkjet.core.errors import JobFailedError
-from sparkjet.core.fusion import StageFailure, decode_failure
-from sparkjet.core.inprocess.datasets import LocalData, LocalDatasets
+from sparkjet.core.pipeline.fusion import StageFailure, decode_failure
 from sparkjet.pipeline import Pipeline
 from tests.conftest import run_pipeline
 
@@ -34,7 +34,7 @@ def test_a_job_runs_without_importing_pyspark(tmp_path: Path) -> None:
         from sparkjet import aggregate
         from sparkjet.core.client import Client
         from sparkjet.core.config import load_config
-        from sparkjet.core.inprocess.engine import InProcessEngine
+        from sparkjet.core.engine.inprocess.engine import InProcessEngine
         from sparkjet.pipeline import Pipeline
 
         client = Client(load_config({{"store": {{"url": {str(tmp_path / "store")!r}}}}}),
@@ -140,7 +140,7 @@ def test_a_cancelled_run_stops_at_the_next_item() -> None:
 
 
 def test_a_shuffle_sends_each_key_to_its_key_groups_task_as_spark_does() -> None:
-    from sparkjet.core.keygroups import KeyGroupPartition
+    from sparkjet.core.state.keygroups import KeyGroupPartition
 
     records = [(key, 1) for key in ["a", "b", "c", 1, 2, 3, (4, 5)]]
     data = LocalDatasets(3, lambda: False)

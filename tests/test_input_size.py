@@ -16,7 +16,7 @@ import pytest
 import sparkjet.plugin
 from sparkjet.contrib.files import FileSource
 from sparkjet.contrib.kafka import KafkaSource
-from sparkjet.core.contracts import JobContext, Source, TaskContext, source_lag
+from sparkjet.core.host.contracts import JobContext, Source, TaskContext, source_lag
 from sparkjet.core.store.commit_log import INLINE_LIMIT
 from sparkjet.core.store.fs import Store
 from sparkjet.core.store.stream_log import StreamLog
@@ -89,7 +89,7 @@ def test_offsets_that_do_not_count_give_none_not_an_error(start: Any, end: Any) 
 
 
 def test_source_lag_is_still_importable_from_the_loop() -> None:
-    from sparkjet.core import microbatch_loop
+    from sparkjet.core.microbatch import loop as microbatch_loop
 
     assert microbatch_loop.source_lag is source_lag
 

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from sparkjet.aggregate import counting, summing, to_list
-from sparkjet.core.aggregation import AggregateOperation
-from sparkjet.core.fusion import FOLDING, FusedPass, freeze
-from sparkjet.core.graph import (
+from sparkjet.core.pipeline.aggregation import AggregateOperation
+from sparkjet.core.pipeline.fusion import FOLDING, FusedPass, freeze
+from sparkjet.core.pipeline.graph import (
     AggregateSpec,
     DistinctSpec,
     GroupAggregateSpec,
@@ -23,7 +23,7 @@ from sparkjet.core.graph import (
     MapStatefulSpec,
     state_ttl_ms,
 )
-from sparkjet.core.keyed import (
+from sparkjet.core.pipeline.keyed import (
     MISSING,
     KeyedFold,
     fold_into,

@@ -1,11 +1,14 @@
-"""The job lifecycle on an in-process engine: statuses, control, take-over, cluster policy.
+"""The job lifecycle on the in-process engine: statuses, control, take-over, cluster policy.
 
 No Spark and no JVM here (``test_lifecycle_runs_without_java`` proves it):
-jobs run on :class:`tests.fake_engine.FakeEngine`, against a real store in a
-temporary folder, with the real runner, streaming loop and checkpoint. What
-the work does to data is tested on Spark elsewhere; what a job *is* — which
-status follows which, who may act on it from where, what happens when its
-driver dies or its executors go — is tested here, in milliseconds.
+jobs run their real tasks on the in-process engine
+(:class:`tests.engine_knobs.ControlledEngine`, which also reports the
+executors a test sets), against a real store in a temporary folder, with the
+real runner, streaming loop and checkpoint. What a job *is* — which status
+follows which, who may act on it from where, what happens when its driver
+dies or its executors go — is tested here, in milliseconds; and where a job
+was resumed, restarted or taken over, what its sink holds says no item was
+lost or written twice.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import pytest
 
 from sparkjet.core.client import Client
 from sparkjet.core.jobs import heartbeat as heartbeat_module
-from sparkjet.core.jobs import streaming as streaming_module
+from sparkjet.core.jobs import stream_run as streaming_module
 from sparkjet.core.jobs.lifecycle import (
     ACTION_FROM,
     TRANSITIONS,
@@ -46,7 +49,15 @@ from sparkjet.job import Job, JobConfig, JobStatus, JobStatusEvent, ProcessingGu
 from sparkjet.pipeline import Pipeline
 from sparkjet.plugin import hookimpl
 from tests.conftest import wait_until
-from tests.fake_engine import FakeClients, FakeEngine, stream_pipeline
+from tests.engine_knobs import (
+    Clients,
+    ControlledEngine,
+    Gate,
+    Raises,
+    RaisesOnce,
+    sink_items,
+    stream_pipeline,
+)
 
 S = JobStatus
 EXACTLY_ONCE = ProcessingGuarantee.EXACTLY_ONCE
@@ -148,7 +159,7 @@ def test_split_brain_protection_needs_half_plus_one() -> None:
     assert watch.check({"1"}, guarded, "j") is None  # a resumed job counts what it has
 
 
-# --- jobs on the fake engine ---------------------------------------------------------
+# --- jobs on the in-process engine ----------------------------------------------------
 
 
 @pytest.fixture(autouse=True)
@@ -158,11 +169,11 @@ def _fast_checks(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def engine() -> FakeEngine:
-    return FakeEngine()
+def engine() -> ControlledEngine:
+    return ControlledEngine()
 
 
-_clients = FakeClients()
+_clients = Clients()
 make_client = _clients.make
 
 
@@ -173,13 +184,19 @@ def _no_job_outlives_its_test() -> Iterator[None]:
 
 
 @pytest.fixture
-def fake_client(store_url: str, engine: FakeEngine) -> Client:
+def client(store_url: str, engine: ControlledEngine) -> Client:
+    """This module's client: its jobs run in process, on :func:`engine`, whatever
+    ``SPARKJET_TEST_ENGINE`` says (the lifecycle runs without a JVM)."""
     return make_client(store_url, engine)
 
 
-def batch_pipeline() -> Pipeline:
+def batch_pipeline(*stages: tuple[str, Any]) -> Pipeline:
+    """List ``numbers`` (1, 2, 3) into list ``out``, through ``(name, function)`` map stages."""
     p = Pipeline.create()
-    p.read_from(Pipeline.from_list("numbers", [1, 2, 3])).write_to(Pipeline.to_list("out"))
+    flow = p.read_from(Pipeline.from_list("numbers", [1, 2, 3]))
+    for name, function in stages:
+        flow = flow.map(function).set_name(name)
+    flow.write_to(Pipeline.to_list("out"))
     return p
 
 
@@ -193,36 +210,45 @@ def record_events(job: Job) -> list[tuple[JobStatus, JobStatus]]:
     return seen
 
 
-def submit_stream(client: Client, name: str, **changes: Any) -> Job:
+def submit_stream(client: Client, name: str, *stages: tuple[str, Any], **changes: Any) -> Job:
     changes.setdefault("snapshot_interval_millis", 10)
     job = client.get_jet().submit(
-        stream_pipeline(), JobConfig(name=name, processing_guarantee=EXACTLY_ONCE, **changes)
+        stream_pipeline(*stages),
+        JobConfig(name=name, processing_guarantee=EXACTLY_ONCE, **changes),
     )
     wait_until(lambda: job.status is S.RUNNING, timeout=10, what=f"{name} to run")
     return job
 
 
-def test_batch_job_goes_through_jets_statuses(fake_client: Client, engine: FakeEngine) -> None:
-    engine.gate.clear()
-    job = fake_client.get_jet().submit(batch_pipeline(), JobConfig(name="batch"))
+def wait_for_sink(client: Client, expected: list[Any], what: str) -> None:
+    """Wait until list ``out`` holds as many items as ``expected``, then check it holds those.
+
+    Exactly those, each once: a lost item times out, a duplicate fails the check.
+    """
+    wait_until(lambda: len(sink_items(client)) >= len(expected), timeout=10, what=what)
+    assert sink_items(client) == sorted(expected)
+
+
+def test_batch_job_goes_through_jets_statuses(client: Client) -> None:
+    gate = Gate()
+    job = client.get_jet().submit(batch_pipeline(("gate", gate)), JobConfig(name="batch"))
     seen = record_events(job)
-    wait_until(lambda: job.status is S.RUNNING, timeout=10, what="RUNNING")
-    engine.gate.set()
+    wait_until(gate.reached, timeout=10, what="the job to reach its gate")
+    assert job.status is S.RUNNING
+    gate.open()
     job.join(timeout=10)
     full = [(S.NOT_RUNNING, S.STARTING), (S.STARTING, S.RUNNING),
             (S.RUNNING, S.COMPLETING), (S.COMPLETING, S.COMPLETED)]
     # The listener was added while the job started: it saw the moves from then on.
     assert len(seen) >= 2 and seen == full[-len(seen):]
     assert job.status is S.COMPLETED and not job.is_streaming() and job.is_driven_here()
-    assert [c.kind for c in engine.calls] == ["batch"]
+    assert sink_items(client) == [1, 2, 3]  # one run, committed once
     metrics = job.get_metrics()
     assert 0 < metrics["executionStartTime"] <= metrics["executionCompletionTime"]
-    assert set(metrics["stages"]) == {"from-list(numbers)", "to-list(out)"}
+    assert set(metrics["stages"]) == {"from-list(numbers)", "gate", "to-list(out)"}
 
 
-def test_a_failing_batch_job_fails_and_tells_the_plugins(
-    fake_client: Client, engine: FakeEngine
-) -> None:
+def test_a_failing_batch_job_fails_and_tells_the_plugins(client: Client) -> None:
     errors: list[BaseException] = []
 
     class Observer:
@@ -230,46 +256,50 @@ def test_a_failing_batch_job_fails_and_tells_the_plugins(
         def on_job_error(self, job: Job, error: BaseException) -> None:
             errors.append(error)
 
-    fake_client.register_plugin(Observer(), "observer")
-    engine.fail_with = JobFailedError("stage 'x' failed: ValueError: boom", "x")
-    job = fake_client.get_jet().submit(batch_pipeline())
+    client.register_plugin(Observer(), "observer")
+    job = client.get_jet().submit(batch_pipeline(("x", Raises(ValueError, "boom"))))
     with pytest.raises(JobFailedError, match="boom") as info:
         job.join(timeout=10)
     assert info.value.stage == "x"
     assert job.status is S.FAILED and job.get_failure() == "stage 'x' failed: ValueError: boom"
     assert errors == [info.value]
+    assert sink_items(client) == []  # a failed job commits nothing
 
 
 def test_cancel_stops_a_running_batch_job_through_the_engine(
-    fake_client: Client, engine: FakeEngine
+    client: Client, engine: ControlledEngine
 ) -> None:
-    engine.gate.clear()
-    job = fake_client.get_jet().submit(batch_pipeline(), JobConfig(name="slow"))
-    wait_until(lambda: job.status is S.RUNNING, timeout=10, what="RUNNING")
+    gate = Gate()
+    job = client.get_jet().submit(batch_pipeline(("gate", gate)), JobConfig(name="slow"))
+    wait_until(gate.reached, timeout=10, what="the job to reach its gate")
+    assert job.status is S.RUNNING
     with pytest.raises(TimeoutException, match=r"'slow'.*did not finish within 0.05 s"):
         job.join(timeout=0.05)
     job.cancel()
+    gate.open()  # the function returns; the engine finds the cancel before the next item
     with pytest.raises(JobCancelledError):
         job.join(timeout=10)
     assert job.is_user_cancelled() and job.id in engine.cancelled_jobs
     assert engine.bound  # the job thread tagged its work before running it
+    assert sink_items(client) == []  # stopped before its sink committed
     with pytest.raises(JobStateError, match="it has already FAILED"):
         job.cancel()
 
 
 def test_streaming_job_suspends_resumes_restarts_and_is_cancelled(
-    fake_client: Client, engine: FakeEngine
+    client: Client, engine: ControlledEngine
 ) -> None:
-    stream = fake_client.get_stream("events", partitions=2)
+    stream = client.get_stream("events", partitions=2)
     # Published before the job starts: a publish writes one partition after the
     # other, and a running loop may plan a batch between the two.
     stream.publish_all(range(10))
-    job = submit_stream(fake_client, "clicks")
+    job = submit_stream(client, "clicks")
     seen = record_events(job)
     wait_until(lambda: job.get_metrics()["lastCommittedBatch"] >= 0, timeout=10, what="a batch")
     first = engine.micro_batches(job.id)[0]
     assert first.batch == 0 and first.committed == -1
     assert first.source_ranges == {"events": ([0, 0], [5, 5])}
+    assert sink_items(client) == sorted(range(10))
 
     job.suspend()
     assert job.wait_for_status(S.SUSPENDED, timeout=10) is S.SUSPENDED
@@ -284,43 +314,54 @@ def test_streaming_job_suspends_resumes_restarts_and_is_cancelled(
     # The resumed job continues after the last committed batch, from its end offsets.
     assert (second.batch, second.committed) == (1, 0)
     assert second.source_ranges == {"events": ([5, 5], [7, 7])}
+    wait_for_sink(client, [*range(10), *range(4)], "batch 1 in the sink")
 
     job.restart()
     wait_until(lambda: (S.STARTING, S.RUNNING) in seen[seen.index((S.RUNNING, S.STARTING)):]
                if (S.RUNNING, S.STARTING) in seen else False, timeout=10, what="a restart")
+    # The restarted job goes on from its checkpoint: nothing read again, nothing skipped.
+    stream.publish_all([100, 101])
+    wait_for_sink(client, [*range(10), *range(4), 100, 101], "the restarted job's batch")
+    after = [w.batch for w in engine.micro_batches(job.id)][2:]
+    assert after and after == list(range(2, 2 + len(after)))  # numbered on from batch 2
     job.cancel()
     with pytest.raises(JobCancelledError):
         job.join(timeout=10)
     assert seen[:4] == [(S.RUNNING, S.SUSPENDED), (S.SUSPENDED, S.STARTING),
                         (S.STARTING, S.RUNNING), (S.RUNNING, S.STARTING)]
     assert seen[-1] == (S.RUNNING, S.FAILED)
-    assert not (Path(fake_client.store.root) / "jobs" / job.id / "checkpoint").exists()
+    assert not (Path(client.store.root) / "jobs" / job.id / "checkpoint").exists()
+    assert sink_items(client) == sorted([*range(10), *range(4), 100, 101])
 
 
 def test_a_failing_micro_batch_suspends_with_suspend_on_failure(
-    fake_client: Client, engine: FakeEngine
+    client: Client, engine: ControlledEngine, tmp_path: Path
 ) -> None:
-    stream = fake_client.get_stream("events", partitions=1)
-    job = submit_stream(fake_client, "fragile", suspend_on_failure=True)
-    engine.fail_with = JobFailedError("stage 'events' failed: OSError: disk gone", "events")
+    stream = client.get_stream("events", partitions=1)
+    armed = tmp_path / "disk-fails-once"
+    armed.touch()
+    job = submit_stream(client, "fragile", ("disk", RaisesOnce(str(armed), "disk gone")),
+                        suspend_on_failure=True)
     stream.publish_all([1])
     assert job.wait_for_status(S.SUSPENDED, timeout=10) is S.SUSPENDED
-    assert "disk gone" in job.get_suspension_cause()
-    assert engine.micro_batches(job.id) == []  # the failed batch did not commit
+    assert job.get_suspension_cause() == "stage 'disk' failed: OSError: disk gone"
+    assert engine.micro_batches(job.id) == []  # the failed batch did not commit ...
+    assert sink_items(client) == []  # ... nor did its sink
     job.resume()
-    wait_until(lambda: len(engine.micro_batches(job.id)) == 1, timeout=10, what="the replay")
-    assert engine.micro_batches(job.id)[0].batch == 0  # the same batch, replayed
+    wait_until(lambda: job.get_metrics()["lastCommittedBatch"] == 0, timeout=10,
+               what="the replay")
+    assert [w.batch for w in engine.micro_batches(job.id)] == [0]  # the same batch, replayed
+    assert sink_items(client) == [1]  # landed once
     job.cancel()
     with pytest.raises(JobCancelledError):
         job.join(timeout=10)
 
 
-
-def test_a_cancel_that_races_the_suspend_ends_the_job(fake_client: Client) -> None:
+def test_a_cancel_that_races_the_suspend_ends_the_job(client: Client) -> None:
     """A cancel arriving while the job thread is still stopping (here: from its own
     SUSPENDED listener, before the thread returns) ends the job exactly once."""
-    fake_client.get_stream("events", partitions=1)
-    job = submit_stream(fake_client, "racing")
+    client.get_stream("events", partitions=1)
+    job = submit_stream(client, "racing")
 
     def cancel_on_suspend(event: JobStatusEvent) -> None:
         if event.new_status is S.SUSPENDED:
@@ -338,12 +379,14 @@ def test_a_cancel_that_races_the_suspend_ends_the_job(fake_client: Client) -> No
 
 
 def test_other_processes_act_through_the_control_folder(
-    store_url: str, fake_client: Client, caplog: pytest.LogCaptureFixture
+    store_url: str, client: Client, caplog: pytest.LogCaptureFixture
 ) -> None:
-    fake_client.get_stream("events", partitions=1)
-    job = submit_stream(fake_client, "remote")
-    other = make_client(store_url, FakeEngine()).get_jet().get_job(job.id)
+    stream = client.get_stream("events", partitions=1)
+    job = submit_stream(client, "remote")
+    other = make_client(store_url).get_jet().get_job(job.id)
     assert other is not None and not other.is_driven_here() and other.is_driver_alive()
+    stream.publish_all(range(3))
+    wait_for_sink(client, [0, 1, 2], "the first batch")
 
     other.suspend()
     assert other.wait_for_status(S.SUSPENDED, timeout=10) is S.SUSPENDED
@@ -351,10 +394,12 @@ def test_other_processes_act_through_the_control_folder(
     wait_until(lambda: job.config.snapshot_interval_millis == 25, timeout=10,
                what="the driver to apply the new configuration")
     with caplog.at_level(logging.WARNING, logger="sparkjet.jobs"):
-        fake_client.get_jet().records.request(job.id, "explode")
+        client.get_jet().records.request(job.id, "explode")
         other.resume()
         assert other.wait_for_status(S.RUNNING, timeout=10) is S.RUNNING
     assert "ignoring unknown request 'explode'" in caplog.text
+    stream.publish_all(range(3, 5))
+    wait_for_sink(client, list(range(5)), "the resumed job's batch")
     other.cancel()
     with pytest.raises(JobCancelledError):
         other.join(timeout=10)
@@ -362,17 +407,17 @@ def test_other_processes_act_through_the_control_folder(
 
 
 def test_a_request_the_driver_refuses_raises_in_the_asking_process(
-    store_url: str, fake_client: Client
+    store_url: str, client: Client
 ) -> None:
     """The driver answers every request; a refusal is the caller's JobStateError.
 
     The asking handle's check passed on what it read; the driver's status
     decides (two processes resuming at once: the second one is refused).
     """
-    fake_client.get_stream("events", partitions=1)
-    job = submit_stream(fake_client, "answered")
+    client.get_stream("events", partitions=1)
+    job = submit_stream(client, "answered")
     job.wait_for_status(S.RUNNING, timeout=10)
-    other = make_client(store_url, FakeEngine()).get_jet().get_job(job.id)
+    other = make_client(store_url).get_jet().get_job(job.id)
     assert other is not None and not other.is_driven_here()
     # What a handle that read SUSPENDED a moment ago sends: the driver refuses it.
     with pytest.raises(JobStateError, match=re.escape(
@@ -380,7 +425,7 @@ def test_a_request_the_driver_refuses_raises_in_the_asking_process(
     )):
         other._ask(Action.RESUME)
     assert job.status is S.RUNNING
-    answers = (fake_client.get_jet().records.read(job.id) or {})["answers"]
+    answers = (client.get_jet().records.read(job.id) or {})["answers"]
     assert [Answer.from_json(a).error for a in answers.values()] == [
         f"cannot resume job 'answered' ({job.id}): it is RUNNING, not SUSPENDED"
     ]
@@ -405,15 +450,15 @@ def test_a_request_the_driver_refuses_raises_in_the_asking_process(
 
 
 def test_a_driver_that_never_answers_times_out_naming_it(
-    store_url: str, fake_client: Client
+    store_url: str, client: Client
 ) -> None:
-    fake_client.get_stream("events", partitions=1)
-    job = submit_stream(fake_client, "mute")
+    client.get_stream("events", partitions=1)
+    job = submit_stream(client, "mute")
     job.wait_for_status(S.RUNNING, timeout=10)
-    runner = fake_client.get_jet().runners.get(job.id)
+    runner = client.get_jet().runners.get(job.id)
     runner.done.set()  # the watcher stops: nothing takes the control folder any more
     runner.watcher.join(timeout=10)
-    other = make_client(store_url, FakeEngine()).get_jet().get_job(job.id)
+    other = make_client(store_url).get_jet().get_job(job.id)
     assert other is not None and other.is_driver_alive()  # its pid and heartbeat are fresh
     with pytest.raises(TimeoutException, match=re.escape(
         f"job 'mute' ({job.id}): its driver (pid {os.getpid()}) did not answer the suspend "
@@ -427,26 +472,30 @@ def test_a_driver_that_never_answers_times_out_naming_it(
 
 
 def test_a_driver_that_dies_before_it_answers_a_resume_is_taken_over(
-    store_url: str, fake_client: Client, engine: FakeEngine
+    store_url: str, client: Client
 ) -> None:
-    fake_client.get_stream("events", partitions=1)
-    job = submit_stream(fake_client, "dies-asked")
+    stream = client.get_stream("events", partitions=1)
+    job = submit_stream(client, "dies-asked")
+    stream.publish_all(range(3))
+    wait_for_sink(client, [0, 1, 2], "the first batch")
     job.suspend()
     job.wait_for_status(S.SUSPENDED, timeout=10)
-    other = make_client(store_url, FakeEngine()).get_jet().get_job(job.id)
+    other = make_client(store_url).get_jet().get_job(job.id)
     assert other is not None and other.is_driver_alive()
-    runner = fake_client.get_jet().runners.get(job.id)
+    runner = client.get_jet().runners.get(job.id)
     runner.done.set()  # this driver takes no more requests ...
     runner.watcher.join(timeout=10)
     asked = threading.Thread(target=other.resume)
     asked.start()
-    wait_until(lambda: any(Path(fake_client.store.root, "jobs", job.id, "control").glob(
+    wait_until(lambda: any(Path(client.store.root, "jobs", job.id, "control").glob(
         "*-resume.req")), timeout=10, what="the resume request")
-    kill_driver(fake_client, job)  # ... and dies before it answered
+    kill_driver(client, job)  # ... and dies before it answered
     asked.join(timeout=30)
     assert not asked.is_alive()
     assert other.is_driven_here() and other.wait_for_status(S.RUNNING, timeout=10) is S.RUNNING
-    assert (fake_client.get_jet().records.read(job.id) or {})["epoch"] == 1
+    assert (client.get_jet().records.read(job.id) or {})["epoch"] == 1
+    stream.publish_all(range(3, 5))
+    wait_for_sink(client, list(range(5)), "a batch of the new driver")
     other.cancel()
     with pytest.raises(JobCancelledError):
         other.join(timeout=10)
@@ -472,17 +521,17 @@ def kill_driver(client: Client, job: Job) -> None:
 
 
 def test_a_job_whose_driver_died_is_suspended_and_resumes_elsewhere(
-    store_url: str, fake_client: Client, engine: FakeEngine
+    store_url: str, client: Client, engine: ControlledEngine
 ) -> None:
-    stream = fake_client.get_stream("events", partitions=1)
-    job = submit_stream(fake_client, "orphan")
+    stream = client.get_stream("events", partitions=1)
+    job = submit_stream(client, "orphan")
     stream.publish_all(range(3))
     wait_until(lambda: job.get_metrics()["lastCommittedBatch"] == 0, timeout=10, what="batch 0")
     job.suspend()
     job.wait_for_status(S.SUSPENDED, timeout=10)
-    kill_driver(fake_client, job)
+    kill_driver(client, job)
 
-    engine_b = FakeEngine()
+    engine_b = ControlledEngine()
     orphan = make_client(store_url, engine_b).get_jet().get_job(job.id)
     assert orphan is not None and orphan.status is S.SUSPENDED and not orphan.is_driver_alive()
     assert orphan.get_suspension_cause().endswith("resume() continues it here")
@@ -494,7 +543,8 @@ def test_a_job_whose_driver_died_is_suspended_and_resumes_elsewhere(
     resumed = engine_b.micro_batches(job.id)[0]
     assert (resumed.batch, resumed.committed) == (1, 0)
     assert resumed.source_ranges == {"events": ([3], [5])}
-    record = fake_client.get_jet().records.read(job.id) or {}
+    wait_for_sink(client, [0, 1, 2, 0, 1], "batch 1 in the sink")
+    record = client.get_jet().records.read(job.id) or {}
     assert record["epoch"] == 1 and record["driver"]["pid"] == os.getpid()
     orphan.cancel()
     with pytest.raises(JobCancelledError):
@@ -502,61 +552,67 @@ def test_a_job_whose_driver_died_is_suspended_and_resumes_elsewhere(
 
 
 def test_a_handle_that_saw_the_dead_driver_is_refused_once_another_took_the_job_over(
-    store_url: str, fake_client: Client
+    store_url: str, client: Client
 ) -> None:
-    fake_client.get_stream("events", partitions=1)
-    job = submit_stream(fake_client, "seen-dead")
+    stream = client.get_stream("events", partitions=1)
+    job = submit_stream(client, "seen-dead")
+    stream.publish_all(range(3))
+    wait_for_sink(client, [0, 1, 2], "the first batch")
     job.suspend()
     job.wait_for_status(S.SUSPENDED, timeout=10)
-    kill_driver(fake_client, job)
-    late = make_client(store_url, FakeEngine()).get_jet().get_job(job.id)
-    first = make_client(store_url, FakeEngine()).get_jet().get_job(job.id)
+    kill_driver(client, job)
+    late = make_client(store_url).get_jet().get_job(job.id)
+    first = make_client(store_url).get_jet().get_job(job.id)
     assert late is not None and first is not None
     assert not late.is_driver_alive()  # `late` saw the dead driver at epoch 0 ...
     first.resume()  # ... then another process took the job over (epoch 1) and drives it
     assert first.wait_for_status(S.RUNNING, timeout=10) is S.RUNNING
     with pytest.raises(JobStateError, match="another process took it over already"):
         late._take_over()  # what resume() does when it finds the driver dead
-    record = fake_client.get_jet().records.read(job.id) or {}
+    record = client.get_jet().records.read(job.id) or {}
     assert record["epoch"] == 1  # no second take-over
+    stream.publish_all(range(3, 5))
+    wait_for_sink(client, list(range(5)), "a batch of the new driver")
     first.cancel()
     with pytest.raises(JobCancelledError):
         first.join(timeout=10)
 
 
 def test_a_job_its_driver_ended_after_a_handle_saw_it_dead_is_not_taken_over(
-    store_url: str, fake_client: Client
+    store_url: str, client: Client
 ) -> None:
-    fake_client.get_stream("events", partitions=1)
-    job = submit_stream(fake_client, "slow-not-dead")
+    client.get_stream("events", partitions=1)
+    job = submit_stream(client, "slow-not-dead")
     job.suspend()
     job.wait_for_status(S.SUSPENDED, timeout=10)
-    kill_driver(fake_client, job)
-    late = make_client(store_url, FakeEngine()).get_jet().get_job(job.id)
+    kill_driver(client, job)
+    late = make_client(store_url).get_jet().get_job(job.id)
     assert late is not None and not late.is_driver_alive()  # seen dead at epoch 0 ...
-    records = fake_client.get_jet().records
+    records = client.get_jet().records
     ended = {**(records.read(job.id) or {}), "status": S.FAILED.value}
     records.write(ended)  # ... but it was only slow, and ended the job (at epoch 0)
     with pytest.raises(JobStateError, match=r"ended \(FAILED\) meanwhile"):
         late._take_over()  # what cancel() does when it finds the driver dead
     assert records.read(job.id) == ended  # not made SUSPENDED again
     assert not any(p.name.startswith("owner-")
-                   for p in (Path(fake_client.store.root) / "jobs" / job.id).iterdir())
+                   for p in (Path(client.store.root) / "jobs" / job.id).iterdir())
 
 
 def test_a_driver_that_died_while_running_reads_suspended_and_only_one_process_takes_over(
-    store_url: str, fake_client: Client
+    store_url: str, client: Client
 ) -> None:
-    fake_client.get_stream("events", partitions=1)
-    job = submit_stream(fake_client, "contested")
+    stream = client.get_stream("events", partitions=1)
+    job = submit_stream(client, "contested")
+    stream.publish_all(range(3))
+    wait_for_sink(client, [0, 1, 2], "the first batch")
     job.suspend()
     job.wait_for_status(S.SUSPENDED, timeout=10)
-    kill_driver(fake_client, job)
-    records = fake_client.get_jet().records
+    kill_driver(client, job)
+    records = client.get_jet().records
     record = records.read(job.id) or {}
     records.write({**record, "status": S.RUNNING.value})  # it died mid-run
 
-    views = [make_client(store_url, FakeEngine()).get_jet().get_job(job.id) for _ in range(2)]
+    views = [make_client(store_url).get_jet().get_job(job.id) for _ in range(2)]
     assert all(v is not None and v.status is S.SUSPENDED for v in views)
     assert views[0] is not None
     assert views[0].get_suspension_cause() == (
@@ -582,7 +638,7 @@ def test_a_driver_that_died_while_running_reads_suspended_and_only_one_process_t
     # control folder, which refuses: it resumed the job already.
     assert len(outcomes) == 2 and outcomes.count("took over") == 1, outcomes
     assert [v.is_driven_here() for v in views if v is not None].count(True) == 1
-    claims = sorted(p.name for p in (Path(fake_client.store.root) / "jobs" / job.id).iterdir()
+    claims = sorted(p.name for p in (Path(client.store.root) / "jobs" / job.id).iterdir()
                     if p.name.startswith("owner-"))
     assert claims == ["owner-000001"]
     refused = re.compile(
@@ -593,6 +649,8 @@ def test_a_driver_that_died_while_running_reads_suspended_and_only_one_process_t
         assert outcome == "took over" or refused.match(outcome), outcome
     winner = next(v for v in views if v is not None and v.is_driven_here())
     assert winner.wait_for_status(S.RUNNING, timeout=10) is S.RUNNING
+    stream.publish_all(range(3, 5))  # one driver reads them, and commits them once
+    wait_for_sink(client, list(range(5)), "a batch of the winner")
     winner.cancel()
     with pytest.raises(JobCancelledError):
         winner.join(timeout=10)
@@ -634,16 +692,16 @@ def test_a_job_record_as_earlier_releases_wrote_it_reads_and_writes_back_the_sam
     [(ProcessingGuarantee.AT_LEAST_ONCE, S.SUSPENDED), (ProcessingGuarantee.NONE, S.FAILED)],
 )
 def test_losing_an_executor_without_auto_scaling(
-    fake_client: Client, engine: FakeEngine, guarantee: ProcessingGuarantee, ends: JobStatus
+    client: Client, engine: ControlledEngine, guarantee: ProcessingGuarantee, ends: JobStatus
 ) -> None:
-    fake_client.get_stream("events", partitions=1)
+    client.get_stream("events", partitions=1)
     engine.executors = frozenset({"1", "2"})
-    job = fake_client.get_jet().submit(stream_pipeline(), JobConfig(
+    job = client.get_jet().submit(stream_pipeline(), JobConfig(
         name="fleet", processing_guarantee=guarantee, auto_scaling_enabled=False,
         snapshot_interval_millis=10,
     ))
     wait_until(lambda: job.status is S.RUNNING, timeout=10, what="RUNNING")
-    wait_until(lambda: fake_client.get_jet().runners.get(job.id).cluster.started == 2,
+    wait_until(lambda: client.get_jet().runners.get(job.id).cluster.started == 2,
                timeout=10, what="the baseline")
     engine.executors = frozenset({"1"})
     assert job.wait_for_status(ends, timeout=10) is ends
@@ -655,12 +713,12 @@ def test_losing_an_executor_without_auto_scaling(
         job.join(timeout=10)
 
 
-def test_a_status_move_outside_the_table_is_refused(fake_client: Client) -> None:
-    fake_client.get_stream("events", partitions=1)
-    job = submit_stream(fake_client, "strict")
+def test_a_status_move_outside_the_table_is_refused(client: Client) -> None:
+    client.get_stream("events", partitions=1)
+    job = submit_stream(client, "strict")
     job.suspend()
     job.wait_for_status(S.SUSPENDED, timeout=10)
-    runner = fake_client.get_jet().runners.get(job.id)
+    runner = client.get_jet().runners.get(job.id)
     with pytest.raises(IllegalTransition, match="SUSPENDED -> COMPLETED"):
         runner.set_status(S.COMPLETED)
     assert job.status is S.SUSPENDED

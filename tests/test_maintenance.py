@@ -11,12 +11,10 @@ from pathlib import Path
 import pytest
 
 from sparkjet.cli import main
-from sparkjet.core.client import Client
-from sparkjet.core.config import load_config
-from sparkjet.core.maintenance import collect_garbage
+from sparkjet.core.maintenance.gc import collect_garbage
 from sparkjet.core.store.fs import Store
 from sparkjet.core.store.job_records import JobRecords
-from tests.fake_engine import FakeEngine
+from tests.conftest import in_process_client
 
 DAY = 24 * 3600.0
 
@@ -148,7 +146,7 @@ def test_sparkjet_gc_on_the_command_line(
 
 
 def test_the_client_collects_garbage(tmp_path: Path) -> None:
-    client = Client(load_config({"store": {"url": str(tmp_path / "s")}}), engine=FakeEngine())
+    client = in_process_client(str(tmp_path / "s"))
     paths = layout(client.store)
     assert client.collect_garbage(dry_run=True).total == 9 and paths["orphan"].exists()
     assert client.collect_garbage().total == 9 and not paths["orphan"].exists()
@@ -156,8 +154,8 @@ def test_the_client_collects_garbage(tmp_path: Path) -> None:
 
 def test_state_files_no_key_group_needs_go(store: Store) -> None:
     """Files of a checkpoint's state written with 2 tasks, then a full copy by 1: the 2 go."""
-    from sparkjet.core.checkpoint import BatchPlan, Checkpoint, CommitRecord
-    from sparkjet.core.state_files import RangeState
+    from sparkjet.core.state.checkpoint import BatchPlan, Checkpoint, CommitRecord
+    from sparkjet.core.state.files import RangeState
 
     records = JobRecords(store)
     records.write({"id": "j", "status": "RUNNING", "completion_time": -1,
@@ -188,9 +186,9 @@ def test_state_files_no_key_group_needs_go(store: Store) -> None:
 
 
 def test_the_client_collects_what_killed_snapshot_exports_left(tmp_path: Path) -> None:
-    from sparkjet.core.snapshots import snapshot_folder
+    from sparkjet.core.state.snapshots import snapshot_folder
 
-    client = Client(load_config({"store": {"url": str(tmp_path / "s")}}), engine=FakeEngine())
+    client = in_process_client(str(tmp_path / "s"))
     backend = client.snapshots.backend
     started = int((time.time() - 7200) * 1000)  # two hours ago: past the grace
     killed = f"{snapshot_folder('v1')}/{started:015d}-{'0' * 16}"

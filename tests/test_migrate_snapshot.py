@@ -20,9 +20,9 @@ import pytest
 import sparkjet
 from sparkjet.aggregate import counting
 from sparkjet.cli import main
-from sparkjet.core.keygroups import key_group
-from sparkjet.core.snapshots import ManifestFields, SnapshotStore, StageFields
-from sparkjet.core.snapshots.format import EVENT_TIME_FILE, parse_state_file, state_file_path
+from sparkjet.core.state.keygroups import key_group
+from sparkjet.core.state.snapshots import ManifestFields, SnapshotStore, StageFields
+from sparkjet.core.state.snapshots.format import EVENT_TIME_FILE, parse_state_file, state_file_path
 from sparkjet.errors import (
     JobCancelledError,
     SnapshotCorruptedError,
@@ -221,7 +221,7 @@ def store(memory_location: StoreLocation) -> SnapshotStore:
 
 
 def migrate(store: SnapshotStore, src: str, dst: str, **kwargs: Any) -> Any:
-    from sparkjet.core.snapshots.migrate import migrate_snapshot
+    from sparkjet.core.state.snapshots.migrate import migrate_snapshot
 
     manifest, report = migrate_snapshot(store, src, dst, **kwargs)
     written = store.get(dst)
@@ -422,7 +422,7 @@ def test_provenance_is_signed_and_ordinary_exports_have_none(
     backend.write_bytes(path, json.dumps(document).encode())
     with pytest.raises(SnapshotCorruptedError, match="does not match its checksum"):
         signed.get("v2")
-    from sparkjet.core.snapshots import canonical
+    from sparkjet.core.state.snapshots import canonical
 
     body = {k: v for k, v in document.items() if k not in ("manifest_sha256", "signature")}
     document["manifest_sha256"] = __import__("hashlib").sha256(canonical(body)).hexdigest()

@@ -14,9 +14,13 @@ from __future__ import annotations
 from typing import Any
 
 from sparkjet.aggregate import counting, summing, to_list
-from sparkjet.core.planner import plan
-from sparkjet.core.plugin_manager import PluginHost
-from sparkjet.core.snapshots.format import pipeline_fingerprint, state_signature, stateful_stages
+from sparkjet.core.host.manager import PluginHost
+from sparkjet.core.pipeline.planner import plan
+from sparkjet.core.state.snapshots.format import (
+    pipeline_fingerprint,
+    state_signature,
+    stateful_stages,
+)
 from sparkjet.job import ProcessingGuarantee
 from sparkjet.pipeline import Pipeline, StreamSource, WindowDefinition
 from sparkjet.plugin import ALL_GUARANTEES, StatefulTransform, hookimpl

@@ -6,11 +6,16 @@
   by importing ``sparkjet.contrib``; a plugin whose extra is missing is listed as
   unavailable and breaks nothing else.
 - One file-I/O protocol, ``FileStore``; the old names warn for one release.
+- What the test kit needs of the core, exposed on purpose: the store opened
+  on a URL, a listing's sizes and times and the storage's clock, a log's
+  fold, the loop's call of ``latest_offsets`` and its lag, the built-in
+  snapshot backends, a job's planned batches.
 """
 
 from __future__ import annotations
 
 import ast
+import itertools
 import subprocess
 import sys
 import textwrap
@@ -22,8 +27,7 @@ from typing import Any, ClassVar
 import pytest
 
 import sparkjet
-from sparkjet.core.microbatch_loop import latest_offsets
-from sparkjet.errors import JobFailedError, PipelineDefinitionError, PluginError
+from sparkjet.errors import ConfigError, JobFailedError, PipelineDefinitionError, PluginError
 from sparkjet.job import JobConfig, JobStatus
 from sparkjet.pipeline import Pipeline
 from sparkjet.plugin import (
@@ -32,6 +36,7 @@ from sparkjet.plugin import (
     Source,
     TaskContext,
     hookimpl,
+    latest_offsets,
 )
 from tests.conftest import TEST_SPARK, cancel_job, wait_until
 
@@ -482,3 +487,102 @@ def test_an_executor_writes_its_own_files_through_context_store_files(
     store = open_file_store(client.store.shown_url)
     joined = store.read_bytes(store.path("own", "joined")).split(b"|")
     assert sorted(x for part in joined for x in ast.literal_eval(part.decode())) == [1, 2, 3, 4]
+
+
+# --- 4. what the test kit needs, exposed on purpose ---------------------------------------
+
+
+def test_open_store_is_the_store_a_job_context_holds(store_url: str) -> None:
+    from sparkjet.plugin import StoreAccess, open_store
+
+    store: StoreAccess = open_store(store_url)
+    context = JobContext("job-1", None, store, parallelism=2)
+    files = context.store.files
+    files.write_bytes(files.path("listed", "a"), b"abc")
+    listed = files.entries(files.path("listed"))
+    assert list(listed) == ["a"]
+    assert listed["a"].size == 3 == files.size(files.path("listed", "a"))
+    modified, now = files.modified(files.path("listed", "a")), files.now()
+    assert modified is not None and now is not None
+    assert -2.0 <= now - modified <= 5.0
+    assert files.entries(files.path("absent")) == {}
+    # a list written through one opening is read through another
+    store.list_log("seen").commit("append", [("items", [1, 2])], writer="w")
+    assert [r.parts for r in open_store(store_url).list_log("seen").live_records()] == [
+        [("items", [1, 2])]]
+
+
+def test_a_log_folds_on_demand_and_skips_a_batch_committed_twice(store_url: str) -> None:
+    from sparkjet.plugin import open_store
+
+    log = open_store(store_url).list_log("folded")
+    for batch in range(3):
+        for _ in range(2):  # the second: a fenced driver, not yet aware, committing again
+            log.commit("append", [("items", [batch])], writer=f"b{batch}", producer="p",
+                       batch=batch)
+    assert [i for r in log.live_records() for _, items in r.parts for i in items] == [0, 1, 2]
+    assert log.fold() == 6
+    assert log.fold() is None  # nothing new
+    log.commit("append", [("items", [2])], writer="late", producer="p", batch=2)
+    log.commit("append", [("items", [3])], writer="b3", producer="p", batch=3)
+    assert [i for r in log.live_records() for _, items in r.parts for i in items] == [0, 1, 2, 3]
+
+
+def test_source_lag_counts_numeric_offsets_only() -> None:
+    from sparkjet.plugin import source_lag
+
+    assert source_lag(3, 10) == 7
+    assert source_lag([1, 2], [4, 2, 5]) == 8  # a partition missing counts from 0
+    assert source_lag({"a": 1}, {"a": 3, "b": 1}) == 3
+    assert source_lag("file-3", "file-9") is None
+
+
+def test_builtin_snapshot_backend_by_scheme_or_kind(tmp_path: Path) -> None:
+    from sparkjet.plugin import SnapshotBackend, builtin_snapshot_backend
+
+    local = builtin_snapshot_backend(str(tmp_path / "snaps"))
+    memory = builtin_snapshot_backend("memory://kit-snaps", {})
+    named = builtin_snapshot_backend(f"file://{tmp_path}/named", kind="local")
+    assert (local.kind, memory.kind, named.kind) == ("local", "memory", "local")
+    for backend in (local, memory, named):
+        assert isinstance(backend, SnapshotBackend)
+        backend.write_bytes("a/b", b"1")
+        assert backend.list("a") == ["a/b"]
+    with pytest.raises(ConfigError, match="no built-in snapshot backend for 'ftp://x/y'"):
+        builtin_snapshot_backend("ftp://x/y")
+    with pytest.raises(PluginError, match='no snapshot backend of kind "nowhere"'):
+        builtin_snapshot_backend("memory://x", kind="nowhere")
+
+
+def test_a_streaming_job_shows_its_planned_batches(client: sparkjet.Client) -> None:
+    from sparkjet.job import PlannedBatch
+    from sparkjet.pipeline import StreamSource
+
+    p = Pipeline.create()
+    p.read_from(StreamSource("in")).set_name("in").write_to(Pipeline.to_list("out"))
+    stream = client.get_stream("in", partitions=1)
+    job = client.get_jet().submit(p, JobConfig(snapshot_interval_millis=50))
+    try:
+        for n in range(3):
+            stream.publish_all([n, n])
+            wait_until(lambda n=n: len(client.get_list("out").get_all()) == 2 * (n + 1),  # type: ignore[misc]
+                       timeout=120, what=f"batch {n}'s items")
+        planned = job.get_planned_batches()
+    finally:
+        cancel_job(job)
+    assert planned and all(isinstance(b, PlannedBatch) for b in planned)
+    assert [b.batch for b in planned] == list(range(len(planned)))
+    assert planned[0].starts == {"in": [0]}
+    assert planned[-1].ends == {"in": [6]}
+    for before, after in itertools.pairwise(planned):
+        assert after.starts == before.ends  # each starts where the last ended
+        assert after.time_ms >= before.time_ms
+    batch = client.get_jet().submit(_list_pipeline())
+    batch.join(timeout=120)
+    assert batch.get_planned_batches() == []
+
+
+def _list_pipeline() -> Pipeline:
+    p = Pipeline.create()
+    p.read_from(Pipeline.from_list("nums", [1, 2])).write_to(Pipeline.to_list("copy"))
+    return p

@@ -29,8 +29,8 @@ import pytest
 
 import sparkjet
 from sparkjet.aggregate import counting
-from sparkjet.core.planner import plan
-from sparkjet.core.plugin_manager import PluginHost
+from sparkjet.core.host.manager import PluginHost
+from sparkjet.core.pipeline.planner import plan
 from sparkjet.errors import (
     JobCancelledError,
     JobFailedError,

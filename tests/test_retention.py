@@ -186,8 +186,8 @@ def test_gc_reads_what_holds_streams_back_once_and_lists_each_partition_once(
 ) -> None:
     """gc trims every configured stream with one read of the jobs' commits and the snapshots,
     and sizes and dates a partition's chunks from one listing (no stat per chunk)."""
-    from sparkjet.core.checkpoint import Checkpoint
-    from sparkjet.core.snapshots import SnapshotStore
+    from sparkjet.core.state.checkpoint import Checkpoint
+    from sparkjet.core.state.snapshots import SnapshotStore
     from sparkjet.core.store.fs import Store
 
     for name in ("events", "clicks", "views"):

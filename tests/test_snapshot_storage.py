@@ -30,8 +30,8 @@ import pytest
 
 import sparkjet
 from sparkjet.core.config import load_config
-from sparkjet.core.plugin_manager import PluginHost
-from sparkjet.core.snapshots import (
+from sparkjet.core.host.manager import PluginHost
+from sparkjet.core.state.snapshots import (
     MANIFEST,
     ManifestFields,
     SnapshotStore,
@@ -42,7 +42,7 @@ from sparkjet.core.snapshots import (
     snapshot_name,
     snapshot_store,
 )
-from sparkjet.core.snapshots import storage as snapshot_storage
+from sparkjet.core.state.snapshots import storage as snapshot_storage
 from sparkjet.errors import (
     ConfigError,
     SnapshotBackendError,
@@ -634,8 +634,8 @@ def test_a_third_party_backend_is_selected_by_name(
 #: Exports ``name`` in a child process; with ``kill``, stops half-way in the middle of a file.
 _EXPORTER = r"""
 import json, sys, time
-from sparkjet.core.plugin_manager import PluginHost
-from sparkjet.core.snapshots import ManifestFields, SnapshotStore, StageFields
+from sparkjet.core.host.manager import PluginHost
+from sparkjet.core.state.snapshots import ManifestFields, SnapshotStore, StageFields
 
 kind, url, options, name, job, files, mode = sys.argv[1:]
 files, options = int(files), json.loads(options)

@@ -334,11 +334,11 @@ def test_a_signed_snapshot_is_refused_with_the_wrong_key(
 
 def a_restore_of_offsets_only(tmp_path: Any) -> tuple[Any, Any, Any, Any]:
     """A new checkpoint, v2's plan, snapshot ``old`` (offsets, no state) and sources' offsets."""
-    from sparkjet.core.checkpoint import Checkpoint
-    from sparkjet.core.planner import plan
-    from sparkjet.core.plugin_manager import PluginHost
-    from sparkjet.core.restore import SourceOffsets
-    from sparkjet.core.snapshots import ManifestFields, SnapshotStore
+    from sparkjet.core.host.manager import PluginHost
+    from sparkjet.core.pipeline.planner import plan
+    from sparkjet.core.state.checkpoint import Checkpoint
+    from sparkjet.core.state.restore import SourceOffsets
+    from sparkjet.core.state.snapshots import ManifestFields, SnapshotStore
     from sparkjet.core.store.fs import Store
     from sparkjet.testing import StoreLocation
 
@@ -356,7 +356,7 @@ def a_restore_of_offsets_only(tmp_path: Any) -> tuple[Any, Any, Any, Any]:
 
 def test_a_restore_that_carries_no_state_keeps_the_jobs_own_key_groups(tmp_path: Any) -> None:
     """Every stateful stage new: the checkpoint gets the job's key_groups, not the snapshot's."""
-    from sparkjet.core.restore import seed_checkpoint
+    from sparkjet.core.state.restore import seed_checkpoint
 
     checkpoint, planned, snapshot, offsets = a_restore_of_offsets_only(tmp_path)
     rows = seed_checkpoint(checkpoint, planned, snapshot, offsets, 64)
@@ -369,11 +369,11 @@ def test_a_restore_goes_by_the_upgrade_checked_for_it(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Seeding by the submit's checked upgrade runs no rules; one of another plan is refused."""
-    from sparkjet.core.planner import plan
-    from sparkjet.core.plugin_manager import PluginHost
-    from sparkjet.core.restore import seed_checkpoint
-    from sparkjet.core.snapshots import upgrade
-    from sparkjet.core.snapshots.upgrade import UpgradeOptions, require_compatible
+    from sparkjet.core.host.manager import PluginHost
+    from sparkjet.core.pipeline.planner import plan
+    from sparkjet.core.state.restore import seed_checkpoint
+    from sparkjet.core.state.snapshots import upgrade
+    from sparkjet.core.state.snapshots.upgrade import UpgradeOptions, require_compatible
 
     checkpoint, planned, snapshot, offsets = a_restore_of_offsets_only(tmp_path)
     checked = require_compatible(planned, snapshot.manifest)
@@ -487,13 +487,14 @@ def test_a_running_job_goes_on_while_its_snapshot_is_exported(
 
 def test_a_state_file_gone_mid_export_is_named(tmp_path: Any) -> None:
     """A file of the cut removed under the export (a take-over): named, nothing published."""
-    from sparkjet.core.checkpoint import BatchPlan, Checkpoint, CommitRecord
     from sparkjet.core.errors import StoreError
-    from sparkjet.core.exports import cut_export, export_state, release_cut
-    from sparkjet.core.planner import plan
-    from sparkjet.core.plugin_manager import PluginHost
-    from sparkjet.core.snapshots import SnapshotStore
-    from sparkjet.core.state_files import RangeState, StateRange
+    from sparkjet.core.host.manager import PluginHost
+    from sparkjet.core.pipeline.planner import plan
+    from sparkjet.core.state.checkpoint import BatchPlan, Checkpoint, CommitRecord
+    from sparkjet.core.state.export import cut_export, export_state, release_cut
+    from sparkjet.core.state.files import RangeState
+    from sparkjet.core.state.snapshots import SnapshotStore
+    from sparkjet.core.state.versions import StateRange
     from sparkjet.core.store.fs import Store
     from sparkjet.testing import StoreLocation
 
@@ -548,12 +549,13 @@ def test_an_export_folds_changelogs_in_compaction_children(where: str, tmp_path:
 
     On a store other processes cannot see (memory://) the export folds them itself.
     """
-    from sparkjet.core.checkpoint import BatchPlan, Checkpoint, CommitRecord
-    from sparkjet.core.exports import cut_export, export_state, release_cut
-    from sparkjet.core.planner import plan
-    from sparkjet.core.plugin_manager import PluginHost
-    from sparkjet.core.snapshots import SnapshotStore
-    from sparkjet.core.state_files import RangeState, StateRange
+    from sparkjet.core.host.manager import PluginHost
+    from sparkjet.core.pipeline.planner import plan
+    from sparkjet.core.state.checkpoint import BatchPlan, Checkpoint, CommitRecord
+    from sparkjet.core.state.export import cut_export, export_state, release_cut
+    from sparkjet.core.state.files import RangeState
+    from sparkjet.core.state.snapshots import SnapshotStore
+    from sparkjet.core.state.versions import StateRange
     from sparkjet.core.store.fs import Store
     from sparkjet.testing import StoreLocation
 

@@ -21,12 +21,12 @@ import pytest
 
 import sparkjet
 from sparkjet.aggregate import counting
-from sparkjet.core import state_cache
-from sparkjet.core.state_cache import CacheOwner, StateCache, estimate_bytes
-from sparkjet.core.state_files import RangeState
+from sparkjet.core.pipeline.window_fold import Frames
+from sparkjet.core.state import cache as state_cache
+from sparkjet.core.state.cache import CacheOwner, StateCache, estimate_bytes
+from sparkjet.core.state.files import RangeState
 from sparkjet.core.store.fs import Store
 from sparkjet.core.store.job_records import JobRecords
-from sparkjet.core.windowing import Frames
 from sparkjet.errors import ConfigError
 from sparkjet.job import Job, JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.pipeline import Pipeline, StreamSource, WindowDefinition
@@ -85,7 +85,7 @@ def test_a_put_state_is_frozen_out_of_the_collectors_walk(store: Store) -> None:
 def test_state_files_unpickle_with_the_collector_paused_and_restore_it() -> None:
     import cloudpickle
 
-    from sparkjet.core import state_files
+    from sparkjet.core.state import files as state_files
 
     seen = _COLLECTOR_SEEN
     seen.clear()
@@ -132,7 +132,7 @@ def test_the_estimate_counts_the_timer_index() -> None:
     """A windowed range files every key by when it is next due: a set slot per key."""
     import tracemalloc
 
-    from sparkjet.core.timers import DueIndex
+    from sparkjet.core.pipeline.timers import DueIndex
 
     state = window_state(50_000)
     tracemalloc.start()
@@ -239,7 +239,7 @@ def _drop_of_j(record: logging.LogRecord) -> bool:
 
 
 def test_the_sweeper_drops_a_stopped_jobs_state_with_no_task_running(store: Store) -> None:
-    logger = logging.getLogger("sparkjet.core.state_cache")
+    logger = logging.getLogger("sparkjet.core.state.cache")
     handler, level = _Records(), logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG)
@@ -281,7 +281,7 @@ def probe_workers(client: sparkjet.Client, tasks: int = 2) -> list[dict[str, Any
         import gc as worker_gc
         import os
 
-        from sparkjet.core.state_cache import CACHE
+        from sparkjet.core.state.cache import CACHE
 
         yield {"pid": os.getpid(), "jobs": CACHE.jobs(), "walked": len(worker_gc.get_objects()),
                "frozen": worker_gc.get_freeze_count()}

@@ -18,10 +18,10 @@ from pyspark import cloudpickle as pyspark_cloudpickle
 
 import sparkjet
 from sparkjet.aggregate import counting
-from sparkjet.core.keygroups import key_group
-from sparkjet.core.state_cache import CacheOwner, StateCache
-from sparkjet.core.state_files import RangeState, StatePaths
-from sparkjet.core.state_warming import warm_ranges
+from sparkjet.core.state.cache import CacheOwner, StateCache
+from sparkjet.core.state.files import RangeState, StatePaths
+from sparkjet.core.state.keygroups import key_group
+from sparkjet.core.state.warming import warm_ranges
 from sparkjet.core.store.fs import Store
 from sparkjet.job import JobConfig, ProcessingGuarantee
 from sparkjet.pipeline import Pipeline, StreamSource

@@ -23,7 +23,7 @@ from sparkjet.aggregate import counting
 from sparkjet.cli.results import prometheus_text
 from sparkjet.core.client import Client
 from sparkjet.core.config import load_config
-from sparkjet.core.inprocess.engine import InProcessEngine
+from sparkjet.core.engine.inprocess.engine import InProcessEngine
 from sparkjet.core.jobs.record import lease_refresh_seconds, read_record
 from sparkjet.core.store import requests, stream_chunks, stream_log
 from sparkjet.core.store.fs import Store

@@ -230,7 +230,7 @@ def caught_up(client: sparkjet.Client, job_id: str) -> bool:
     Sinks commit before the checkpoint commit is written, so their output is
     then complete.
     """
-    from sparkjet.core.checkpoint import Checkpoint
+    from sparkjet.core.state.checkpoint import Checkpoint
 
     checkpoint = Checkpoint(client.store, client.store.layout.checkpoint(job_id, "checkpoint"))
     last = checkpoint.last_commit()

@@ -11,7 +11,7 @@ from pyspark import cloudpickle as pyspark_cloudpickle
 
 import sparkjet
 from sparkjet.aggregate import counting
-from sparkjet.core import microbatch_loop as streaming_module
+from sparkjet.core.microbatch import loop as streaming_module
 from sparkjet.errors import (
     ConfigError,
     JobCancelledError,
@@ -343,9 +343,9 @@ def test_state_carries_over_when_the_cluster_grows_and_shrinks(  # type: ignore[
     client, monkeypatch
 ) -> None:
     """Suspended, resumed on a cluster running 3 tasks at once, then 1: counts go on exactly."""
-    from sparkjet.core.checkpoint import Checkpoint
-    from sparkjet.core.keygroups import task_range
-    from sparkjet.core.runtime.spark_engine import SparkEngine
+    from sparkjet.core.engine.spark.engine import SparkEngine
+    from sparkjet.core.state.checkpoint import Checkpoint
+    from sparkjet.core.state.keygroups import task_range
 
     stream = client.get_stream("grow", partitions=2)
     p = Pipeline.create()
@@ -387,7 +387,7 @@ def test_commit_records_name_the_state_files_that_count(client) -> None:  # type
     """Another attempt's file of a committed batch (sorting first by name) is never read."""
     import cloudpickle
 
-    from sparkjet.core.checkpoint import Checkpoint
+    from sparkjet.core.state.checkpoint import Checkpoint
 
     stream = client.get_stream("attempts", partitions=2)
     p = Pipeline.create()

@@ -1,12 +1,10 @@
-"""What tasks report, merged by engine-neutral rules (sparkjet.core.tasks.reports)."""
+"""What tasks report, merged by engine-neutral rules (sparkjet.core.engine.tasks.reports)."""
 
 from __future__ import annotations
 
 import threading
 
-from sparkjet.core.model import StageCount
-from sparkjet.core.state_files import StateRange
-from sparkjet.core.tasks.reports import (
+from sparkjet.core.engine.tasks.reports import (
     Counters,
     RangeReport,
     merge_counts,
@@ -14,6 +12,8 @@ from sparkjet.core.tasks.reports import (
     merge_event_times,
     merge_state_ranges,
 )
+from sparkjet.core.model import StageCount
+from sparkjet.core.state.versions import StateRange
 
 
 def test_counts_add_up() -> None:

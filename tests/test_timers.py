@@ -1,4 +1,4 @@
-"""The due-time index (core/timers.py) against a brute-force model, and window timers."""
+"""The due-time index (core/pipeline/timers.py) against a brute-force model, and window timers."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sparkjet.aggregate import AggregateOperation, summing
-from sparkjet.core.event_time import NO_WATERMARK, WindowClock
-from sparkjet.core.fusion import FusedPass, Stamp, StampKind
-from sparkjet.core.keyed import GroupAggregate, fold_into, folded_records, group_parts
-from sparkjet.core.state_files import RangeState, StatePaths
+from sparkjet.core.pipeline.event_time import NO_WATERMARK, WindowClock
+from sparkjet.core.pipeline.fusion import FusedPass, Stamp, StampKind
+from sparkjet.core.pipeline.keyed import GroupAggregate, fold_into, folded_records, group_parts
+from sparkjet.core.pipeline.timers import DueIndex
+from sparkjet.core.pipeline.window_fold import Frames, Sessions, WindowFold, reshaped
+from sparkjet.core.pipeline.windows import Timestamps, WindowDefinition
+from sparkjet.core.state.files import RangeState, StatePaths
 from sparkjet.core.store.fs import Store
-from sparkjet.core.timers import DueIndex
-from sparkjet.core.windowing import Frames, Sessions, WindowFold, reshaped
-from sparkjet.core.windows import Timestamps, WindowDefinition
 
 keys = st.integers(0, 12)
 ops = st.lists(st.one_of(

@@ -373,8 +373,8 @@ def test_a_shuffle_defined_during_another_jobs_swap_does_not_take_its_name(
 ) -> None:
     """Shuffles name their stage by swapping the SparkContext's serializer for a moment
     (under a lock): a shuffle defined meanwhile by another job must not pick that up."""
-    from sparkjet.core.fusion import decode_failure
-    from sparkjet.core.runtime import output
+    from sparkjet.core.engine.spark import output
+    from sparkjet.core.pipeline.fusion import decode_failure
 
     sc = client.spark.sparkContext
     swapped, release = threading.Event(), threading.Event()

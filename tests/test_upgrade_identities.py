@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from sparkjet.aggregate import counting, summing
-from sparkjet.core.microbatch_loop import offsets_behind
-from sparkjet.core.restore import SourceOffsets, seed_checkpoint
-from sparkjet.core.snapshots.format import code_identity, operation_identity
-from sparkjet.core.snapshots.upgrade import UpgradeOptions
+from sparkjet.core.microbatch.loop import offsets_behind
+from sparkjet.core.state.restore import SourceOffsets, seed_checkpoint
+from sparkjet.core.state.snapshots.format import code_identity, operation_identity
+from sparkjet.core.state.snapshots.upgrade import UpgradeOptions
 from sparkjet.errors import StateIncompatibleError
 from sparkjet.job import ProcessingGuarantee
 from sparkjet.pipeline import Pipeline, StreamSource
@@ -47,7 +47,7 @@ def test_a_code_identity_follows_what_a_function_computes() -> None:
 
 
 IDENTITY_SCRIPT = """
-from sparkjet.core.snapshots.format import code_identity
+from sparkjet.core.state.snapshots.format import code_identity
 print(code_identity(lambda e: e["kind"] in {"click", "view", "buy", "scroll", "share"}))
 """
 
@@ -80,10 +80,10 @@ def test_offsets_behind_compares_partition_by_partition(
 
 def _seed(tmp_path: Any, restored: Any, now: Any, options: UpgradeOptions | None = None) -> Any:
     """Seed a job reading stream ``s`` from a snapshot whose offsets for it are ``restored``."""
-    from sparkjet.core.checkpoint import Checkpoint
-    from sparkjet.core.planner import plan
-    from sparkjet.core.plugin_manager import PluginHost
-    from sparkjet.core.snapshots import ManifestFields, SnapshotStore
+    from sparkjet.core.host.manager import PluginHost
+    from sparkjet.core.pipeline.planner import plan
+    from sparkjet.core.state.checkpoint import Checkpoint
+    from sparkjet.core.state.snapshots import ManifestFields, SnapshotStore
     from sparkjet.core.store.fs import Store
     from sparkjet.testing import StoreLocation
 
@@ -120,9 +120,9 @@ def test_partitions_gone_are_refused_unless_told_where_to_start(tmp_path: Any) -
 def test_a_streaming_job_with_unnamed_stateful_stages_is_warned_at_submit(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    from sparkjet.core.host.manager import PluginHost
     from sparkjet.core.jobs.service import _warn_unnamed_state
-    from sparkjet.core.planner import plan
-    from sparkjet.core.plugin_manager import PluginHost
+    from sparkjet.core.pipeline.planner import plan
     from sparkjet.job import JobConfig
 
     p = Pipeline.create()
@@ -138,10 +138,14 @@ def test_a_streaming_job_with_unnamed_stateful_stages_is_warned_at_submit(
 
 def _manifest_of(pipeline: Pipeline, tmp_path: Any) -> Any:
     """A snapshot's manifest as an export of ``pipeline`` writes it (its stages hold no keys)."""
-    from sparkjet.core.planner import plan
-    from sparkjet.core.plugin_manager import PluginHost
-    from sparkjet.core.snapshots import ManifestFields, SnapshotStore, StageFields
-    from sparkjet.core.snapshots.format import source_identity, state_signature, stateful_stages
+    from sparkjet.core.host.manager import PluginHost
+    from sparkjet.core.pipeline.planner import plan
+    from sparkjet.core.state.snapshots import ManifestFields, SnapshotStore, StageFields
+    from sparkjet.core.state.snapshots.format import (
+        source_identity,
+        state_signature,
+        stateful_stages,
+    )
     from sparkjet.testing import StoreLocation
 
     planned = plan(pipeline, PluginHost(), ProcessingGuarantee.NONE)
@@ -170,9 +174,9 @@ def _two_counts(filtered_first: bool) -> Pipeline:
 
 def test_generated_names_carry_no_state_into_a_stage_over_other_inputs(tmp_path: Any) -> None:
     """Same key, same operation, other inputs: swapping them swaps their generated names."""
-    from sparkjet.core.planner import plan
-    from sparkjet.core.plugin_manager import PluginHost
-    from sparkjet.core.snapshots.upgrade import check_upgrade
+    from sparkjet.core.host.manager import PluginHost
+    from sparkjet.core.pipeline.planner import plan
+    from sparkjet.core.state.snapshots.upgrade import check_upgrade
 
     manifest = _manifest_of(_two_counts(filtered_first=False), tmp_path)
     unchanged = plan(_two_counts(filtered_first=False), PluginHost(), ProcessingGuarantee.NONE)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from sparkjet.aggregate import counting, summing
@@ -215,6 +215,7 @@ _runs = itertools.count()
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(edits=st.lists(edit, min_size=1, max_size=3), use_renames=st.booleans(),
        allow_dropped=st.booleans())
+@example(edits=[("drop", 0)] * 3, use_renames=False, allow_dropped=False)  # no stage left
 def test_every_upgrade_is_refused_or_exact(
     client: Any, v1_snapshot: str, edits: list[tuple[Any, ...]], use_renames: bool,
     allow_dropped: bool,
@@ -226,6 +227,11 @@ def test_every_upgrade_is_refused_or_exact(
     if len(set(names)) != len(names) or any(n.startswith("group-aggregate") for n in names):
         event("not a pipeline")
         return  # two stages of one name: the pipeline itself is refused (tested elsewhere)
+    if not v2.stages:
+        # Every stage dropped: a source with no sink downstream, refused at submit
+        # (tested elsewhere). Hypothesis met it once as three drops in a row.
+        event("not a pipeline")
+        return
     run = next(_runs)
     prefix = f"r{run}"
     pipeline = v2.build(prefix)

@@ -101,7 +101,7 @@ def test_a_submit_from_a_snapshot_runs_the_rules_once(
     client: Any, v1_snapshot: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Checked at submit, seeded by what the check said: the rules are not run again."""
-    from sparkjet.core.snapshots import upgrade
+    from sparkjet.core.state.snapshots import upgrade
 
     checked = upgrade.check_upgrade
     calls: list[str] = []

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from sparkjet.aggregate import counting
-from sparkjet.core.checkpoint import KEEP_LOG
 from sparkjet.core.client import Client
 from sparkjet.core.config import load_config
-from sparkjet.core.inprocess.engine import InProcessEngine
+from sparkjet.core.engine.inprocess.engine import InProcessEngine
+from sparkjet.core.state.checkpoint import KEEP_LOG
 from sparkjet.core.store import requests
 from sparkjet.core.store.commit_log import FOLD_EVERY
 from sparkjet.core.store.upkeep import Upkeep, later

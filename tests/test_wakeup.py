@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from sparkjet.core.contracts import PluginStore, Source
-from sparkjet.core.microbatch_loop import waits_for_data
+from sparkjet.core.host.contracts import PluginStore, Source
+from sparkjet.core.microbatch.loop import waits_for_data
 from sparkjet.core.store import notify
 from sparkjet.core.store.fs import Store
 from sparkjet.core.store.stream_log import BACKOFF_FACTOR, REMOTE_POLL_SECONDS, StreamLog

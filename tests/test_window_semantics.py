@@ -17,11 +17,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkjet.aggregate import AggregateOperation, counting, summing, to_list
-from sparkjet.core.event_time import NO_WATERMARK, EventTime, WindowClock, stage_watermark
-from sparkjet.core.fusion import FusedPass, Stamp, StampKind
-from sparkjet.core.keyed import fold_into, folded_records, group_parts
-from sparkjet.core.windowing import Frames, WindowFold, reshaped
-from sparkjet.core.windows import KeyedWindowResult, Timestamps, WindowDefinition
+from sparkjet.core.pipeline.event_time import NO_WATERMARK, EventTime, WindowClock, stage_watermark
+from sparkjet.core.pipeline.fusion import FusedPass, Stamp, StampKind
+from sparkjet.core.pipeline.keyed import fold_into, folded_records, group_parts
+from sparkjet.core.pipeline.window_fold import Frames, WindowFold, reshaped
+from sparkjet.core.pipeline.windows import KeyedWindowResult, Timestamps, WindowDefinition
 from sparkjet.errors import PipelineDefinitionError
 from tests import window_oracle as oracle
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import sparkjet
 from sparkjet import aggregate as agg
-from sparkjet.core.graph import SourceSpec
+from sparkjet.core.pipeline.graph import SourceSpec
 from sparkjet.errors import JobFailedError, PipelineDefinitionError, StateIncompatibleError
 from sparkjet.job import JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.pipeline import (
@@ -334,7 +334,7 @@ def test_an_upgrade_that_changes_a_window_equals_the_oracle_after_the_transition
 
     v2 = _windowed(StreamSource("events"), WindowDefinition.tumbling(20), "w", "out")
     stamped = v2.transforms[0]
-    from sparkjet.core.graph import Stage
+    from sparkjet.core.pipeline.graph import Stage
     (Stage(stamped).window(WindowDefinition.session(1)).group_by(lambda e: e["k"])
      .aggregate(agg.counting()).set_name("sessions").write_to(Pipeline.to_list("sessions")))
     rows = {r.stage: r for r in jet.check_upgrade(v2, "v1")}

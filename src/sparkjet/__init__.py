@@ -10,7 +10,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 
 from sparkjet.core.client import Client, connect
-from sparkjet.core.hookspecs import hookimpl
+from sparkjet.core.host.hookspecs import hookimpl
 
 try:
     __version__ = version("sparkjet")

@@ -15,7 +15,7 @@ All four run on Spark executors and are shipped with cloudpickle.
 
 from __future__ import annotations
 
-from sparkjet.core.aggregation import (
+from sparkjet.core.pipeline.aggregation import (
     AggregateOperation,
     averaging,
     counting,

@@ -14,17 +14,17 @@ import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from sparkjet.core import graph
-from sparkjet.core.contracts import Sink, Source
-from sparkjet.core.graph import (
+from sparkjet.core.host.contracts import Sink, Source
+from sparkjet.core.host.manager import Category, PluginHost
+from sparkjet.core.pipeline import graph
+from sparkjet.core.pipeline.graph import (
     GroupedStage,
     SinkStage,
     Stage,
     WindowedGroupedStage,
     WindowedStage,
 )
-from sparkjet.core.plugin_manager import Category, PluginHost
-from sparkjet.core.windows import KeyedWindowResult, WindowDefinition, WindowResult
+from sparkjet.core.pipeline.windows import KeyedWindowResult, WindowDefinition, WindowResult
 from sparkjet.plugins.lists import ListSink, ListSource
 from sparkjet.plugins.logger import LoggerSink
 from sparkjet.plugins.maps import MapSink, MapSource

@@ -1,7 +1,7 @@
 """The plugin author's API: the hook marker, the base classes, the contexts and store views.
 
 A plugin is a module (or object) with functions marked ``@hookimpl`` whose
-names are hooks from :mod:`sparkjet.core.hookspecs` (documented in
+names are hooks from :mod:`sparkjet.core.host.hookspecs` (documented in
 ``docs/plugins.md``). Distributions expose plugins through the ``sparkjet``
 entry-point group::
 
@@ -28,16 +28,23 @@ File I/O goes through one protocol, :class:`FileStore`: :func:`open_file_store`
 opens one on any fsspec URL, and ``context.store.files`` is the job's store's.
 ``context.store`` (a :class:`StoreAccess`) also reaches the store's lists, maps
 and streams, through their logs (:class:`CommitLogAccess`,
-:class:`StreamLogAccess`), which carry a commit protocol plain files do not.
+:class:`StreamLogAccess`), which carry a commit protocol plain files do not;
+:func:`open_store` opens the store at a URL the same way, for tests and tools.
 These are protocols, never sparkjet's classes, which are internal and may
 change; lifecycle hooks see a job as a :class:`JobView` and a snapshot as a
 :class:`ManifestView`.
+
+A source's author calls it as the micro-batch loop does with
+:func:`latest_offsets`, and reads its lag as the job's metrics count it with
+:func:`source_lag`; a snapshot backend that wraps another builds the
+built-in one for a URL with :func:`builtin_snapshot_backend`. The test kit,
+:mod:`sparkjet.testing`, is written against these names only.
 """
 
 
 from __future__ import annotations
 
-from sparkjet.core.contracts import (
+from sparkjet.core.host.contracts import (
     ALL_GUARANTEES,
     AT_LEAST_ONCE_AT_MOST,
     BatchedItems,
@@ -55,12 +62,16 @@ from sparkjet.core.contracts import (
     StreamLogAccess,
     TaskContext,
     open_file_store,
+    source_lag,
 )
-from sparkjet.core.hookspecs import JobView, ManifestView, StageView, hookimpl
+from sparkjet.core.host.contracts.store_access import ListedFile, open_store
+from sparkjet.core.host.hookspecs import JobView, ManifestView, StageView, hookimpl
+from sparkjet.core.host.manager import Category, PluginInfo, Registered
+from sparkjet.core.microbatch.loop import latest_offsets
 from sparkjet.core.model import ProcessingGuarantee
-from sparkjet.core.plugin_manager import Category, PluginInfo, Registered
+from sparkjet.core.pipeline.windows import KeyedWindowResult, WindowResult
+from sparkjet.core.state.snapshots.backends import builtin_snapshot_backend
 from sparkjet.core.store.fs import file_modified
-from sparkjet.core.windows import KeyedWindowResult, WindowResult
 
 __all__ = [
     "ALL_GUARANTEES",
@@ -74,6 +85,7 @@ __all__ = [
     "JobContext",
     "JobView",
     "KeyedWindowResult",
+    "ListedFile",
     "LogRecord",
     "ManifestView",
     "PluginInfo",
@@ -88,7 +100,11 @@ __all__ = [
     "StreamLogAccess",
     "TaskContext",
     "WindowResult",
+    "builtin_snapshot_backend",
     "file_modified",
     "hookimpl",
+    "latest_offsets",
     "open_file_store",
+    "open_store",
+    "source_lag",
 ]

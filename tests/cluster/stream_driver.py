@@ -93,7 +93,7 @@ def main() -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
     import sparkjet
-    from sparkjet.core.runtime.session import executor_ids
+    from sparkjet.core.engine.spark.session import executor_ids
 
     def executor_count(sc: object) -> int:
         return len(executor_ids(sc) or ())

@@ -89,7 +89,7 @@ def build_pipeline():  # type: ignore[no-untyped-def]
 
 def _install_pause(batch: int, marker: str) -> None:
     """Block the loop between the sinks' commits and the checkpoint commit of ``batch``."""
-    from sparkjet.core import checkpoint
+    from sparkjet.core.state import checkpoint
 
     original = checkpoint.Checkpoint.write_commit
 

@@ -1,7 +1,7 @@
 """The client, the composition root: configuration, store, plugins, engine and jet service.
 
-It is the one place that picks the engine (Spark, from :mod:`sparkjet.core.runtime`)
-and hands it to the services, which know it only as :class:`~sparkjet.core.engine.Engine`.
+It is the one place that picks the engine (Spark, from :mod:`sparkjet.core.engine.spark`)
+and hands it to the services, which know it only as :class:`~sparkjet.core.engine.boundary.Engine`.
 """
 
 from __future__ import annotations
@@ -13,18 +13,18 @@ from typing import Any
 
 from sparkjet.core.config import Config, load_config
 from sparkjet.core.config import _resolve as resolve_env  # ${env:...}, as the file does
-from sparkjet.core.engine import Engine
+from sparkjet.core.engine.boundary import Engine
 from sparkjet.core.errors import ConfigError
+from sparkjet.core.host.manager import PluginHost, PluginInfo
 from sparkjet.core.jobs import JetService, Services
-from sparkjet.core.maintenance import (
+from sparkjet.core.maintenance.gc import (
     DEFAULT_GRACE_SECONDS,
     DEFAULT_RETENTION_SECONDS,
     GarbageReport,
     collect_garbage,
 )
-from sparkjet.core.plugin_manager import PluginHost, PluginInfo
-from sparkjet.core.retention import Holders, Retention, TrimReport, trim_stream
-from sparkjet.core.snapshots import SnapshotStore, kind_for_url, snapshot_store
+from sparkjet.core.maintenance.retention import Holders, Retention, TrimReport, trim_stream
+from sparkjet.core.state.snapshots import SnapshotStore, kind_for_url, snapshot_store
 from sparkjet.core.store.fs import Store
 from sparkjet.core.store.job_records import JobRecords
 from sparkjet.core.store.stream_log import PollSettings
@@ -56,9 +56,6 @@ class Client:
         self._engine = engine
         #: Whether the client was given its engine (then every batch runs there).
         self._given_engine = engine is not None
-        #: Where small micro-batches run: in this process, beside Spark (None: not
-        #: made yet, or the client runs its jobs on an engine it was given).
-        self._local_engine: Engine | None = None
         self._jet: JetService | None = None
         self._snapshots: SnapshotStore | None = None
 
@@ -78,47 +75,38 @@ class Client:
     @property
     def spark(self) -> Any:
         """The Spark session (started on first use)."""
-        from sparkjet.core.runtime.session import get_session
+        from sparkjet.core.engine.spark.session import get_session
 
         return get_session(self.config, self.plugins)
 
     @property
     def engine(self) -> Engine:
-        """The engine jobs run on: Spark, or the in-process engine (``[engine] driver_only``).
+        """The engine jobs run on, made on first use.
 
-        A client built with an engine of its own runs every job there.
+        The adaptive engine (:class:`~sparkjet.core.engine.adaptive.AdaptiveEngine`):
+        Spark, and the in-process engine for what is small; with ``[engine]
+        driver_only`` the in-process engine alone. A client built with an
+        engine of its own runs every job there.
         """
         if self._engine is None:
+            from sparkjet.core.engine.inprocess.engine import InProcessEngine
+
             if self.config.engine.driver_only:
-                from sparkjet.core.inprocess.engine import InProcessEngine
-
                 self._engine = InProcessEngine(DRIVER_ONLY_PARALLELISM)
-                self._given_engine = True  # no other engine beside it
             else:
-                from sparkjet.core.runtime.spark_engine import SparkEngine
+                from sparkjet.core.engine.adaptive import AdaptiveEngine
+                from sparkjet.core.engine.spark.engine import SparkEngine
 
-                self._engine = SparkEngine(self.config, self.plugins)
+                spark = SparkEngine(self.config, self.plugins)
+                # The parallelism a job sees does not depend on where a batch runs.
+                self._engine = AdaptiveEngine(spark, InProcessEngine(spark.parallelism),
+                                              self.config.engine)
         return self._engine
 
     @property
     def runs_on_spark(self) -> bool:
         """Whether this client's jobs may run on Spark (False: ``driver_only``, or given one)."""
         return not (self.config.engine.driver_only or self._given_engine)
-
-    @property
-    def local_engine(self) -> Engine | None:
-        """The in-process engine small micro-batches run on beside Spark.
-
-        None when the client was built with an engine of its own: every batch
-        runs there.
-        """
-        if self._given_engine or self.config.engine.driver_only:
-            return None
-        if self._local_engine is None:
-            from sparkjet.core.inprocess.engine import InProcessEngine
-
-            self._local_engine = InProcessEngine(self.engine.parallelism)
-        return self._local_engine
 
     @property
     def snapshots(self) -> SnapshotStore:
@@ -186,7 +174,6 @@ class Client:
                 redact=self.config.redact,
                 plugin_options=self.config.plugin_options,
                 snapshots=lambda: self.snapshots,
-                local_engine=self.local_engine,
                 engine_settings=self.config.engine,
             ))
         return self._jet

@@ -110,7 +110,7 @@ class EngineSettings:
     at most ``driver_state_bytes`` while the driver holds some of the job's
     state loaded, at most ``cold_state_bytes`` while it holds none (all of
     it would be read from the checkpoint first). See
-    :func:`sparkjet.core.adaptive.choose_local`.
+    :func:`sparkjet.core.engine.adaptive.choose_local`.
 
     On an object store (S3, GCS), where another process's append is seen
     only by listing, an idle streaming job looks for new data

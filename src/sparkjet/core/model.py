@@ -1,4 +1,4 @@
-"""The job model: processing guarantees, statuses, ``JobConfig`` and per-stage count keys.
+"""The job model: guarantees, statuses, ``JobConfig``, per-stage count keys, planned batches.
 
 Plain values with no I/O, so every layer may use them; the public face is
 :mod:`sparkjet.job`.
@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import enum
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, NamedTuple
 
 from sparkjet.core.errors import ConfigError
 
-__all__ = ["CountKind", "JobConfig", "JobStatus", "ProcessingGuarantee", "StageCount"]
+__all__ = [
+    "CountKind", "JobConfig", "JobStatus", "PlannedBatch", "ProcessingGuarantee", "StageCount",
+]
 
 
 #: What a per-stage count counts: the items the stage emitted, its dead letters,
@@ -26,7 +29,7 @@ class StageCount(NamedTuple):
 
     The tasks add counts under these keys, the engine sums them by key, the
     streaming loop keeps the totals in its commit records (in their own string
-    form, see :mod:`sparkjet.core.checkpoint`) and the job's metrics read them.
+    form, see :mod:`sparkjet.core.state.checkpoint`) and the job's metrics read them.
     A tuple, so it pickles small and hashes fast on the way from the tasks.
     """
 
@@ -90,7 +93,7 @@ class JobStatus(enum.Enum):
 
 
 _INT_FIELDS = ("snapshot_interval_millis",)
-#: ``JobConfig.error_policy`` values (:mod:`sparkjet.core.dead_letters` says what they do).
+#: ``JobConfig.error_policy`` values (:mod:`sparkjet.core.pipeline.dead_letters` says what they do).
 ERROR_POLICIES = ("fail", "dead-letter")
 #: Key groups of a new streaming job's state (``JobConfig.key_groups``), and the most allowed.
 DEFAULT_KEY_GROUPS = 128
@@ -248,3 +251,21 @@ def _validate(key: str, value: Any) -> Any:
             raise bad(f"JSON-serialisable values ({exc})") from None
         return list(value)
     return value
+
+
+@dataclass(frozen=True)
+class PlannedBatch:
+    """A micro-batch of a streaming job as its checkpoint planned it, before it ran.
+
+    What ``job.get_planned_batches()`` returns: the write-ahead plan a replay
+    after a crash follows, read-only.
+    """
+
+    #: The micro-batch's number (a job started from a snapshot counts on from its batch).
+    batch: int
+    #: Per source stage, by name: the offsets the batch reads from (where the one before ended).
+    starts: Mapping[str, Any]
+    #: Per source stage, by name: the offsets the batch reads up to.
+    ends: Mapping[str, Any]
+    #: When the batch was planned, in milliseconds since the epoch.
+    time_ms: int

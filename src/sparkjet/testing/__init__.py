@@ -62,6 +62,12 @@ The kit's modules: :mod:`~sparkjet.testing.locations` (:class:`StoreLocation`),
 and :mod:`~sparkjet.testing.sinks` (the suites), and
 :mod:`~sparkjet.testing.races` (racing writers on threads). This package
 re-exports what a test imports, and the fixtures, so that pytest finds them here.
+
+Like a plugin author's own tests, the kit imports only the public modules
+(:mod:`sparkjet`, :mod:`sparkjet.pipeline`, :mod:`sparkjet.job`,
+:mod:`sparkjet.aggregate`, :mod:`sparkjet.errors`) and the plugin API
+(:mod:`sparkjet.plugin`), never ``sparkjet.core``: an import contract in
+``pyproject.toml`` holds it to that.
 """
 
 from __future__ import annotations

@@ -1,22 +1,21 @@
 """Where a store lives in the test kit: :class:`StoreLocation`, an fsspec URL and its options.
 
-A location gives a :class:`~sparkjet.core.store.fs.Store`, the built-in
-snapshot backend for its scheme, and the ``store=`` table of
-``sparkjet.connect()``; the servers of :mod:`sparkjet.testing.servers` and
-the fixtures of :mod:`sparkjet.testing.fixtures` hand them out.
+A location gives the store there as plugins see it (a
+:class:`~sparkjet.plugin.StoreAccess`), the built-in snapshot backend for its
+scheme, and the ``store=`` table of ``sparkjet.connect()``; the servers of
+:mod:`sparkjet.testing.servers` and the fixtures of
+:mod:`sparkjet.testing.fixtures` hand them out. Like the whole kit, it uses
+the public modules and the plugin API only, never ``sparkjet.core``.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkjet.core.contracts import SnapshotBackend
-from sparkjet.core.plugin_manager import Category, PluginHost
-from sparkjet.core.snapshots import kind_for_url
-from sparkjet.core.store.fs import Store
+from sparkjet.errors import ConfigError
+from sparkjet.plugin import SnapshotBackend, StoreAccess, builtin_snapshot_backend, open_store
 
 
 @dataclass(frozen=True)
@@ -33,8 +32,8 @@ class StoreLocation:
         """A new, empty folder under this location (one per test)."""
         return StoreLocation(f"{self.url.rstrip('/')}/{uuid.uuid4().hex[:12]}", self.options)
 
-    def store(self, *, separate_client: bool = False) -> Store:
-        """A :class:`~sparkjet.core.store.fs.Store` here.
+    def store(self, *, separate_client: bool = False) -> StoreAccess:
+        """The store here, as plugins see it (:func:`sparkjet.plugin.open_store`).
 
         ``separate_client`` gives it a filesystem instance of its own (fsspec
         shares one per set of options in a process), as another process has:
@@ -43,7 +42,7 @@ class StoreLocation:
         options = dict(self.options)
         if separate_client:
             options["skip_instance_cache"] = True
-        return Store(self.url, options)
+        return open_store(self.url, options)
 
     def snapshot_backend(
         self, kind: str | None = None, *, separate_client: bool = False
@@ -52,16 +51,14 @@ class StoreLocation:
 
         ``separate_client`` as for :meth:`store`.
         """
-        kind = kind or kind_for_url(self.url)
-        if kind is None:
-            raise ValueError(f"no built-in snapshot backend for {self.url!r}; name its kind")
         options = dict(self.options)
         if separate_client:
             options["skip_instance_cache"] = True
-        cls: Callable[..., SnapshotBackend] = _builtin_plugins().lookup_kind(
-            Category.SNAPSHOT_BACKEND, kind
-        ).cls
-        return cls(self.url, options)
+        try:
+            return builtin_snapshot_backend(self.url, options, kind)
+        except ConfigError:  # only for a URL whose scheme has no built-in backend
+            raise ValueError(
+                f"no built-in snapshot backend for {self.url!r}; name its kind") from None
 
     def connect_overrides(self) -> dict[str, Any]:
         """The ``store=`` table for ``sparkjet.connect()``."""
@@ -69,12 +66,3 @@ class StoreLocation:
             "url": self.url
         }
 
-
-_HOST: list[PluginHost] = []
-
-
-def _builtin_plugins() -> PluginHost:
-    """The built-in plugins only (no third-party entry points), loaded once."""
-    if not _HOST:
-        _HOST.append(PluginHost(autoload=False))
-    return _HOST[0]

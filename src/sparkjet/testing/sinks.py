@@ -21,8 +21,10 @@ The kit drives the sink's own API (``prepare`` on the driver, ``write`` per
 partition with a :class:`~sparkjet.plugin.TaskContext`, ``commit`` or
 ``abort``), with contexts built as the runtime builds them for a micro-batch,
 and once through a real streaming job that is stopped between the sinks'
-commit and the checkpoint's, then resumed. Each promise is its own test, so
-a failure names the promise that broke.
+commit and the checkpoint's, then resumed (a sink of the kit's own, after
+the sink under test, stops it there: sinks commit in the pipeline's order,
+and the checkpoint's commit follows them all). Each promise is its own test,
+so a failure names the promise that broke.
 
 Which checks run follows what the sink declares (its ``guarantees``), and
 the kit drives it under the strongest one it declares:
@@ -46,18 +48,17 @@ import contextlib
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import cloudpickle
 import pytest
 
-from sparkjet.core.checkpoint import Checkpoint, CommitRecord
-from sparkjet.core.client import Client
+from sparkjet import Client
 from sparkjet.job import JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.pipeline import Pipeline, StreamSource
-from sparkjet.plugin import JobContext, Sink, TaskContext
+from sparkjet.plugin import ALL_GUARANTEES, JobContext, Sink, TaskContext, hookimpl
 
 __all__ = ["SinkConformance", "SinkHarness"]
 
@@ -382,18 +383,14 @@ class SinkConformance:
         # One partition: each publish is one append, so it lands in one micro-batch whole.
         stream = client.get_stream(stream_name, partitions=1)
         crashed: list[int] = []
-        write_commit = Checkpoint.write_commit
-
-        def crash_once(self: Checkpoint, record: CommitRecord, *args: Any, **kwargs: Any) -> Any:
-            if record.batch >= 1 and not crashed:
-                crashed.append(record.batch)
-                raise _DriverStopped(f"the driver stopped before batch {record.batch}'s "
-                                     "checkpoint commit (sink conformance kit)")
-            return write_commit(self, record, *args, **kwargs)
-
-        monkeypatch.setattr(Checkpoint, "write_commit", crash_once)
+        monkeypatch.setitem(_STOPPED, stream_name, crashed)  # forgotten after the test
+        _register_stop_sink(client)
         p = Pipeline.create()
-        p.read_from(StreamSource(stream_name)).write_to(harness.new_sink()).set_name("to-kit")
+        read = p.read_from(StreamSource(stream_name))
+        read.write_to(harness.new_sink()).set_name("to-kit")
+        # After the sink under test in the pipeline, so it commits after it: it stops
+        # the driver between the sinks' commits and the checkpoint's.
+        read.write_to(_StopAfterTheSinks(stream_name)).set_name("kit-stop")
         job = client.get_jet().submit(p, JobConfig(
             name=f"sink-conformance-{stream_name}", processing_guarantee=guarantee,
             snapshot_interval_millis=50, suspend_on_failure=True,
@@ -426,6 +423,53 @@ class SinkConformance:
 
 class _DriverStopped(RuntimeError):
     """Raised by the kit where a driver stops between the sinks' and the checkpoint's commits."""
+
+
+#: Per kit job (by its input stream's name): the batches whose commit
+#: :class:`_StopAfterTheSinks` stopped, on the driver (the test's process).
+_STOPPED: dict[str, list[int]] = {}
+#: The name the kit's own plugin registers under, on the harness's client.
+_KIT_PLUGIN = "sparkjet-testing"
+
+
+class _StopAfterTheSinks(Sink):
+    """The kit job's last sink: the first commit of a batch from 1 on stops the driver.
+
+    It writes nothing. Sinks commit in the order of the pipeline and the
+    checkpoint's commit comes after them all, so raising here is a driver
+    stopping after the sink under test committed batch ``b``, before the
+    checkpoint recorded it: the job fails (and suspends), its checkpoint
+    still at ``b - 1``.
+    """
+
+    kind = "sparkjet-testing-stop"
+    guarantees = ALL_GUARANTEES
+
+    def write(self, state: Any, items: Iterator[Any], context: TaskContext) -> Any:
+        for _ in items:
+            pass
+        return None
+
+    def commit(self, state: Any, messages: list[Any], context: JobContext) -> None:
+        stopped = _STOPPED[self.name]
+        if context.batch_id is not None and context.batch_id >= 1 and not stopped:
+            stopped.append(context.batch_id)
+            raise _DriverStopped(f"the driver stopped before batch {context.batch_id}'s "
+                                 "checkpoint commit (sink conformance kit)")
+
+
+class _KitPlugin:
+    """The kit's plugin: registers :class:`_StopAfterTheSinks`."""
+
+    @hookimpl
+    def register_sinks(self, register: Callable[[type[Sink]], None]) -> None:
+        register(_StopAfterTheSinks)
+
+
+def _register_stop_sink(client: Client) -> None:
+    """Register the kit's plugin on ``client``, once."""
+    if _KIT_PLUGIN not in {info.name for info in client.list_plugins()}:
+        client.register_plugin(_KitPlugin(), _KIT_PLUGIN)
 
 
 def _shipped(value: Any) -> Any:

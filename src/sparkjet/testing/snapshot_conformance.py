@@ -4,7 +4,9 @@ What every snapshot backend must do: its file operations, create-only writes
 and retried creates, and snapshots written, listed, read, replaced by name,
 checked for corruption, exported and listed by racing threads, and left
 whole by an export that fails half-way. :func:`snapshot_fields` and
-:func:`snapshot_files` make a test export's manifest and content.
+:func:`snapshot_files` make a test export's manifest and content. The suite
+writes and reads snapshots through the public :class:`~sparkjet.job.SnapshotStore`
+on the backend under test.
 """
 
 from __future__ import annotations
@@ -17,13 +19,12 @@ from typing import Any
 
 import pytest
 
-from sparkjet.core.contracts import SnapshotBackend
-from sparkjet.core.errors import (
+from sparkjet.errors import (
     SnapshotCorruptedError,
     SnapshotNotFoundError,
     SnapshotReplacedError,
 )
-from sparkjet.core.snapshots import (
+from sparkjet.job import (
     MANIFEST,
     ManifestFields,
     Snapshot,
@@ -31,6 +32,7 @@ from sparkjet.core.snapshots import (
     StageFields,
     snapshot_folder,
 )
+from sparkjet.plugin import SnapshotBackend
 from sparkjet.testing.races import race
 
 

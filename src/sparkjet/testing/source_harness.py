@@ -4,7 +4,9 @@
 the source under test; :func:`kit_items` makes the kit's items. The rest is
 the suite's own: the constants of its jobs, ``_Run`` (a test's jobs and
 reads), the waits and checks the tests share, and ``_Driver`` (a driver
-process of the kill test).
+process of the kill test). It calls a source as the micro-batch loop does
+(:func:`sparkjet.plugin.latest_offsets`) and reads a job's plans from its
+handle (``job.get_planned_batches()``).
 """
 
 from __future__ import annotations
@@ -25,12 +27,10 @@ from typing import Any, ClassVar
 import cloudpickle
 import pytest
 
-from sparkjet.core.checkpoint import BatchPlan, Checkpoint
-from sparkjet.core.client import Client
-from sparkjet.core.contracts import InputSize, JobContext, Source, TaskContext
-from sparkjet.core.microbatch_loop import latest_offsets
+from sparkjet import Client
 from sparkjet.job import Job, JobConfig, ProcessingGuarantee
 from sparkjet.pipeline import Pipeline
+from sparkjet.plugin import InputSize, JobContext, Source, TaskContext, latest_offsets
 
 #: The name the kit gives the source's stage in every job it runs.
 STAGE = "conformance-source"
@@ -294,17 +294,6 @@ def check_forward(start: Any, end: Any, where: str) -> None:
     if back:
         pytest.fail(f"{where}: offsets went backwards in partitions {back} "
                     f"({start!r} -> {end!r})")
-
-
-def _plans(client: Client, job: Job) -> list[BatchPlan]:
-    """The job's write-ahead plans still in its checkpoint, in batch order."""
-    checkpoint = Checkpoint(client.store, client.store.layout.checkpoint(job.id, "checkpoint"))
-    plans = []
-    for batch in range(checkpoint.last_commit() + 2):
-        plan = checkpoint.planned(batch)
-        if plan is not None:
-            plans.append(plan)
-    return plans
 
 
 def check_size(size: Any, items: int, what: str) -> None:

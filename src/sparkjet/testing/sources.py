@@ -109,17 +109,15 @@ from typing import Any
 import cloudpickle
 import pytest
 
-from sparkjet.core.client import Client
-from sparkjet.core.contracts import source_lag
-from sparkjet.core.microbatch_loop import latest_offsets
+from sparkjet import Client
 from sparkjet.job import JobStatus
+from sparkjet.plugin import latest_offsets, source_lag
 from sparkjet.testing.source_harness import (
     SEEN,
     STAGE,
     WAIT_SECONDS,
     SourceHarness,
     _Driver,
-    _plans,
     _Run,
     _skip_unless,
     _wait,
@@ -370,7 +368,7 @@ class SourceConformance:
         job.resume()
         seen = run.wait_read(job, run.given, "after a suspend")
         assert_exactly_once(seen, range(run.given), "the job")
-        plans = _plans(run.client, job)
+        plans = job.get_planned_batches()
         assert plans, "the job's checkpoint holds no plan"
         for before, after in itertools.pairwise(plans):
             where = f"micro-batch {after.batch}"

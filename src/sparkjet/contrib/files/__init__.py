@@ -19,7 +19,9 @@ them: readers that honour the markers (:func:`committed_files`,
 micro-batch was written twice after a failure.
 
 The package's modules: :mod:`~sparkjet.contrib.files.source` (the source),
-:mod:`~sparkjet.contrib.files.reading` (reading a file's range),
+:mod:`~sparkjet.contrib.files.listing` (the driver's listings of the folder),
+:mod:`~sparkjet.contrib.files.planning` (the offsets and partitions of a
+micro-batch), :mod:`~sparkjet.contrib.files.reading` (reading a file's range),
 :mod:`~sparkjet.contrib.files.sink` (the sink and the readers of its output)
 and :mod:`~sparkjet.contrib.files.common` (what they share). This module is
 the plugin the ``files`` entry point names: it registers the source and sink.

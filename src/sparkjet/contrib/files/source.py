@@ -1,26 +1,24 @@
-"""The file source, :class:`FileSource`: listing a folder, offsets, planning and reading.
+"""The file source, :class:`FileSource`: its options, the Source API, and reading on executors.
 
-The driver lists the folder, decides which files are settled and plans each
-micro-batch's file ranges; an executor reads a range (with the readers of
-:mod:`sparkjet.contrib.files.reading`) and says where an item came from.
+The driver's side has modules of its own: :mod:`~sparkjet.contrib.files.listing`
+lists the folder and decides which files are settled (a source's
+:class:`~sparkjet.contrib.files.listing.FolderWatch`), and
+:mod:`~sparkjet.contrib.files.planning` moves the offsets past each
+micro-batch's file ranges and packs them into partitions. An executor reads
+a range (with the readers of :mod:`sparkjet.contrib.files.reading`) and says
+where an item came from.
 """
 
 from __future__ import annotations
 
 import array
 import bisect
-import contextlib
-import fnmatch
-import hashlib
-import json
-import logging
-import math
-import posixpath
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from sparkjet.contrib.files.common import FORMATS, _open_fs, _pyarrow_parquet
+from sparkjet.contrib.files.common import FORMATS, _open_fs
+from sparkjet.contrib.files.listing import FolderWatch, Listing, list_folder
+from sparkjet.contrib.files.planning import advance, fingerprint, pack, row_groups
 from sparkjet.contrib.files.reading import (
     _ORIGINS_KEPT,
     _descriptor_key,
@@ -36,24 +34,7 @@ from sparkjet.plugin import (
     JobContext,
     Source,
     TaskContext,
-    file_modified,
 )
-
-# The package's logger, as before the source had a module of its own.
-log = logging.getLogger("sparkjet.contrib.files")
-
-
-def _mtime_us(info: Mapping[str, Any]) -> int:
-    """A listing entry's modification time in microseconds; 0 if the backend gives none."""
-    return round((file_modified(info) or 0.0) * 1_000_000)
-
-
-def _fingerprint(offsets: Any) -> str:
-    return hashlib.sha1(json.dumps(offsets, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _hidden(relative: str) -> bool:
-    return any(part.startswith((".", "_")) for part in relative.split("/"))
 
 
 class FileSource(Source):
@@ -153,20 +134,15 @@ class FileSource(Source):
         self._reset()
 
     def _reset(self) -> None:
-        # Driver-only memory: the previous listing (for "unchanged since") and
-        # the settled files of the last one (listed at most every poll_seconds).
-        self._seen: dict[str, tuple[int, int, float]] = {}
-        self._listing: list[tuple[int, str, int]] = []
-        self._settled: list[tuple[int, str, int]] | None = None
-        self._listed_at = -math.inf
-        self._warned: set[tuple[str, int]] = set()  # (file, mtime) changed after it was read
+        #: Driver-only memory: the folder's listings and settled files (see FolderWatch).
+        self._watch = FolderWatch()
         # Executor-only memory: where the items of the partitions read last came
         # from, for dead letters (see offset_of).
         self._origins: dict[str, list[_Origin]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for key in ("_seen", "_listing", "_settled", "_listed_at", "_warned", "_origins"):
+        for key in ("_watch", "_origins"):
             state.pop(key, None)
         return state
 
@@ -185,49 +161,10 @@ class FileSource(Source):
 
     # --- listing (driver) ------------------------------------------------------
 
-    def _list(self, missing_ok: bool = True) -> list[tuple[int, str, int]]:
-        """Every matching file as (mtime in µs, path relative to the url, size), sorted.
-
-        A folder that does not exist holds no files yet (a stream's folder may
-        appear later); with ``missing_ok`` False it is an error naming it.
-        """
-        fs, root = _open_fs(self.url, self.storage_options)
-        with contextlib.suppress(Exception):  # a filesystem without a listing cache
-            fs.invalidate_cache(root)
-        try:
-            if self.recursive:
-                entries = list(fs.find(root, detail=True).values())
-            else:
-                entries = fs.ls(root, detail=True)
-        except FileNotFoundError as exc:
-            if missing_ok:
-                return []
-            raise FileNotFoundError(
-                f"{self.describe()}: folder {root} does not exist") from exc
-        prefix = root.rstrip("/") + "/"
-        found = []
-        for info in entries:
-            if info.get("type") not in ("file", None):
-                continue
-            path = str(info["name"])
-            relative = path[len(prefix):] if path.startswith(prefix) else posixpath.basename(path)
-            if _hidden(relative) or not fnmatch.fnmatchcase(relative, self.glob):
-                continue
-            found.append((_mtime_us(info), relative, int(info.get("size") or 0)))
-        return sorted(found)
-
-    def _stable(self, listing: list[tuple[int, str, int]]) -> list[tuple[int, str, int]]:
-        now = time.monotonic()
-        seen: dict[str, tuple[int, int, float]] = {}
-        stable = []
-        for mtime, name, size in listing:
-            had = self._seen.get(name)
-            since = had[2] if had is not None and had[:2] == (size, mtime) else now
-            seen[name] = (size, mtime, since)
-            if now - since >= self.settle_seconds:
-                stable.append((mtime, name, size))
-        self._seen = seen
-        return stable
+    def _list(self, missing_ok: bool = True) -> Listing:
+        """Every matching file, listed afresh (see :func:`.list_folder`)."""
+        return list_folder(self.url, self.storage_options, self.glob, self.recursive,
+                           self.describe(), missing_ok)
 
     # --- offsets (driver) ------------------------------------------------------
 
@@ -253,108 +190,18 @@ class FileSource(Source):
         """
         if start is None:
             start = self.initial_offsets(context)
-        now = time.monotonic()
-        if self._settled is None or now - self._listed_at >= self.poll_seconds:
-            self._listing = self._list()
-            self._settled = self._stable(self._listing)
-            self._listed_at = now
-        return self._advance(start, self._listing, self._settled, context.stage)
-
-    def _advance(
-        self, start: Any, listing: list[tuple[int, str, int]],
-        stable: list[tuple[int, str, int]], stage: str,
-    ) -> Any:
-        """The offsets after the next micro-batch from ``start``: ``start`` itself if none.
-
-        ``listing``: every matching file; ``stable``: those settled. A file is
-        done only once its last byte was planned: the open file (read up to a
-        position) waits, and the micro-batch with it, until it is settled in
-        this driver's listing (a new driver has settled nothing yet); it is
-        then read on from its position to its size, so bytes appended while it
-        was open are read too. An open file that is gone or shorter than its
-        position is an error: its rest cannot be read, and is never skipped.
-        """
-        floor = start["floor"]
-        done = {d[1]: d[0] for d in start["done"]}
-        opened = start["open"]
-        self._warn_changed(done, stable, stage)
-        pending = [
-            f for f in stable
-            if f[1] not in done and (floor is None or f[0] >= floor)
-            and not (opened and f[1] == opened[0])
-        ]
-        by_name = {f[1]: f for f in stable}
-        if opened is not None:
-            name, position = opened[0], opened[1]
-            listed = next((f for f in listing if f[1] == name), None)
-            where = (f"{self.describe()}, stage {stage!r}: file {name}, read up to byte "
-                     f"{position},")
-            if listed is None:
-                raise FileNotFoundError(
-                    f"{where} is gone (deleted or renamed before its rest was read)")
-            if listed[2] < position:
-                raise ValueError(
-                    f"{where} is now {listed[2]} bytes, shorter than what was read "
-                    "(truncated or replaced while it was being read)")
-            if name not in by_name:
-                return start  # not settled here (yet): wait rather than guess its size
-            pending.insert(0, by_name[name])
-        budget = self.max_bytes_per_batch
-        batch: list[list[Any]] = []
-        new_done = [list(d) for d in start["done"]]
-        new_open = None
-        for files, (mtime, name, size) in enumerate(pending):
-            if files >= self.max_files_per_batch or (budget is not None and budget <= 0):
-                break
-            begin = opened[1] if opened is not None and name == opened[0] else 0
-            end = size
-            if (budget is not None and self.format == "jsonl" and end - begin > budget
-                    and batch):
-                break  # a big file starts the next micro-batch
-            if budget is not None and self.format == "jsonl" and end - begin > budget:
-                end = begin + budget
-            if budget is not None:
-                budget -= end - begin
-            batch.append([name, begin, end])
-            if end < size:
-                new_open = [name, end, mtime]
-            else:
-                new_done.append([mtime, name])
-        if not batch:
-            return start
-        newest = max(d[0] for d in new_done) if new_done else None
-        new_floor = floor
-        if newest is not None:
-            candidate = newest - int(self.late_seconds * 1_000_000)
-            if new_open is not None:
-                candidate = min(candidate, new_open[2])
-            new_floor = candidate if floor is None else max(floor, candidate)
-            new_done = [d for d in new_done if d[0] >= new_floor]
-        return {"floor": new_floor, "done": sorted(new_done), "open": new_open,
-                "batch": batch, "after": _fingerprint(start)}
-
-    def _warn_changed(
-        self, done: Mapping[str, int], stable: list[tuple[int, str, int]], stage: str
-    ) -> None:
-        """Log, once per change, each file done at one modification time and listed at another.
-
-        A file is read once: what was written to it after it was read (or
-        after a job started at ``latest`` passed it by) is not read.
-        """
-        for mtime, name, _ in stable:
-            read_at = done.get(name)
-            if read_at is None or read_at == mtime or (name, mtime) in self._warned:
-                continue
-            self._warned.add((name, mtime))
-            log.warning(
-                "%s, stage %r: file %s changed after it was read (modified at %d µs, read "
-                "at %d µs); a file is read once, so its new content is not read: write "
-                "files under a hidden name and rename them into place when complete",
-                self.describe(), stage, name, mtime, read_at)
+        listing, settled = self._watch.look(self._list, self.settle_seconds, self.poll_seconds)
+        self._watch.warn_changed(start["done"], settled, self.describe(), context.stage)
+        return advance(
+            start, listing, settled, format=self.format,
+            max_files_per_batch=self.max_files_per_batch,
+            max_bytes_per_batch=self.max_bytes_per_batch, late_seconds=self.late_seconds,
+            where=self.describe(), stage=context.stage,
+        )
 
     def plan_range(self, start: Any, end: Any, context: JobContext) -> Sequence[Any]:
         """Runs on the driver: the micro-batch's file ranges, packed into partitions."""
-        if end["after"] != _fingerprint(start):
+        if end["after"] != fingerprint(start):
             raise RuntimeError(
                 f"{self.describe()}: micro-batch {context.batch_id} was planned after "
                 "other offsets than it starts from; the source's files are out of step "
@@ -373,7 +220,7 @@ class FileSource(Source):
         if not isinstance(start, dict) or not isinstance(end, dict):
             return None
         try:
-            if end.get("after") != _fingerprint(start):
+            if end.get("after") != fingerprint(start):
                 return None
             total = sum(int(stop) - int(begin) for _, begin, stop in end["batch"])
         except (KeyError, TypeError, ValueError):
@@ -386,57 +233,11 @@ class FileSource(Source):
         return self._pack([(name, 0, size) for _, name, size in listing], context)
 
     def _pack(self, batch: Sequence[Sequence[Any]], context: JobContext) -> list[Any]:
-        """Pieces of at most ``split_bytes`` (JSON lines by bytes, Parquet by row groups)."""
-        pieces: list[tuple[str, int, int, int]] = []  # (file, begin, end, size)
-        for name, begin, end in batch:
-            if self.format == "jsonl" and end - begin > self.split_bytes:
-                for at in range(begin, end, self.split_bytes):
-                    stop = min(at + self.split_bytes, end)
-                    pieces.append((name, at, stop, stop - at))
-            elif self.format == "parquet":
-                pieces.extend(self._row_groups(name))
-            else:
-                pieces.append((name, begin, end, end - begin))
-        if not pieces:
-            return []
-        total = sum(p[3] for p in pieces)
-        count = min(len(pieces), max(context.parallelism, math.ceil(total / self.split_bytes)))
-        share = total / count
-        partitions: list[list[tuple[str, int, int]]] = [[]]
-        filled = 0.0
-        for name, begin, end, size in pieces:
-            if partitions[-1] and filled + size > share and len(partitions) < count:
-                partitions.append([])
-                filled = 0.0
-            partitions[-1].append((name, begin, end))
-            filled += size
-        return partitions
-
-    def _row_groups(self, name: str) -> list[tuple[str, int, int, int]]:
-        pq = _pyarrow_parquet(self.describe())
-        fs, root = _open_fs(self.url, self.storage_options)
-        path = f"{root}/{name}"
-        try:
-            with fs.open(path, "rb") as fh:
-                meta = pq.ParquetFile(fh).metadata
-        except FileNotFoundError as exc:
-            raise FileNotFoundError(
-                f"{self.describe()}: file {path} was listed but is gone"
-            ) from exc
-        except Exception as exc:
-            raise ValueError(
-                f"{self.describe()}: file {path} is not a readable Parquet file: {exc}"
-            ) from exc
-        groups = [meta.row_group(i).total_byte_size for i in range(meta.num_row_groups)]
-        if not groups:
-            return []
-        pieces, begin, size = [], 0, 0
-        for i, group in enumerate(groups):
-            size += group
-            if size >= self.split_bytes or i == len(groups) - 1:
-                pieces.append((name, begin, i + 1, size))
-                begin, size = i + 1, 0
-        return pieces
+        """Pieces of at most ``split_bytes`` in partitions (see :func:`.pack`)."""
+        return pack(batch, format=self.format, split_bytes=self.split_bytes,
+                    parallelism=context.parallelism,
+                    row_groups=lambda name: row_groups(self.url, self.storage_options, name,
+                                                       self.split_bytes, self.describe()))
 
     def watermark_partition(self, descriptor: Any) -> str:
         """The whole folder is one partition: files are read in order of time."""

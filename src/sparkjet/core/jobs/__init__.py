@@ -2,8 +2,14 @@
 
 - :mod:`.service`: submits and finds jobs, takes over a job whose driver died;
 - :mod:`.handle`: :class:`Job`, what users hold;
+- :mod:`.polling`: a handle's waits, polled, and its requests to a driver in
+  another process, answered in the record;
 - :mod:`.runner`: drives one job in this process, on the engine: its threads,
-  lifecycle and failures;
+  the actions asked of it, its lifecycle;
+- :mod:`.outcome`: how a job driven here ends (its failures, its end in the
+  record) and what its run counted;
+- :mod:`.checkpointing`: a job's checkpoint folder, named in its record,
+  deleted on a NONE restart or a failure;
 - :mod:`.heartbeat`: the runner's watcher thread: control requests taken,
   heartbeats written, an outcome the store refused stored later;
 - :mod:`.statuses`: a job's status changes: checked, stored, told to listeners;

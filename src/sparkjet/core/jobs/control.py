@@ -21,7 +21,7 @@ from typing import Any
 from sparkjet.core.errors import JobStateError
 from sparkjet.core.jobs.lifecycle import Action
 from sparkjet.core.jobs.record import Answer, JobRecord, Lease, now_ms
-from sparkjet.core.snapshots import Manifest
+from sparkjet.core.state.snapshots import Manifest
 from sparkjet.core.store import requests as store_requests
 from sparkjet.core.store.job_records import JobRecords
 

@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
-from sparkjet.core.checkpoint import Checkpoint
 from sparkjet.core.errors import JobStateError
-from sparkjet.core.exports import ExportCut, cut_export, export_state, release_cut
-from sparkjet.core.planner import Plan
-from sparkjet.core.snapshots import Manifest, SnapshotStore
+from sparkjet.core.pipeline.planner import Plan
+from sparkjet.core.state.checkpoint import Checkpoint
+from sparkjet.core.state.export import ExportCut, cut_export, export_state, release_cut
+from sparkjet.core.state.snapshots import Manifest, SnapshotStore
 from sparkjet.core.store import requests as store_requests
 
 if TYPE_CHECKING:

@@ -1,17 +1,15 @@
-"""The job handle users hold (Jet's ``Job``): status, control, metrics.
+"""The job handle users hold (Jet's ``Job``): status, control, metrics, planned batches.
 
 A handle in the process that drives the job sees it live, through its
 runner; a handle in another process reads the job's record in the store and
 acts through the record's control folder, or takes the job over when its
-driver died.
+driver died. Which of these a call takes is the handle's; its waits and its
+requests to a driver elsewhere, polled, are :mod:`.polling`'s (whose
+intervals and timeouts are re-exported here).
 """
 
 from __future__ import annotations
 
-import logging
-import threading
-import time
-import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -25,24 +23,27 @@ from sparkjet.core.errors import (
     TimeoutException,
 )
 from sparkjet.core.jobs.lifecycle import Action, JobStatusEvent, check_action
+from sparkjet.core.jobs.metrics import recorded_metrics
+from sparkjet.core.jobs.polling import ANSWER_AFTER_END_SECONDS as ANSWER_AFTER_END_SECONDS
+from sparkjet.core.jobs.polling import REMOTE_POLL_SECONDS as REMOTE_POLL_SECONDS
+from sparkjet.core.jobs.polling import REQUEST_TIMEOUT_SECONDS as REQUEST_TIMEOUT_SECONDS
+from sparkjet.core.jobs.polling import Polling
 from sparkjet.core.jobs.ports import DrivenJob, JobHost
-from sparkjet.core.jobs.record import Answer, JobRecord, driver_alive, now_ms, read_record
-from sparkjet.core.model import JobConfig, JobStatus
+from sparkjet.core.jobs.record import (
+    Answer,
+    JobRecord,
+    checkpoint_path,
+    driver_alive,
+    read_record,
+)
+from sparkjet.core.model import JobConfig, JobStatus, PlannedBatch
+from sparkjet.core.state.checkpoint import Checkpoint
 
 if TYPE_CHECKING:
-    from sparkjet.core.snapshots import Snapshot
+    from sparkjet.core.state.snapshots import Snapshot
 
 #: How long an export asked of a driver in another process may take, by default.
 EXPORT_TIMEOUT_SECONDS = 600.0
-#: How long a driver in another process may take to answer a control request.
-REQUEST_TIMEOUT_SECONDS = 60.0
-#: How long a handle still waits for an answer once the job's record shows it ended.
-ANSWER_AFTER_END_SECONDS = 3.0
-
-log = logging.getLogger("sparkjet.jobs")
-
-#: How often a handle in another process reads the job's record while it waits.
-REMOTE_POLL_SECONDS = 0.2
 
 #: JobConfig fields a suspended job may change (as Jet's updateConfig allows).
 UPDATABLE_FIELDS = frozenset({
@@ -66,6 +67,10 @@ class Job:
         self._service = service
         #: The record as last read; while the job runs here, the runner's live copy.
         self._record = record
+        #: Its waits, polled, and its requests to a driver in another process.
+        self._polling = Polling(service.records, record.id, self.label, refresh=self._refresh,
+                                alive=self._driver_alive, status=lambda: self.status,
+                                failure=self.get_failure)
 
     # --- identity ------------------------------------------------------------
 
@@ -166,19 +171,7 @@ class Job:
             names the job and its status then).
         """
         shown = " or ".join(s.value for s in wanted) or "a terminal status"
-        return self._poll(wanted, timeout, f"did not become {shown}")
-
-    def _poll(self, wanted: tuple[JobStatus, ...], timeout: float | None, missed: str) -> JobStatus:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            status = self.status
-            if status in wanted or status.is_terminal():
-                return status
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutException(
-                    f"job {self.label} {missed} within {timeout:g} s (status {status.value})"
-                )
-            time.sleep(REMOTE_POLL_SECONDS)
+        return self._polling.until(wanted, timeout, f"did not become {shown}")
 
     def is_user_cancelled(self) -> bool:
         """True if the job ended because a user cancelled it."""
@@ -223,22 +216,7 @@ class Job:
         if runner is not None:
             runner.add_listener(listener)
             return
-        threading.Thread(
-            target=self._poll_status, args=(listener,), daemon=True,
-            name=f"sparkjet-listen-{self.id}",
-        ).start()
-
-    def _poll_status(self, listener: Callable[[JobStatusEvent], None]) -> None:
-        last = self.status
-        while not last.is_terminal():
-            time.sleep(REMOTE_POLL_SECONDS)
-            now = self.status
-            if now is not last:
-                try:
-                    listener(JobStatusEvent(last, now, self.get_failure(), False))
-                except Exception:
-                    log.exception("a status listener of job %s failed", self.label)
-                last = now
+        self._polling.listen(listener)
 
     # --- control -------------------------------------------------------------
 
@@ -261,7 +239,7 @@ class Job:
             if runner.error is not None:
                 raise runner.error
             return
-        if self._poll((), timeout, "did not finish") is JobStatus.FAILED:
+        if self._polling.until((), timeout, "did not finish") is JobStatus.FAILED:
             failure = self.get_failure() or "unknown failure"
             stage = self._record.failure.stage if self._record.failure is not None else None
             if self.is_user_cancelled():
@@ -298,55 +276,8 @@ class Job:
     def _ask(self, action: Action, payload: dict[str, Any] | None = None,
              timeout: float | None = None, what: str | None = None,
              refused: Callable[[str], Exception] = JobStateError) -> Answer | None:
-        """Ask the job's live driver in another process to act; returns its answer.
-
-        The request goes into the job's control folder with an id, and the
-        driver answers under ``answers`` in the job record. Returns None if
-        the driver died before it answered (the caller may act itself now).
-
-        :raises JobStateError: another process took the job over meanwhile.
-        :raises Exception: ``refused(reason)`` (default :class:`JobStateError`)
-            when the driver answered with an error (the job's status did not
-            allow it, or the action failed there).
-        :raises TimeoutException: no answer within ``timeout`` seconds
-            (default :data:`REQUEST_TIMEOUT_SECONDS`).
-        """
-        what = what or f"the {action.value} request"
-        request = uuid.uuid4().hex
-        epoch = self._record.epoch
-        self._service.records.request(self.id, action, {**(payload or {}), "request": request})
-        wait = REQUEST_TIMEOUT_SECONDS if timeout is None else timeout
-        deadline = time.monotonic() + wait
-        ended_at: float | None = None
-        while True:
-            record = self._refresh()
-            answer = record.answers.get(request)
-            if answer is not None:
-                if answer.error is not None:
-                    raise refused(answer.error)
-                return answer
-            if record.epoch != epoch:
-                raise JobStateError(
-                    f"job {self.label}: another process took the job over before its driver "
-                    f"answered {what}; ask again")
-            status = record.status
-            if status.is_terminal():
-                # A driver answers after acting; an ended job's driver takes no more requests.
-                ended_at = ended_at or time.monotonic()
-                if time.monotonic() - ended_at > ANSWER_AFTER_END_SECONDS:
-                    if action is Action.CANCEL:
-                        return Answer(now_ms())
-                    raise JobStateError(
-                        f"job {self.label} ended ({status.value}) before its driver answered "
-                        f"{what}")
-            elif not self._driver_alive(record):
-                return None
-            if time.monotonic() > deadline:
-                raise TimeoutException(
-                    f"job {self.label}: its driver (pid "
-                    f"{record.driver.pid if record.driver else None}) did not answer {what} "
-                    f"within {wait:g} s")
-            time.sleep(REMOTE_POLL_SECONDS)
+        """Ask the job's live driver in another process to act (see :meth:`.Polling.ask`)."""
+        return self._polling.ask(action, self._record.epoch, payload, timeout, what, refused)
 
     def suspend(self) -> None:
         """Stop a streaming job after its current micro-batch commits; status SUSPENDED.
@@ -473,16 +404,23 @@ class Job:
         """
         runner = self._runner
         if runner is None:
-            record = self._refresh()
-            if record.metrics:
-                return dict(record.metrics)
-            metrics = {
-                "executionStartTime": record.execution_start_time,
-                "executionCompletionTime": record.completion_time,
-                "stages": {},
-                **record.progress,
-            }
-            if record.restore:
-                metrics["snapshotRestore"] = dict(record.restore)
-            return metrics
+            return recorded_metrics(self._refresh())
         return runner.metrics()
+
+    def get_planned_batches(self) -> list[PlannedBatch]:
+        """A streaming job's micro-batches as its checkpoint planned them, oldest first.
+
+        Each names the offsets every source stage reads from and up to,
+        written before the batch ran (what a replay after a crash reads
+        again). The checkpoint keeps the plans of at least its last 10
+        committed batches and of a batch planned but not committed yet. Read
+        from the store, so a handle in any process sees them; empty for a job
+        without a checkpoint (a batch job, a stream before its first plan). A
+        job with NONE starts a new checkpoint, counting from 0, on a restart.
+        """
+        path = checkpoint_path(self._service.records, self._refresh())
+        if path is None:
+            return []
+        checkpoint = Checkpoint(self._service.records.store, path)
+        return [PlannedBatch(plan.batch, dict(plan.starts), dict(plan.ends), plan.time_ms)
+                for plan in checkpoint.plans()]

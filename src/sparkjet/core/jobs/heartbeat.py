@@ -23,7 +23,7 @@ from sparkjet.core.config import EngineSettings
 from sparkjet.core.errors import JobFencedError
 from sparkjet.core.jobs.control import ControlDesk
 from sparkjet.core.jobs.record import HEARTBEAT_SECONDS, Lease, lease_refresh_seconds
-from sparkjet.core.jobs.streaming import StreamRun
+from sparkjet.core.jobs.stream_run import StreamRun
 from sparkjet.core.model import JobStatus
 from sparkjet.core.store import requests as store_requests
 

@@ -2,7 +2,7 @@
 
 Pure functions of the plan and of what was counted: a batch job's counts come
 from its engine execution, a streaming job's from the loop's totals and its
-:class:`~sparkjet.core.microbatch_loop.StreamProgress` (state sizes, source
+:class:`~sparkjet.core.microbatch.loop.StreamProgress` (state sizes, source
 lags, watermarks). This module is the one reader of the per-stage counts
 (:class:`~sparkjet.core.model.StageCount`: emitted items, dead letters, late
 items): the runner only says which counts and which progress to show.
@@ -13,14 +13,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sparkjet.core.event_time import NO_WATERMARK
-from sparkjet.core.graph import SinkSpec, WindowSpec
-from sparkjet.core.microbatch_loop import StreamProgress
+from sparkjet.core.jobs.record import JobRecord
+from sparkjet.core.microbatch.loop import StreamProgress
 from sparkjet.core.model import StageCount
-from sparkjet.core.planner import Plan
+from sparkjet.core.pipeline.event_time import NO_WATERMARK
+from sparkjet.core.pipeline.graph import SinkSpec, WindowSpec
+from sparkjet.core.pipeline.planner import Plan
 from sparkjet.core.store import requests
 
-__all__ = ["job_metrics", "progress_metrics", "stage_metrics"]
+__all__ = ["job_metrics", "progress_metrics", "recorded_metrics", "stage_metrics"]
 
 
 def stage_metrics(
@@ -97,4 +98,24 @@ def job_metrics(
         if restore:
             # Which stages the job's initial snapshot restored, started empty or dropped.
             metrics["snapshotRestore"] = dict(restore)
+    return metrics
+
+
+def recorded_metrics(record: JobRecord) -> dict[str, Any]:
+    """``Job.get_metrics()`` for a job driven in another process: what its record holds.
+
+    All of a completed job's metrics where it stored them
+    (``store_metrics_after_job_completion``); else its times, a streaming
+    job's progress, and which stages its initial snapshot restored.
+    """
+    if record.metrics:
+        return dict(record.metrics)
+    metrics = {
+        "executionStartTime": record.execution_start_time,
+        "executionCompletionTime": record.completion_time,
+        "stages": {},
+        **record.progress,
+    }
+    if record.restore:
+        metrics["snapshotRestore"] = dict(record.restore)
     return metrics

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from sparkjet.core.jobs.lifecycle import Action, JobStatusEvent
 from sparkjet.core.jobs.record import Change, Lease
-from sparkjet.core.snapshots import Manifest, Snapshot
+from sparkjet.core.state.snapshots import Manifest, Snapshot
 from sparkjet.core.store.job_records import JobRecords
 
 

@@ -8,14 +8,16 @@ this process or, after a driver died, in the process that resumes it. Every
 status change goes through the transition table (:mod:`.lifecycle`), by
 :mod:`.statuses`.
 
-The runner owns the job's lifecycle: its threads, statuses, failures, the
-checkpoint's folder and the exports asked of it. The rest has owners of its
-own: a streaming job's micro-batch loop and its host (:mod:`.streaming`),
-snapshot exports (:mod:`.exporting`), seeding from a snapshot at submit
-(:mod:`.seeding`), the metrics shown (:mod:`.metrics`), the watcher
-thread's requests and heartbeats (:mod:`.heartbeat`), the status changes
-and their listeners (:mod:`.statuses`) and the engine a batch job runs on
-(:mod:`.batch`).
+The runner owns the job's lifecycle: its threads, the actions asked of it
+(cancel, suspend, resume, restart, an update), the work on the job thread,
+and the exports asked of it. The rest has owners of its own: how the job
+ends, its failures and what its run counted (:mod:`.outcome`), the
+checkpoint's folder (:mod:`.checkpointing`), a streaming job's micro-batch
+loop and its host (:mod:`.streaming`), snapshot exports (:mod:`.exporting`),
+seeding from a snapshot at submit (:mod:`.seeding`), the metrics shown
+(:mod:`.metrics`), the watcher thread's requests and heartbeats
+(:mod:`.heartbeat`), the status changes and their listeners
+(:mod:`.statuses`) and the engine a batch job runs on (:mod:`.batch`).
 
 Threads and the locks between them: the job thread, the watcher, the export
 threads beside the loop (:mod:`.exporting`) and those of exports other
@@ -29,41 +31,35 @@ The service's registry (:mod:`.service`) has its own.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from sparkjet.core.checkpoint import Checkpoint
 from sparkjet.core.config import EngineSettings
-from sparkjet.core.contracts import JobContext
-from sparkjet.core.engine import Engine, Execution, JobRun, RunHooks
-from sparkjet.core.errors import (
-    JobCancelledError,
-    JobFailedError,
-    JobFencedError,
-    JobStateError,
-)
-from sparkjet.core.graph import Transform
-from sparkjet.core.jobs.batch import batch_engine
+from sparkjet.core.engine.boundary import Engine, JobRun, RunHooks
+from sparkjet.core.errors import JobCancelledError, JobStateError
+from sparkjet.core.host.contracts import JobContext
+from sparkjet.core.host.manager import PluginHost
+from sparkjet.core.jobs.checkpointing import CheckpointFolder
 from sparkjet.core.jobs.control import ControlDesk
 from sparkjet.core.jobs.exporting import Exporter, ExportRequest
 from sparkjet.core.jobs.heartbeat import Heartbeat
 from sparkjet.core.jobs.lifecycle import Action, JobStatusEvent, check_action
-from sparkjet.core.jobs.metrics import job_metrics, stage_metrics
+from sparkjet.core.jobs.outcome import Outcome, Tally
 from sparkjet.core.jobs.policy import ClusterWatch
-from sparkjet.core.jobs.record import Change, Failure, JobRecord, Lease, checkpoint_path, now_ms
+from sparkjet.core.jobs.record import Change, JobRecord, Lease
 from sparkjet.core.jobs.seeding import seed_job
 from sparkjet.core.jobs.statuses import Statuses
-from sparkjet.core.jobs.streaming import StreamRun
-from sparkjet.core.microbatch_loop import StopReason
-from sparkjet.core.model import JobConfig, JobStatus, ProcessingGuarantee, StageCount
-from sparkjet.core.planner import Plan
-from sparkjet.core.plugin_manager import PluginHost
-from sparkjet.core.snapshots import Manifest, Snapshot, SnapshotStore
-from sparkjet.core.snapshots.upgrade import CheckedUpgrade
+from sparkjet.core.jobs.stream_run import StreamRun
+from sparkjet.core.microbatch.loop import StopReason
+from sparkjet.core.model import JobConfig, JobStatus, ProcessingGuarantee
+from sparkjet.core.pipeline.graph import Transform
+from sparkjet.core.pipeline.planner import Plan
+from sparkjet.core.state.checkpoint import Checkpoint
+from sparkjet.core.state.snapshots import Manifest, Snapshot, SnapshotStore
+from sparkjet.core.state.snapshots.upgrade import CheckedUpgrade
 from sparkjet.core.store import requests as store_requests
 from sparkjet.core.store.fs import Store
 from sparkjet.core.store.job_records import JobRecords
@@ -87,9 +83,7 @@ class Services:
     plugin_options: Mapping[str, Mapping[str, Any]]
     #: The configured snapshot store (made on first use).
     snapshots: Callable[[], SnapshotStore]
-    #: The engine small micro-batches run on, in this process (None: none; every
-    #: batch runs on :attr:`engine`), and the ``[engine]`` settings saying when.
-    local_engine: Engine | None = None
+    #: The ``[engine]`` settings (the watcher's and an idle loop's polls).
     engine_settings: EngineSettings = field(default_factory=EngineSettings)
 
 
@@ -106,11 +100,6 @@ class JobRunner:
         self.lease = Lease(services.records, record)
         self.cancel_requested = threading.Event()
         self.done = threading.Event()
-        self.error: BaseException | None = None
-        self.execution: Execution | None = None
-        self.final_counts: dict[StageCount, int] | None = None
-        self.execution_start = -1
-        self.execution_completion = -1
         #: The job's status: each change checked, stored, told to listeners and plugins.
         self.statuses = Statuses(job, self.lease, services.plugins)
         self._future_work_cancelled = False
@@ -122,11 +111,20 @@ class JobRunner:
         self.thread: threading.Thread | None = None
         #: Exports the job's state as snapshots (its queue: those waiting for the loop).
         self.exporter = Exporter(job, self.plan, services.snapshots, services.engine.version)
+        #: The job's checkpoint folder: named in the record, opened, deleted.
+        self.folder = CheckpointFolder(services.records, services.store, self.lease, job,
+                                       self.plan.streaming)
         #: A streaming job's micro-batch loop and its host (unused by a batch job).
         self.stream = StreamRun(job, self.plan, services.engine, services.store, self.lease,
                                 self.cancel_requested, self.exporter, self.context_factory,
-                                self._checkpoint, services.local_engine,
-                                services.engine_settings)
+                                self._checkpoint, services.engine_settings)
+        #: What the run counted (times, counts, metrics), and how the job ends.
+        self.tally = Tally(job, self.plan, self.lease, self.stream)
+        self.outcome = Outcome(
+            job, self.plan, self.lease, self.statuses, self.tally, self.folder,
+            self.cancel_requested, self.done, plugins=services.plugins, records=services.records,
+            engine=services.engine, redact=services.redact, park=self._park,
+        )
         #: Requests from other processes, taken by the watcher thread.
         self.control = ControlDesk(services.records, self.lease, job.label, services.redact,
                                    self.act, self.export_snapshot)
@@ -135,8 +133,8 @@ class JobRunner:
             job.id, job.label, self.lease, self.control,
             self.stream if self.plan.streaming else None, self.done,
             services.store.object_store, services.engine_settings,
-            cancel_again=self._cancel_again, stop_fenced=self._stop_fenced,
-            failed_stored=self._discard_checkpoint_of_failed,
+            cancel_again=self._cancel_again, stop_fenced=self.outcome.stop_fenced,
+            failed_stored=self.folder.discard_of_failed,
         )
         self.watcher = threading.Thread(
             target=self.heartbeat.run, name=f"sparkjet-watch-{job.id}", daemon=True
@@ -147,6 +145,20 @@ class JobRunner:
     def update_record(self, change: Change) -> None:
         """Change the job's record (``lambda r: replace(r, ...)``) and write it."""
         self.lease.write(change)
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why the job ended, if it did not complete (see :class:`.Outcome`)."""
+        return self.outcome.error
+
+    @property
+    def execution_start(self) -> int:
+        """When the execution started, in ms since the epoch (-1: not yet); the tally's."""
+        return self.tally.execution_start
+
+    @execution_start.setter
+    def execution_start(self, value: int) -> None:
+        self.tally.execution_start = value
 
     def set_status(
         self, new: JobStatus, description: str | None = None, user_requested: bool = False,
@@ -203,15 +215,6 @@ class JobRunner:
         with store_requests.working_for(self.job.id):
             self._run(resuming)
 
-    def _stop_fenced(self, exc: JobFencedError) -> None:
-        """Another driver took the job over: stop here, writing nothing more (it is theirs)."""
-        if self.error is None:
-            log.error("%s", exc)
-        self.error = exc
-        self.cancel_requested.set()  # the loop stops at its next check
-        self.services.engine.cancel(self.job.id)  # and running Spark work stops now
-        self.done.set()
-
     def act(self, action: Action, payload: Any = None) -> None:
         """Carry out ``action`` here; JobStateError if the job's status does not allow it."""
         if action is Action.UPDATE_CONFIG:
@@ -248,7 +251,7 @@ class JobRunner:
             self._parked = False  # whoever ends a parked job ends it once
         if end_now:
             # Suspended: nothing runs, end the job now.
-            self._end_suspended_by_cancel()
+            self.outcome.cancelled_while_suspended()
 
     def _cancel_again(self) -> None:
         """Cancel again if the engine did not cancel future work (the watcher repeats it)."""
@@ -261,7 +264,7 @@ class JobRunner:
             if not self.cancel_requested.is_set():
                 self._parked = True
                 return
-        self._end_suspended_by_cancel()
+        self.outcome.cancelled_while_suspended()
 
     def suspend(self) -> None:
         self._check(Action.SUSPEND)
@@ -285,14 +288,6 @@ class JobRunner:
         self.set_status(JobStatus.STARTING)
         self.start(resuming=True)
 
-    def _end_suspended_by_cancel(self) -> None:
-        error = JobCancelledError(f"job {self.job.label} was cancelled")
-        self.error = error
-        self.lease.check_fence()  # the job belongs to the newer driver now
-        self._finish(JobStatus.FAILED, error)
-        self._discard_checkpoint_of_failed()
-        self.done.set()
-
     # --- running --------------------------------------------------------------
 
     def _run(self, resuming: bool) -> None:
@@ -305,10 +300,7 @@ class JobRunner:
             self.services.engine.bind(job.id, f"sparkjet job {job.label}")
             if self.cancel_requested.is_set():  # arrived while the engine was starting
                 raise JobCancelledError(f"job {job.label} was cancelled")
-            if self.execution_start < 0:
-                self.execution_start = now_ms()
-                start = self.execution_start
-                self.lease.write(lambda r: replace(r, execution_start_time=start))
+            self.tally.start()
             self.set_status(JobStatus.RUNNING)
             if self.plan.streaming:
                 if self._run_stream() is StopReason.SUSPEND:
@@ -321,84 +313,25 @@ class JobRunner:
                     return
             else:
                 self._run_batch()
-            self.execution_completion = now_ms()
-            self._finish(JobStatus.COMPLETED, None)
-            self.done.set()
+            self.outcome.completed()
         except BaseException as exc:
-            try:
-                self._failed(exc)
-            except BaseException as handling:
-                self._failed_to_fail(exc, handling)
-
-    def _failed_to_fail(self, exc: BaseException, handling: BaseException) -> None:
-        """Handling the job's failure failed too (a bug, a broken metric): end it FAILED here.
-
-        ``join()`` raises the job's error with the second failure named. The
-        status goes through :meth:`set_status` as for any failure, so listeners
-        and plugins hear of it, and the store gets the record now or from the
-        watcher later; only if even that raises is the record staged directly.
-        """
-        log.error("job %s: failed (%s: %s), and handling that failed too: %s: %s",
-                  self.job.label, type(exc).__name__, exc, type(handling).__name__, handling)
-        if isinstance(handling, JobFencedError) or self.lease.fenced is not None:
-            self._stop_fenced(self.lease.fenced or handling)  # type: ignore[arg-type]
-            return
-        error = JobFailedError(
-            f"job {self.job.label} failed: {type(exc).__name__}: {exc}; handling that failed "
-            f"too: {type(handling).__name__}: {handling}",
-            getattr(exc, "stage", None),
-        )
-        error.__cause__ = exc
-        self.error = error
-        failure = Failure(self.services.redact(str(error)), error.stage, False)
-        self.lease.stage(lambda r: replace(r, failure=failure, completion_time=now_ms()))
-        try:
-            if self.lease.status is not JobStatus.FAILED:
-                self.set_status(JobStatus.FAILED, failure.message, outcome=True)
-        except BaseException:
-            log.exception("job %s: storing its FAILED status failed", self.job.label)
-            self.lease.stage(lambda r: replace(r, status=JobStatus.FAILED))
-            with contextlib.suppress(Exception):
-                self.lease.write()  # else the watcher writes it once the store takes it
-        self.done.set()
+            self.outcome.failed(exc)
 
     def _run_batch(self) -> None:
         contexts = self.context_factory()
-        job = JobRun(self.plan, contexts, metrics=self.job.config.metrics_enabled)
+        job = JobRun(self.plan, contexts, metrics=self.job.config.metrics_enabled,
+                     adaptive=self.job.config.adaptive_micro_batches, label=self.job.label)
         hooks = RunHooks(cancelled=self.cancel_requested.is_set,
                          before_commit=lambda: self.set_status(JobStatus.COMPLETING))
         try:
-            services = self.services
-            engine = batch_engine(self.plan, contexts, self.job.config.adaptive_micro_batches,
-                                  services.engine, services.local_engine,
-                                  services.engine_settings, self.job.label)
-            self.execution = engine.batch(job, hooks)
-            self.execution.run()
+            execution = self.tally.execution = self.services.engine.batch(job, hooks)
+            execution.run()
         finally:
             self.plan.close_sources(contexts)
 
     def _checkpoint(self, record_now: bool = True) -> Checkpoint:
-        """The job's checkpoint; a new one is named in the record (written now, or staged)."""
-        path = checkpoint_path(self.services.records, self.lease.record)
-        if path is None:
-            layout = self.services.records.layout
-            if self.job.config.processing_guarantee is ProcessingGuarantee.NONE:
-                folder = layout.new_scratch_checkpoint()  # thrown away on restart
-            else:
-                folder = layout.DURABLE_CHECKPOINT
-            if record_now:
-                self.lease.write(lambda r: replace(r, checkpoint=folder))
-            else:
-                self.lease.stage(lambda r: replace(r, checkpoint=folder))
-            path = layout.checkpoint(self.job.id, folder)
-        return Checkpoint(self.services.store, path)
-
-    def _discard_checkpoint(self) -> None:
-        self.lease.check_fence()  # the checkpoint belongs to the newer driver now
-        path = checkpoint_path(self.services.records, self.lease.record)
-        if path is not None:
-            Checkpoint(self.services.store, path).delete()
-            self.lease.write(lambda r: replace(r, checkpoint=None))
+        """The job's checkpoint (see :meth:`.CheckpointFolder.open`)."""
+        return self.folder.open(record_now)
 
     # --- snapshots ------------------------------------------------------------
 
@@ -487,98 +420,10 @@ class JobRunner:
             self.set_status(JobStatus.STARTING, "restart requested", user_requested=True)
             self.set_status(JobStatus.RUNNING)
             if guarantee is ProcessingGuarantee.NONE:
-                self._discard_checkpoint()  # NONE restarts from scratch
-
-    def _failed(self, exc: BaseException) -> None:
-        job = self.job
-        if self.lease.fenced is not None or isinstance(exc, JobFencedError):
-            self._stop_fenced(self.lease.fenced or exc)  # type: ignore[arg-type]
-            return
-        self.execution_completion = now_ms()
-        if self.cancel_requested.is_set():
-            error: BaseException = JobCancelledError(f"job {job.label} was cancelled")
-            error.__cause__ = exc if not isinstance(exc, JobCancelledError) else None
-        elif isinstance(exc, JobFailedError):
-            error = exc
-        else:
-            error = JobFailedError(f"job {job.label} failed: {type(exc).__name__}: {exc}")
-            error.__cause__ = exc
-        self.services.plugins.job_error(job=job, error=error)
-        cancelled = isinstance(error, JobCancelledError)
-        if self.plan.streaming and job.config.suspend_on_failure and not cancelled:
-            cause = self.services.redact(str(error))
-            self.lease.stage(lambda r: replace(r, suspension_cause=cause))
-            self.set_status(JobStatus.SUSPENDED, cause, outcome=True)
-            self._park()
-            return
-        self.error = error
-        self._finish(JobStatus.FAILED, error)
-        self._discard_checkpoint_of_failed()
-        self.done.set()
-
-    def _discard_checkpoint_of_failed(self) -> None:
-        """Delete a FAILED streaming job's checkpoint, as Jet deletes its snapshots.
-
-        Only once the store holds FAILED: until then another process may find
-        the driver gone and resume the job from this checkpoint. The watcher
-        deletes it when it stores the record later.
-        """
-        if not self.plan.streaming or self.lease.unwritten is not None:
-            return
-        try:
-            self._discard_checkpoint()
-        except JobFencedError:
-            raise
-        except Exception:  # the job failed all the same; gc removes the folder in time
-            log.exception("job %s: deleting its checkpoint failed", self.job.label)
-
-    def _finish(self, status: JobStatus, error: BaseException | None) -> None:
-        self.final_counts = self.execution.stage_counts() if self.execution is not None else {}
-        cancelled = isinstance(error, JobCancelledError)
-        failure = None if error is None else Failure(
-            self.services.redact(str(error)), getattr(error, "stage", None), cancelled
-        )
-        metrics = self.metrics() if self.job.config.store_metrics_after_job_completion else None
-        self.lease.stage(lambda r: replace(
-            r,
-            completion_time=self.execution_completion,
-            execution_start_time=self.execution_start,
-            failure=failure if failure is not None else r.failure,
-            user_cancelled=cancelled if error is not None else r.user_cancelled,
-            metrics=metrics if metrics is not None else r.metrics,
-        ))
-        description = str(error) if error is not None else None
-        self.set_status(status, description, user_requested=cancelled, outcome=True)
-        if self.job.name and self.lease.unwritten is None:
-            # (While the record says the job is active, its name stays taken; a
-            # name whose job ended is freed by the next submit that wants it.)
-            try:
-                self.services.records.release_name(self.job.name, self.job.id)
-            except Exception:
-                log.exception("job %s: freeing its name failed", self.job.label)
+                self.folder.discard()  # NONE restarts from scratch
 
     # --- metrics --------------------------------------------------------------
 
     def metrics(self) -> dict[str, Any]:
-        """The job's metrics as ``Job.get_metrics()`` returns them (see there)."""
-        streaming = self.plan.streaming
-        return job_metrics(
-            self.execution_start, self.execution_completion, self._stage_metrics(),
-            self.stream.progress if streaming else None,
-            self.lease.record.restore if streaming else None,
-            store_requests.by_kind(self.job.id),
-        )
-
-    def _stage_metrics(self) -> dict[str, dict[str, int]]:
-        """Each stage's counts (empty when the job's metrics are off)."""
-        if self.plan.streaming:
-            counts = self.stream.progress.stage_totals
-            progress = self.stream.progress
-        else:
-            counts = self.final_counts or (
-                self.execution.stage_counts() if self.execution is not None else {}
-            )
-            progress = None
-        if not self.job.config.metrics_enabled:
-            return {}
-        return stage_metrics(self.plan, counts, progress)
+        """The job's metrics as ``Job.get_metrics()`` returns them (see :meth:`.Tally.metrics`)."""
+        return self.tally.metrics()

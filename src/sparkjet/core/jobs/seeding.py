@@ -1,14 +1,14 @@
 """Starting a new job from a snapshot: its checkpoint seeded at submit, before its record exists.
 
 The rules (which stages and sources carry over, Jet's upgrade options) are
-:mod:`sparkjet.core.snapshots.upgrade`'s, and the seeding
-:func:`~sparkjet.core.restore.seed_checkpoint`'s; this module gives it the
+:mod:`sparkjet.core.state.snapshots.upgrade`'s, and the seeding
+:func:`~sparkjet.core.state.restore.seed_checkpoint`'s; this module gives it the
 job's sources as the submitting driver sees them, removes a half-made
 checkpoint when the seed is refused, and logs what the snapshot restored.
 
 The submit checks the rules before the job exists, and the job's runner
 seeds its checkpoint afterwards by what that check found
-(:class:`~sparkjet.core.snapshots.upgrade.CheckedUpgrade`), so a submit runs
+(:class:`~sparkjet.core.state.snapshots.upgrade.CheckedUpgrade`), so a submit runs
 the rules once.
 """
 
@@ -17,15 +17,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from sparkjet.core.checkpoint import Checkpoint
-from sparkjet.core.contracts import JobContext
-from sparkjet.core.graph import Transform
-from sparkjet.core.microbatch_loop import latest_offsets
+from sparkjet.core.host.contracts import JobContext
+from sparkjet.core.microbatch.loop import latest_offsets
 from sparkjet.core.model import JobConfig
-from sparkjet.core.planner import Plan
-from sparkjet.core.restore import SourceOffsets, seed_checkpoint
-from sparkjet.core.snapshots import Snapshot
-from sparkjet.core.snapshots.upgrade import CheckedUpgrade
+from sparkjet.core.pipeline.graph import Transform
+from sparkjet.core.pipeline.planner import Plan
+from sparkjet.core.state.checkpoint import Checkpoint
+from sparkjet.core.state.restore import SourceOffsets, seed_checkpoint
+from sparkjet.core.state.snapshots import Snapshot
+from sparkjet.core.state.snapshots.upgrade import CheckedUpgrade
 
 __all__ = ["seed_job"]
 

@@ -30,16 +30,17 @@ from sparkjet.core.jobs.record import (
 )
 from sparkjet.core.jobs.runner import JobRunner, Services
 from sparkjet.core.model import JobConfig, JobStatus, ProcessingGuarantee
-from sparkjet.core.planner import plan
-from sparkjet.core.snapshots import Manifest, Snapshot
-from sparkjet.core.snapshots.format import pipeline_fingerprint, stateful_stages
-from sparkjet.core.snapshots.migrate import StateTransform, migrate_snapshot
-from sparkjet.core.snapshots.upgrade import (
+from sparkjet.core.pipeline.planner import plan
+from sparkjet.core.state.snapshots import Manifest, Snapshot
+from sparkjet.core.state.snapshots.format import pipeline_fingerprint, stateful_stages
+from sparkjet.core.state.snapshots.migrate import StateTransform, migrate_snapshot
+from sparkjet.core.state.snapshots.upgrade import (
     UpgradeOptions,
     UpgradeRow,
     check_upgrade,
     require_compatible,
 )
+from sparkjet.core.store.naming import loads
 
 log = logging.getLogger("sparkjet.jobs")
 
@@ -124,7 +125,7 @@ class RunnerRegistry:
         try:
             pipeline = service.services.store.read_pickle(
                 service.records.layout.pipeline(job.id), f"job {job.label}: pipeline",
-                loads=cloudpickle.loads,
+                loads=loads,
             )
         except FileNotFoundError:
             raise JobStateError(

@@ -18,10 +18,10 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from sparkjet.core.errors import JobFencedError
+from sparkjet.core.host.manager import PluginHost
 from sparkjet.core.jobs.lifecycle import JobStatusEvent, check_transition
 from sparkjet.core.jobs.record import HEARTBEAT_SECONDS, Change, Lease
 from sparkjet.core.model import JobStatus
-from sparkjet.core.plugin_manager import PluginHost
 
 if TYPE_CHECKING:
     from sparkjet.core.jobs.handle import Job

@@ -5,7 +5,9 @@ One concern per module, from the bottom up:
 - :mod:`.layout`: where everything lies (every path in the store is built there);
 - :mod:`.memoryfs`: fsspec's memory filesystem made safe between threads;
 - :mod:`.files`: the file operations the logs need of a store (a protocol);
-- :mod:`.commit_log`: lists' and maps' commit logs and their record format;
+- :mod:`.commit_log`: lists' and maps' commit logs, made of
+  :mod:`.commit_records` (the record format, records read back) and
+  :mod:`.commit_segments` (the parts records carry);
 - :mod:`.stream_log`: streams' partitioned, offset-checked logs, made of
   :mod:`.stream_chunks`, :mod:`.stream_follow`, :mod:`.stream_wait`,
   :mod:`.stream_registry`, :mod:`.stream_read`, :mod:`.stream_write` and

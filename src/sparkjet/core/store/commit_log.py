@@ -1,4 +1,4 @@
-"""The commit log: the record format of the store's lists and maps, and how it is read.
+"""The commit log: the store's lists and maps, committed record by record, and folded.
 
 Lists and maps are *commit logs*: a folder of numbered records, each created
 with a create-only write, so a commit (a sink's whole output, an ``add_all``)
@@ -7,6 +7,18 @@ another. Large payloads go to segment files first; the record that names them
 is written last. A ``clear`` is a record too, so readers start after the
 newest one. Where the files lie is
 :class:`~sparkjet.core.store.layout.CommitLogPaths`.
+
+:class:`CommitLog` is the one entry. It commits records (plainly, or once
+per token for a micro-batch sink, through the writer's index) and folds the
+log into bases; the rest has modules of its own:
+
+- :mod:`.commit_records`: the record format, and the records and bases
+  listed and read back in order (:class:`.LogReader`, :class:`Record`,
+  :class:`LogCursor`);
+- :mod:`.commit_segments`: the parts a record carries, staged inline or in
+  segment files, read back and discarded (:class:`.Segments`).
+
+The names other modules and tests use are re-exported here.
 """
 
 from __future__ import annotations
@@ -15,50 +27,22 @@ import itertools
 import json
 import logging
 import pickle
-import time
-import uuid
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sparkjet.core.errors import StoreError
-from sparkjet.core.naming import PICKLE_PROTOCOL, json_loads
 from sparkjet.core.store import upkeep
-from sparkjet.core.store.files import StoreFiles
+from sparkjet.core.store.commit_records import LogCursor as LogCursor
+from sparkjet.core.store.commit_records import LogReader, record_payload
+from sparkjet.core.store.commit_records import Record as Record
+from sparkjet.core.store.commit_segments import INLINE_LIMIT as INLINE_LIMIT
+from sparkjet.core.store.commit_segments import Segments
 from sparkjet.core.store.layout import CommitLogPaths
+from sparkjet.core.store.naming import PICKLE_PROTOCOL, json_loads
+from sparkjet.core.store.protocol import StoreFiles
 
 log = logging.getLogger("sparkjet.store")
-
-#: Batches up to this many items travel inline in a commit record.
-INLINE_LIMIT = 10_000
-
-
-@dataclass(frozen=True)
-class Record:
-    """One committed change in a commit log."""
-
-    seq: int
-    op: str  # lists: "append", "clear"; maps: "put", "remove", "clear"
-    #: In order: ("items", [...]) carried inline, or ("segment", path) in a file.
-    parts: list[tuple[str, Any]]
-    writer: str
-    #: For a micro-batch sink's commit: who commits (job, stage and checkpoint)
-    #: and the batch. A producer's batches land in order, each once: readers
-    #: skip a record whose batch is not after its producer's last one.
-    producer: str | None = None
-    batch: int | None = None
-
-
-@dataclass
-class LogCursor:
-    """How far a reader of a :class:`CommitLog` has read.
-
-    ``seq`` is the last record it applied; ``producers`` each micro-batch
-    producer's last batch, so a replayed batch's second record is skipped.
-    """
-
-    seq: int = 0
-    producers: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -85,18 +69,6 @@ def _seq_is_int(index: Any) -> None:
 
 #: A commit log is folded into a base once this many records follow the newest one.
 FOLD_EVERY = 100
-
-
-def _record_payload(
-    op: str, parts: list[tuple[str, Any]], writer: str, producer: str | None, batch: int | None
-) -> bytes:
-    # The nonce makes the payload this call's own, so a create that the
-    # filesystem client retried after it landed is recognised as ours.
-    return pickle.dumps(
-        {"op": op, "parts": parts, "writer": writer, "time": time.time(),
-         "nonce": uuid.uuid4().hex, "producer": producer, "batch": batch},
-        protocol=PICKLE_PROTOCOL,
-    )
 
 
 class CommitLog:
@@ -130,37 +102,55 @@ class CommitLog:
         self.label = label
         #: "list" or "map": what a fold keeps of the records.
         self.kind = kind
+        #: The records and bases, listed and read back (:mod:`.commit_records`).
+        self.reader = LogReader(store, self.paths, label)
+        #: The parts records carry, inline or in segment files (:mod:`.commit_segments`).
+        self.segments = Segments(store, self.paths, label)
+
+    # --- segments (see Segments) ----------------------------------------------
 
     def new_segment_path(self, writer: str) -> str:
         """A fresh path for a segment that ``writer`` stages."""
-        return self.paths.new_segment(writer)
+        return self.segments.new_path(writer)
 
     def write_segment(self, path: str, items: list[Any]) -> None:
         """Write a segment file (called on executors by sinks)."""
-        self.store.write_bytes(path, pickle.dumps(items, protocol=PICKLE_PROTOCOL))
+        self.segments.write(path, items)
 
     def read_segment(self, path: str) -> list[Any]:
         """The items of the segment ``path`` that a committed record names."""
-        try:
-            raw = self.store.read_bytes(path)
-        except FileNotFoundError as exc:
-            raise StoreError(
-                self.store.redact(
-                    f"{self.label}: segment {path!r} named by a committed record is missing"
-                )
-            ) from exc
-        items: list[Any] = self.store.decode(path, raw, pickle.loads, f"{self.label}: segment")
-        return items
+        return self.segments.read(path)
+
+    def payload(self, record: Record) -> Iterable[Any]:
+        """The items a record carries, in order."""
+        return self.segments.payload(record)
+
+    def stage(self, items: Iterable[Any], writer: str) -> list[tuple[str, Any]]:
+        """Prepare ``items`` for a later :meth:`commit` (runs on executors).
+
+        Small batches travel inline in the commit message; larger ones are
+        written to a segment file now, which stays invisible until a record
+        names it (see :meth:`.Segments.stage`).
+        """
+        return self.segments.stage(items, writer)
+
+    def discard(self, parts: Iterable[tuple[str, Any]]) -> None:
+        """Delete the segment files of parts that will never be committed."""
+        self.segments.discard(parts)
+
+    def discard_writer(self, writer: str) -> None:
+        """Delete every segment staged by ``writer`` (see :meth:`.Segments.discard_writer`)."""
+        self.segments.discard_writer(writer)
+
+    # --- listing and reading (see LogReader) ----------------------------------
 
     def sequences(self) -> list[int]:
         """The numbers of the records in the log, oldest first (listed afresh)."""
-        found = (self.paths.record_number(e) for e in self.store.listdir(self.paths.log))
-        return sorted(seq for seq in found if seq is not None)
+        return self.reader.sequences()
 
     def bases(self) -> list[int]:
         """The record numbers the log's complete bases fold up to, oldest first."""
-        found = (self.paths.base_number(e) for e in self.store.listdir(self.paths.bases))
-        return sorted(seq for seq in found if seq is not None)
+        return self.reader.bases()
 
     def exists(self) -> bool:
         """Whether anything was ever committed to the log (a record, or a fold of records).
@@ -170,6 +160,36 @@ class CommitLog:
         was ever committed to does not.
         """
         return bool(self.bases() or self.sequences())
+
+    def read(self, cursor: LogCursor) -> Iterator[Record]:
+        """The records after ``cursor``, oldest first, moving ``cursor`` along.
+
+        Starts with a ``clear`` and the newest base's records when the base
+        is past ``cursor`` (a new reader, or one that a fold overtook), so a
+        reader that applies what it is given in order stays right. Skips a
+        micro-batch producer's record whose batch is not after its last.
+        """
+        return self.reader.read(cursor)
+
+    def records(self, after: int = 0) -> Iterator[Record]:
+        """Records with sequence numbers greater than ``after``, oldest first.
+
+        A fresh reader's view (see :meth:`read`); ``after`` a record number
+        it has seen.
+        """
+        yield from self.read(LogCursor(after))
+
+    def live_records(self) -> list[Record]:
+        """The records after the newest ``clear``."""
+        live: list[Record] = []
+        for record in self.read(LogCursor()):
+            if record.op == "clear":
+                live = []
+            else:
+                live.append(record)
+        return live
+
+    # --- committing -----------------------------------------------------------
 
     def commit(
         self,
@@ -191,7 +211,7 @@ class CommitLog:
         below the newest base (freed by a fold) is never used: readers start
         after the base and would not see it.
         """
-        payload = _record_payload(op, parts or [], writer, producer, batch)
+        payload = record_payload(op, parts or [], writer, producer, batch)
         bases = self.bases()
         if after is None:
             seqs = self.sequences()
@@ -265,7 +285,7 @@ class CommitLog:
             raw = None
         after = 0 if raw is None else int(self.store.decode(
             index, raw, json_loads, f"{self.label}: writer index", check=_seq_is_int)["seq"])
-        payload = _record_payload(op, parts, token, producer, batch)
+        payload = record_payload(op, parts, token, producer, batch)
         # The record this process committed last for the writer, if the index
         # still names it: records never change, so it is not read again.
         kept = _OWN.get(self._own_key(index))
@@ -284,20 +304,20 @@ class CommitLog:
         if after > floor and mine is not None:
             own: Record | None = mine
         else:
-            own = self._read_record(after) if after > floor else None
-        if after > floor and own is None and self._newest_base() < after:
+            own = self.reader.record(after) if after > floor else None
+        if after > floor and own is None and self.reader.newest_base() < after:
             # The writer's last record is neither in the log nor folded: the index
             # is damaged. Committing after it would leave a gap no reader passes.
             raise StoreError(self.store.redact(
                 f"{self.label}: writer index {index!r} is damaged ({len(raw or b'')} bytes) "
                 f"in store {self.store.shown_url!r}: it names record {after}, which the log "
-                f"does not hold (its records end at {self._last_sequence()}); nothing was "
+                f"does not hold (its records end at {self.reader.last_sequence()}); nothing was "
                 "committed"))
         if own is not None:
             # From the writer's own last record on: a replay finds its batch's
             # record whether or not the index was updated after it.
             last = after - 1
-            records: Iterator[Record] = itertools.chain([own], self._tail(after))
+            records: Iterator[Record] = itertools.chain([own], self.reader.tail(after))
         else:
             # No index yet (a first commit, or a crash before the index was
             # written), or the writer's records were folded: read the log.
@@ -325,116 +345,7 @@ class CommitLog:
         """Where :data:`_OWN` keeps a writer's last record: its filesystem and index path."""
         return type(getattr(self.store, "fs", None)).__name__, index
 
-    def _newest_base(self) -> int:
-        """The record number the newest base folds up to, listed afresh (0: none)."""
-        bases = self.bases()
-        return bases[-1] if bases else 0
-
-    def _last_sequence(self) -> int:
-        """The newest record's number, or the newest base's when the log has no record."""
-        seqs = self.sequences()
-        return seqs[-1] if seqs else self._newest_base()
-
-    def _read_record(self, seq: int) -> Record | None:
-        path = self.paths.record(seq)
-        try:
-            data = self.store.read_bytes(path)
-        except FileNotFoundError:
-            return None
-        raw = self.store.decode(path, data, pickle.loads, f"{self.label}: record",
-                                keys=("op", "parts", "writer"))
-        return Record(seq, raw["op"], raw["parts"], raw["writer"], raw.get("producer"),
-                      raw.get("batch"))
-
-    def _tail(self, after: int) -> Iterator[Record]:
-        """The records after ``after``, read by number until the first missing one."""
-        seq = after + 1
-        while (record := self._read_record(seq)) is not None:
-            yield record
-            seq += 1
-
-    def _read_base(self, seq: int) -> dict[str, Any] | None:
-        path = self.paths.base(seq)
-        try:
-            raw = self.store.read_bytes(path)
-        except FileNotFoundError:
-            return None  # replaced by a newer fold meanwhile
-        def folds_up_to_seq(base: dict[str, Any]) -> None:
-            if base["seq"] != seq:
-                raise ValueError(f"it says it folds up to record {base['seq']}")
-
-        base: dict[str, Any] = self.store.decode(
-            path, raw, pickle.loads, f"{self.label}: base", keys=("seq", "records", "producers"),
-            check=folds_up_to_seq)
-        return base
-
-    def _from_base(self, cursor: LogCursor) -> Iterator[Record]:
-        """A ``clear`` and the newest base's records; moves ``cursor`` to the base."""
-        for _ in range(100):
-            bases = self.bases()
-            if not bases:
-                return
-            base = self._read_base(bases[-1])
-            if base is None:
-                continue  # folded again while read: the newer base
-            cursor.seq = base["seq"]
-            cursor.producers = dict(base["producers"])
-            yield Record(cursor.seq, "clear", [], "")
-            for op, parts in base["records"]:
-                yield Record(cursor.seq, op, parts, "")
-            return
-        raise StoreError(self.store.redact(
-            f"{self.label}: the log was folded again each time it was read (100 times)"))
-
-    def read(self, cursor: LogCursor) -> Iterator[Record]:
-        """The records after ``cursor``, oldest first, moving ``cursor`` along.
-
-        Starts with a ``clear`` and the newest base's records when the base
-        is past ``cursor`` (a new reader, or one that a fold overtook), so a
-        reader that applies what it is given in order stays right. Skips a
-        micro-batch producer's record whose batch is not after its last.
-        """
-        bases = self.bases()
-        if bases and bases[-1] > cursor.seq:
-            yield from self._from_base(cursor)
-        seqs = [s for s in self.sequences() if s > cursor.seq]
-        for seq in seqs:
-            record = self._read_record(seq) if seq == cursor.seq + 1 else None
-            if record is None:
-                # A gap, or a record gone since it was listed: a fold removed
-                # them after writing a base past them.
-                bases = self.bases()
-                if not bases or bases[-1] <= cursor.seq:
-                    raise StoreError(self.store.redact(
-                        f"{self.label}: record {self.paths.record(cursor.seq + 1)!r} is missing "
-                        f"(was the log deleted while it was read?)"
-                    ))
-                yield from self.read(cursor)
-                return
-            cursor.seq = seq
-            if record.producer is not None and record.batch is not None:
-                if record.batch <= cursor.producers.get(record.producer, -1):
-                    continue  # a batch committed twice by racing drivers: the first stands
-                cursor.producers[record.producer] = record.batch
-            yield record
-
-    def records(self, after: int = 0) -> Iterator[Record]:
-        """Records with sequence numbers greater than ``after``, oldest first.
-
-        A fresh reader's view (see :meth:`read`); ``after`` a record number
-        it has seen.
-        """
-        yield from self.read(LogCursor(after))
-
-    def live_records(self) -> list[Record]:
-        """The records after the newest ``clear``."""
-        live: list[Record] = []
-        for record in self.read(LogCursor()):
-            if record.op == "clear":
-                live = []
-            else:
-                live.append(record)
-        return live
+    # --- folding --------------------------------------------------------------
 
     def fold(self) -> int | None:
         """Fold the log into a new base and remove the records it replaces.
@@ -481,51 +392,3 @@ class CommitLog:
             [self.paths.record(seq) for seq in self.sequences() if seq <= cursor.seq]
             + [self.paths.base(seq) for seq in bases])
         return cursor.seq
-
-    def payload(self, record: Record) -> Iterable[Any]:
-        """The items a record carries, in order."""
-        for kind, value in record.parts:
-            if kind == "items":
-                yield from value
-            else:
-                yield from self.read_segment(value)
-
-    def stage(self, items: Iterable[Any], writer: str) -> list[tuple[str, Any]]:
-        """Prepare ``items`` for a later :meth:`commit` (runs on executors).
-
-        Small batches travel inline in the commit message; larger ones are
-        written to a segment file now, which stays invisible until a record
-        names it.
-        """
-        batch = items if isinstance(items, list) else list(items)
-        if not batch:
-            return []
-        if len(batch) <= INLINE_LIMIT:
-            return [("items", batch)]
-        path = self.new_segment_path(writer)
-        self.write_segment(path, batch)
-        if self.store.exists(self.paths.abort_marker(writer)):
-            # The job failed and aborted this writer while this task still ran:
-            # the abort may have listed the folder before this file existed.
-            self.store.remove(path)
-        return [("segment", path)]
-
-    def discard(self, parts: Iterable[tuple[str, Any]]) -> None:
-        """Delete the segment files of parts that will never be committed."""
-        for kind, value in parts:
-            if kind == "segment":
-                self.store.remove(value)
-
-    def discard_writer(self, writer: str) -> None:
-        """Delete every segment staged by ``writer`` (a token no commit has used).
-
-        Catches segments of partitions that succeeded while the job failed, whose
-        commit messages never reached the driver. Tasks of the failed job may
-        still be running: the abort marker, written first, makes each of them
-        delete its own segment once written (see :meth:`stage`).
-        """
-        self.store.write_bytes(self.paths.abort_marker(writer), b"")
-        for entry in self.store.listdir(self.paths.data):
-            if self.paths.is_writers_segment(entry, writer):
-                self.store.remove(self.paths.data_file(entry))
-

@@ -14,9 +14,9 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from sparkjet.core.store import requests
-from sparkjet.core.store.files import Entry
 from sparkjet.core.store.fs_access import _is_local
 from sparkjet.core.store.fs_reads import FsReads
+from sparkjet.core.store.protocol import Entry
 
 _T = TypeVar("_T")
 

@@ -8,13 +8,13 @@ file that does not decode becomes a StoreError naming it.
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Callable
 from typing import Any
 
-from sparkjet.core.naming import decode, json_loads
 from sparkjet.core.store import requests
 from sparkjet.core.store.fs_access import FsAccess
+from sparkjet.core.store.naming import decode, json_loads
+from sparkjet.core.store.naming import loads as pickle_loads
 
 
 class FsReads(FsAccess):
@@ -104,7 +104,7 @@ class FsReads(FsAccess):
         *,
         keys: tuple[str, ...] = (),
         check: Callable[[Any], None] | None = None,
-        loads: Callable[[bytes], Any] = pickle.loads,
+        loads: Callable[[bytes], Any] = pickle_loads,
     ) -> Any:
         """The pickle file ``path`` loaded; FileNotFoundError if absent (see :meth:`decode`)."""
         return self.decode(path, self.read_bytes(path), loads, what, keys=keys, check=check)

@@ -16,9 +16,9 @@ import time
 from typing import Any
 
 from sparkjet.core.errors import StoreError
-from sparkjet.core.naming import json_loads
 from sparkjet.core.store.fs import Store
 from sparkjet.core.store.layout import StoreLayout
+from sparkjet.core.store.naming import json_loads
 
 log = logging.getLogger("sparkjet.store")
 

@@ -9,7 +9,7 @@ Under the store's root::
         job.json           the job's record
         pipeline.pkl       the pipeline of a streaming job, for a driver taking it over
         checkpoint/        the checkpoint of an AT_LEAST_ONCE or EXACTLY_ONCE job;
-        scratch-<hex>/     a NONE job's, thrown away on restart (inside: core.checkpoint)
+        scratch-<hex>/     a NONE job's, thrown away on restart (inside: core.state.checkpoint)
         owner-<epoch>      take-over claims, created only if absent
         control/<time>-<action>.req    control requests to the job's driver
         control/quarantine/            requests that did not parse
@@ -17,7 +17,7 @@ Under the store's root::
     _probe/                files of the create-only probe
 
 Names of lists, maps, streams, jobs and writers are encoded with
-:func:`sparkjet.core.naming.encode_name`. Nothing here touches the store: the
+:func:`sparkjet.core.store.naming.encode_name`. Nothing here touches the store: the
 classes only build paths and read back the names found in listings.
 """
 
@@ -28,7 +28,7 @@ import secrets
 import uuid
 from dataclasses import dataclass
 
-from sparkjet.core.naming import decode_name, encode_name
+from sparkjet.core.store.naming import decode_name, encode_name
 
 #: Digits of the record, base and chunk numbers in file names (so names sort by number).
 _SEQ_WIDTH = 20

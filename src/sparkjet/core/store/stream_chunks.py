@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from sparkjet.core.errors import StoreError
-from sparkjet.core.store.files import StoreFiles
+from sparkjet.core.store.protocol import StoreFiles
 
 _HEADER = struct.Struct(">QH")
 #: A micro-batch sink's chunk carries its batch token after this prefix; it

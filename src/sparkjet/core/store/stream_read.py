@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import pickle
 from typing import Any
 
 from sparkjet.core.errors import StoreError
+from sparkjet.core.store.naming import loads
 from sparkjet.core.store.stream_chunks import _BATCH, _HEADER, _kept
 from sparkjet.core.store.stream_follow import StreamEnds, _first
 from sparkjet.core.store.stream_registry import StreamRegistry
@@ -155,7 +155,7 @@ class StreamReading(StreamEnds, StreamRegistry):
         count, token_len = _HEADER.unpack_from(raw)
 
         def items_after_header(chunk: bytes) -> Any:
-            return pickle.loads(chunk[_HEADER.size + token_len :])
+            return loads(chunk[_HEADER.size + token_len :])
 
         items = self.store.decode(path, raw, items_after_header, f"stream {self.name!r}: chunk")
         if not isinstance(items, list) or len(items) != count:

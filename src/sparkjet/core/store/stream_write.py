@@ -19,8 +19,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from sparkjet.core.errors import StoreError
-from sparkjet.core.naming import PICKLE_PROTOCOL, json_loads
 from sparkjet.core.store import notify
+from sparkjet.core.store.naming import PICKLE_PROTOCOL, json_loads
 from sparkjet.core.store.stream_chunks import _BATCH, _HEADER
 from sparkjet.core.store.stream_follow import StreamEnds
 from sparkjet.core.store.stream_registry import StreamRegistry

@@ -2,7 +2,7 @@
 
 Some of a commit's work is tidying, not committing: every
 :data:`~sparkjet.core.store.commit_log.FOLD_EVERY` records a commit log is
-folded into a base, and every :data:`~sparkjet.core.checkpoint.KEEP_LOG`
+folded into a base, and every :data:`~sparkjet.core.state.checkpoint.KEEP_LOG`
 batches a checkpoint's old plans, records and uncounted state files are
 removed. Inline, that work made every tenth batch the slowest (on S3 and GCS
 a fold reads a hundred records and a prune lists every state folder: the

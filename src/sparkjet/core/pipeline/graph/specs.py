@@ -1,0 +1,205 @@
+"""What each kind of pipeline node does: :class:`OpKind` and one frozen spec per kind.
+
+A node's *spec* is a frozen dataclass whose fields are typed
+(:class:`SourceSpec`, :class:`MapSpec`, ..., :class:`WindowSpec`); the
+:data:`NodeSpec` union lists every kind, :data:`KeyedSpec` the keyed ones
+and :data:`ErrorPolicySpec` those an error policy applies to. Code that runs
+a node narrows its spec by kind (``isinstance(node.spec, SourceSpec)`` or
+``match``) and reads the fields.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
+
+from sparkjet.core.pipeline.aggregation import AggregateOperation
+from sparkjet.core.pipeline.windows import Timestamps, WindowDefinition
+
+if TYPE_CHECKING:
+    from sparkjet.core.host.contracts.base_classes import Sink, Source, StatefulTransform
+
+
+class OpKind(enum.StrEnum):
+    """What a pipeline node does.
+
+    A ``StrEnum`` so that a kind equals its name as a string (``OpKind.SINK ==
+    "sink"``) and formats as it in stage names and messages.
+    """
+
+    SOURCE = "source"
+    MAP = "map"
+    FILTER = "filter"
+    FLAT_MAP = "flat_map"
+    PEEK = "peek"
+    MERGE = "merge"
+    SINK = "sink"
+    GROUP_AGGREGATE = "group_aggregate"
+    GROUP_APPLY = "group_apply"
+    MAP_STATEFUL = "map_stateful"
+    DISTINCT = "distinct"
+    AGGREGATE = "aggregate"
+    SORT = "sort"
+    WINDOW = "window_aggregate"
+
+
+# --- node specs: what each kind of node does ----------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SourceSpec:
+    """``read_from(source)``: reads ``source``; its items have event time from ``timestamps``."""
+
+    op: ClassVar[OpKind] = OpKind.SOURCE
+    source: Source
+    #: Set by ``with_timestamps()``/``with_ingestion_timestamps()``; None: no event time.
+    timestamps: Timestamps | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StatelessSpec:
+    """A stateless stage: ``fn`` applied per item (fused into one Python pass per partition)."""
+
+    op: ClassVar[OpKind]
+    fn: Callable[[Any], Any]
+    #: The stage's own error policy (``on_error()``); None: the job's.
+    on_error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MapSpec(StatelessSpec):
+    """``map(fn)``: emits ``fn(item)``."""
+
+    op: ClassVar[OpKind] = OpKind.MAP
+
+
+@dataclass(frozen=True, slots=True)
+class FilterSpec(StatelessSpec):
+    """``filter(fn)``: keeps the items ``fn`` is true for."""
+
+    op: ClassVar[OpKind] = OpKind.FILTER
+
+
+@dataclass(frozen=True, slots=True)
+class FlatMapSpec(StatelessSpec):
+    """``flat_map(fn)``: emits each element of ``fn(item)``."""
+
+    op: ClassVar[OpKind] = OpKind.FLAT_MAP
+
+
+@dataclass(frozen=True, slots=True)
+class PeekSpec(StatelessSpec):
+    """``peek(fn)``: logs ``fn(item)`` and passes the item on."""
+
+    op: ClassVar[OpKind] = OpKind.PEEK
+
+
+@dataclass(frozen=True, slots=True)
+class MergeSpec:
+    """``merge(other)``: the items of every input (the node's ``inputs``)."""
+
+    op: ClassVar[OpKind] = OpKind.MERGE
+
+
+@dataclass(frozen=True, slots=True)
+class SinkSpec:
+    """``write_to(sink)``: the end of a branch."""
+
+    op: ClassVar[OpKind] = OpKind.SINK
+    sink: Sink
+
+
+@dataclass(frozen=True, slots=True)
+class GroupAggregateSpec:
+    """``group_by(key_fn).aggregate(operation)`` (or a grouped stage used as is: ``to_list``)."""
+
+    op: ClassVar[OpKind] = OpKind.GROUP_AGGREGATE
+    key_fn: Callable[[Any], Any]
+    operation: AggregateOperation
+
+
+@dataclass(frozen=True, slots=True)
+class GroupApplySpec:
+    """``group_by(key_fn).apply(transform)``: a plugin's keyed stateful transform."""
+
+    op: ClassVar[OpKind] = OpKind.GROUP_APPLY
+    key_fn: Callable[[Any], Any]
+    transform: StatefulTransform
+
+
+@dataclass(frozen=True, slots=True)
+class MapStatefulSpec:
+    """``group_by(key_fn).map_stateful(create_fn, map_fn, ttl_millis=ttl_ms)``."""
+
+    op: ClassVar[OpKind] = OpKind.MAP_STATEFUL
+    key_fn: Callable[[Any], Any]
+    create_fn: Callable[[], Any]
+    map_fn: Callable[[Any, Any, Any], Any]
+    ttl_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DistinctSpec:
+    """``distinct(key_fn, ttl_millis=ttl_ms)``; no ``key_fn``: items are their own keys."""
+
+    op: ClassVar[OpKind] = OpKind.DISTINCT
+    key_fn: Callable[[Any], Any] | None = None
+    ttl_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WindowSpec:
+    """``window(window)[.group_by(key_fn)].aggregate(operation)``; no ``key_fn``: unkeyed."""
+
+    op: ClassVar[OpKind] = OpKind.WINDOW
+    key_fn: Callable[[Any], Any] | None
+    operation: AggregateOperation
+    window: WindowDefinition
+    #: The stage's own policy for late items (``on_error()``); None: the job's.
+    on_error: str | None = None
+
+    @property
+    def keyed(self) -> bool:
+        """Whether results are per key (``group_by``) or over all items."""
+        return self.key_fn is not None
+
+
+@dataclass(frozen=True, slots=True)
+class AggregateSpec:
+    """``aggregate(operation)`` over all items (batch jobs only)."""
+
+    op: ClassVar[OpKind] = OpKind.AGGREGATE
+    operation: AggregateOperation
+
+
+@dataclass(frozen=True, slots=True)
+class SortSpec:
+    """``sort(key_fn, reverse)`` (batch jobs only); no ``key_fn``: items compare themselves."""
+
+    op: ClassVar[OpKind] = OpKind.SORT
+    key_fn: Callable[[Any], Any] | None = None
+    reverse: bool = False
+
+
+#: The keyed stages: map side, shuffle by key, reduce side per key; streaming jobs keep
+#: their state per key (they are a snapshot's stateful stages).
+KeyedSpec: TypeAlias = (
+    GroupAggregateSpec | GroupApplySpec | MapStatefulSpec | DistinctSpec | WindowSpec
+)
+#: The stages an error policy (``on_error()``) applies to: the stateless ones (an item
+#: their function raises on) and windows (an item behind the watermark).
+ErrorPolicySpec: TypeAlias = StatelessSpec | WindowSpec
+#: Every kind of node.
+NodeSpec: TypeAlias = (
+    SourceSpec | MapSpec | FilterSpec | FlatMapSpec | PeekSpec | MergeSpec | SinkSpec
+    | KeyedSpec | AggregateSpec | SortSpec
+)
+
+
+def state_ttl_ms(spec: KeyedSpec) -> int | None:
+    """How long a keyed stage keeps a key's state after its last item (None: for ever)."""
+    if isinstance(spec, MapStatefulSpec | DistinctSpec):
+        return spec.ttl_ms
+    return None
