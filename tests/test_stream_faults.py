@@ -131,11 +131,22 @@ class Driver:
         return line
 
     def dump_stacks(self) -> str:
-        """Ask a live driver for its threads' stacks (faulthandler on SIGUSR1)."""
+        """Ask a live driver for its threads' stacks (faulthandler on SIGUSR1).
+
+        The stacks are written at once (a stopped driver writes none): wait up
+        to 2 s for stderr to grow and then stay still for 0.1 s.
+        """
         if self.proc.poll() is None:
+            before = self.err_path.stat().st_size
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.proc.pid, signal.SIGUSR1)
-            time.sleep(1.0)
+            deadline, size = time.monotonic() + 2.0, before
+            while time.monotonic() < deadline:
+                time.sleep(0.1)
+                now = self.err_path.stat().st_size
+                if before < now == size:
+                    break
+                size = now
         return self.stderr_tail(80)
 
     def _group_alive(self) -> bool:
