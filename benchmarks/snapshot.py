@@ -15,11 +15,11 @@ Printed: seconds, MB/s, and each against the plain copy.
 Then, on a real Spark session (``--master``; ``--parts`` picks what runs):
 
 - **A running job's export**: a streaming job holding ``--live-mb`` of keyed
-  state while a producer keeps publishing; the gaps between its committed
-  micro-batches before and during ``job.export_snapshot()``. The export
-  runs beside the micro-batch loop, so the longest gap during it is set
-  against the export's own time (what the job would have waited had the
-  export run in its loop).
+  state while a producer keeps publishing (``--live-seconds`` before it);
+  the gaps between its committed micro-batches before and during
+  ``job.export_snapshot()``. The export runs beside the micro-batch loop,
+  so the longest gap during it is set against the export's own time (what
+  the job would have waited had the export run in its loop).
 - **The throughput cost of periodic snapshots**: events per second through
   a rolling count with EXACTLY_ONCE and ``snapshot_interval_millis=1000``
   (every committed micro-batch is a snapshot) against NONE, in the same
@@ -80,6 +80,9 @@ def parse_args() -> argparse.Namespace:
                         help="keys of the snapshot migrated")
     parser.add_argument("--live-mb", type=int, default=100,
                         help="MB of state of the running job exported")
+    parser.add_argument("--live-seconds", type=float, default=21.0,
+                        help="seconds the running job's producer publishes before the export "
+                             "(its changelogs pile up: the export has them to fold)")
     parser.add_argument("-n", type=int, default=1_000_000,
                         help="events in each throughput run")
     parser.add_argument("--repeat", type=int, default=2, help="throughput runs per guarantee")
@@ -249,7 +252,7 @@ def gaps(seen: list[tuple[float, int]], start: float, end: float) -> list[float]
     return [b - a for a, b in itertools.pairwise(points)]
 
 
-def running_export(client: Any, megabytes: int) -> None:
+def running_export(client: Any, megabytes: int, seconds: float) -> None:
     """A running job's batches while it exports ``megabytes`` of state (see the docstring)."""
     keys = megabytes * 1_000_000 // 30  # a counting() entry pickles to about 30 bytes
     stream = client.get_stream("live", partitions=2)
@@ -287,7 +290,7 @@ def running_export(client: Any, megabytes: int) -> None:
     for thread in threads:
         thread.start()
     try:
-        time.sleep(21)  # changelogs pile up in every range: the export has them to fold
+        time.sleep(seconds)  # changelogs pile up in every range: the export has them to fold
         began = time.monotonic()
         snapshot = job.export_snapshot("live")
         ended = time.monotonic()
@@ -299,7 +302,7 @@ def running_export(client: Any, megabytes: int) -> None:
         job.cancel()
         with contextlib.suppress(JobCancelledError):
             job.join(timeout=120)
-    before = gaps(seen, began - 20, began)
+    before = gaps(seen, began - max(1.0, seconds - 1), began)
     during = gaps(seen, began, ended)
     export = ended - began
     print(f"\nrunning job, EXACTLY_ONCE, 200 ms trigger, {snapshot.payload_size / 1e6:,.1f} MB "
@@ -386,7 +389,7 @@ def main() -> None:
                                     args.migrate_keys)
     client = connect(args.master) if {"live", "throughput"} & set(args.parts.split(",")) else None
     if "live" in args.parts:
-        running_export(client, args.live_mb)
+        running_export(client, args.live_mb, args.live_seconds)
     if "throughput" in args.parts:
         snapshot_cost(client, args.n, args.repeat)
 

@@ -20,7 +20,7 @@ Second part, what cached state costs everything else in the application: a
 windowed job (a 1-hour tumbling window counting per key, EXACTLY_ONCE) holds
 N keys in the Python workers; meanwhile a trivial two-stage RDD job
 (``parallelize(range(100), 2).map(...).reduceByKey(add).collect()``, median
-of 9) is timed, once no compaction child shares the cores,
+of ``--trivial-runs``, 9) is timed, once no compaction child shares the cores,
 in the same session, as a ratio to its time with nothing cached, and the
 workers' memory (PSS, from ``/proc``) is read before the job, while it holds
 the keys, and after it is cancelled. Target (the worker-state issue): at most
@@ -73,6 +73,8 @@ def parse_args() -> argparse.Namespace:
                         "driver holds none of it loaded")
     parser.add_argument("--driver-state-bytes", type=int, default=None,
                         help="[engine] driver_state_bytes (default: the configuration's)")
+    parser.add_argument("--trivial-runs", type=int, default=9,
+                        help="runs of the trivial job per measure (its median is taken)")
     parser.add_argument("--skip-increments", action="store_true",
                         help="only the cached-state part")
     return parser.parse_args()
@@ -300,11 +302,13 @@ def cached_run(client: Any, size: int, args: argparse.Namespace) -> dict[str, fl
      .window(WindowDefinition.tumbling(3_600_000)).group_by(lambda e: e)
      .aggregate(counting()).set_name("per-key").write_to(Pipeline.to_list(f"{tag}-out")))
     settle()
-    row = {"before": trivial_job(client), "mem before": workers_memory()}
+    runs = args.trivial_runs
+    row = {"before": trivial_job(client, runs), "mem before": workers_memory()}
     job = client.get_jet().submit(p, JobConfig(
         name=tag, processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
         snapshot_interval_millis=args.interval_ms, state_cache_bytes=args.cache_bytes,
     ))
+    on_spark = True
     try:
         started = time.monotonic()
         for lo in range(0, size, BUILD_CHUNK):
@@ -313,12 +317,13 @@ def cached_run(client: Any, size: int, args: argparse.Namespace) -> dict[str, fl
              "the windowed state to be built", poll=0.1)
         print(f"  held:     {size:,} keys of windows built in {time.monotonic() - started:.1f} s")
         settle()
-        row["during"] = trivial_job(client)
+        row["during"] = trivial_job(client, runs)
         row["mem during"] = workers_memory()
         row["watermark step"], steps, where = watermark_steps(job, stream)
         state = job.get_metrics()["stages"].get("per-key", {}).get("snapshotBytes")
         print(f"  watermark steps: {', '.join(f'{t * 1000:.0f}' for t in steps)} ms; "
               f"their micro-batches: {where}; state {state} bytes", flush=True)
+        on_spark = engines(job)[1] > 0
     finally:
         if not job.is_terminal():
             job.cancel()
@@ -326,8 +331,9 @@ def cached_run(client: Any, size: int, args: argparse.Namespace) -> dict[str, fl
                 job.join(120)
     from sparkjet.core.state.cache import SWEEP_SECONDS
 
-    time.sleep(2 * SWEEP_SECONDS + 1)  # the workers' sweepers see the job cancelled
-    row["after"] = trivial_job(client)
+    if on_spark:  # else no worker held any of the job's state
+        time.sleep(2 * SWEEP_SECONDS + 1)  # the workers' sweepers see the job cancelled
+    row["after"] = trivial_job(client, runs)
     row["mem after"] = workers_memory()
     return row
 
@@ -339,7 +345,7 @@ def cached_part(client: Any, args: argparse.Namespace) -> None:
     print(f"\ncached state beside a trivial job: 1-hour tumbling window per key, "
           f"state_cache_bytes {args.cache_bytes:,}")
     for _ in range(3):  # the workers started, the JVM's code warm
-        trivial_job(client)
+        trivial_job(client, args.trivial_runs)
     rows = {size: cached_run(client, size, args) for size in sizes}
     mib = 1 << 20
     smallest = rows[min(rows)]["during"]

@@ -22,8 +22,8 @@ RUNS = {
     "batch_stateless": (["-n", "5000", "--repeat", "1"], ["sparkjet", "vs "]),
     "batch_grouped": (["-n", "5000", "--repeat", "1"], ["sparkjet", "vs "]),
     "stream_rolling": (
-        ["-n", "5000", "--keys", "50", "--chunks", "2", "--latency-seconds", "3",
-         "--probe-every-ms", "500", "--probe-size", "10", "--s3"],
+        ["-n", "5000", "--keys", "50", "--chunks", "2", "--latency-seconds", "1",
+         "--probe-every-ms", "250", "--probe-size", "10", "--s3"],
         ["sparkjet", "native", "S3", "targets:"],
     ),
     "commit_log": (["--commits", "150", "--s3"], ["folded", "never folded", "plain Python"]),
@@ -33,8 +33,8 @@ RUNS = {
         ["fsspec", "thread-safe", "create-only"],
     ),
     "snapshot": (
-        ["--sizes-mb", "1", "--s3", "--live-mb", "1", "-n", "20000", "--repeat", "1",
-         "--migrate-keys", "20000"],
+        ["--sizes-mb", "1", "--s3", "--live-mb", "1", "--live-seconds", "3", "-n", "20000",
+         "--repeat", "1", "--migrate-keys", "20000"],
         ["fsspec copy", "export:", "restore: both", "longest gap during the export",
          "a snapshot every 1,000 ms", "migrate-snapshot: identity fn",
          "migrate-snapshot: rename only"],
@@ -80,7 +80,7 @@ RUNS = {
     ),
     "state_scaling": (
         ["--sizes", "100,2000", "--probes", "2", "--increment", "20",
-         "--cached-sizes", "100,2000"],
+         "--cached-sizes", "100,2000", "--trivial-runs", "3"],
         ["sparkjet", "native", "vs smallest", "targets:", "while held", "target: trivial"],
     ),
 }

@@ -27,7 +27,8 @@ from sparkjet.pipeline import Pipeline, StreamSource
 
 SECRET = "s3cr3t-t0ken-9f27"
 
-#: A pipeline whose map sleeps per item, touching the file named by ARGS[0] when it starts.
+#: A pipeline whose map sleeps per item, touching the file named by ARGS[0] when it starts:
+#: 50 s per partition of 1000 items, so a cancel that waited for a partition's end shows.
 SLOW_PIPELINE = """
     import time
     from pathlib import Path
@@ -70,6 +71,11 @@ def write_config(client: sparkjet.Client, extra: str = "") -> Path:
     path = Path("sparkjet.toml")
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+#: ``write_config``'s extra for the commands other processes run: their jobs in
+#: process (``[engine] driver_only``), Spark never started.
+IN_PROCESS = "[engine]\ndriver_only = true"
 
 
 def write_file(name: str, source: str) -> Path:
@@ -475,7 +481,9 @@ def test_cancel_of_a_job_running_in_this_process(
         assert capsys.readouterr().err == (
             f"ERROR: cannot suspend job 'slow' ({job.id}): it is a batch job\n"
         )
-        assert main(["cancel", "slow", "--timeout", "60"]) == 0
+        # Within 20 s, where a partition of the slow map takes 50: the cancel
+        # reaches the next item its task reads, not the partition's end.
+        assert main(["cancel", "slow", "--timeout", "20"]) == 0
         out = capsys.readouterr().out
         assert f"Cancelling job 'slow' ({job.id})" in out
         assert f"Job 'slow' ({job.id}) finished: FAILED (cancelled by user)" in out
@@ -496,6 +504,7 @@ def test_cancel_of_a_job_submitted_by_another_process(
 ) -> None:
     marker = tmp_path / "started"
     write_file("slow.py", SLOW_PIPELINE)
+    write_config(client, IN_PROCESS)  # the command, not Spark, is tested: no JVM to start
     out_path, err_path = tmp_path / "submit.out", tmp_path / "submit.err"
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     with out_path.open("wb") as out_fh, err_path.open("wb") as err_fh:
@@ -519,7 +528,7 @@ def test_cancel_of_a_job_submitted_by_another_process(
             ("RUNNING", "remote-slow")
         ]
 
-        assert main(["cancel", "remote-slow"]) == 0
+        assert main(["cancel", "remote-slow", "--timeout", "20"]) == 0  # see the test above
         out = capsys.readouterr().out
         assert "Cancelling job 'remote-slow'" in out
         assert "finished: FAILED (cancelled by user)" in out
@@ -876,6 +885,7 @@ def test_interrupted_submit_suspends_and_resume_takes_over_in_another_process(
     Then ``sparkjet suspend`` from this process suspends it in B, whose resume
     command exits 0, and ``cancel`` ends it (its driver is gone: taken over here).
     """
+    write_config(client, IN_PROCESS)  # the commands, not Spark, are tested: no JVM to start
     write_file("counts.py", """
         from sparkjet.aggregate import counting
         from sparkjet.pipeline import Pipeline, StreamSource

@@ -175,6 +175,12 @@ def test_two_cli_processes_racing_for_a_name_one_wins(
                 proc.wait(timeout=30)
 
 
+#: The stale time of the skewed-clock tests (20 s by default), their driver beating
+#: every 0.5 s: far below the skews, so a judge by the driver's clock would be wrong
+#: at once, and 16 beats, so a driver starved of CPU for seconds on a loaded machine
+#: is not judged dead (6 s with a beat every 2 s was 3 beats, and flaked).
+SKEWED_STALE_AFTER = 8.0
+
 SKEWED_DRIVER = """
     import socket
     import sys
@@ -187,6 +193,10 @@ SKEWED_DRIVER = """
     _time = time.time
     time.time = lambda: _time() + SKEW
     socket.gethostname = lambda: "skewed-host"
+    # It beats every 0.5 s, not 2: the tests take 8 s unwritten for dead (16 beats).
+    from sparkjet.core.jobs import heartbeat
+
+    heartbeat.HEARTBEAT_SECONDS = 0.5
 
     pipeline = Pipeline.create()
     pipeline.read_from(StreamSource("events")).write_to(Pipeline.to_list("out"))
@@ -196,10 +206,14 @@ SKEWED_DRIVER = """
 def _skewed_driver(
     client: sparkjet.Client, tmp_path: Path, skew_seconds: float
 ) -> tuple[subprocess.Popen[bytes], Path, Any]:
-    """A CLI process driving streaming job 'skewed' with its clock off by ``skew_seconds``."""
-    from tests.test_cli import wait_for, write_config, write_file
+    """A CLI process driving streaming job 'skewed' with its clock off by ``skew_seconds``.
 
-    write_config(client)
+    Its micro-batches run in process (no JVM starts); every process takes its
+    record for a dead driver's after :data:`SKEWED_STALE_AFTER` s unwritten.
+    """
+    from tests.test_cli import IN_PROCESS, wait_for, write_config, write_file
+
+    write_config(client, IN_PROCESS)
     write_file("skewed.py", SKEWED_DRIVER)
     client.get_stream("events", partitions=1).publish_all(range(5))
     err = tmp_path / "driver.err"
@@ -230,9 +244,7 @@ def test_a_driver_whose_clock_is_minutes_ahead_can_be_taken_over_when_it_dies(
     from tests.test_cli import wait_for
 
     monkeypatch.chdir(tmp_path)
-    # Short, but not so short that a live driver starved of CPU for a few seconds on a
-    # loaded machine misses enough heartbeats (every 2 s) to be judged dead (6 s was 3).
-    monkeypatch.setattr(record, "STALE_AFTER_SECONDS", 15.0)
+    monkeypatch.setattr(record, "STALE_AFTER_SECONDS", SKEWED_STALE_AFTER)
     proc, _, job = _skewed_driver(client, tmp_path, +300.0)
     try:
         assert job.is_driver_alive() and job.status is JobStatus.RUNNING
@@ -262,13 +274,10 @@ def test_a_live_driver_whose_clock_is_minutes_behind_is_not_taken_for_dead(
     from sparkjet.core.jobs import record
 
     monkeypatch.chdir(tmp_path)
-    # Far below the skew, so a judge by the driver's clock would call it dead at once; but
-    # not so short that a driver process starved of CPU for a few seconds on a loaded
-    # machine misses enough heartbeats (every 2 s) to be judged dead (6 s was 3 beats).
-    monkeypatch.setattr(record, "STALE_AFTER_SECONDS", 15.0)
+    monkeypatch.setattr(record, "STALE_AFTER_SECONDS", SKEWED_STALE_AFTER)
     proc, err, job = _skewed_driver(client, tmp_path, -120.0)
     try:
-        deadline = time.monotonic() + 20  # well past the stale time
+        deadline = time.monotonic() + SKEWED_STALE_AFTER + 4  # well past the stale time
         while time.monotonic() < deadline:
             assert job.is_driver_alive()
             assert job.status is JobStatus.RUNNING

@@ -3,7 +3,7 @@
 The semantic suites run on both engines (the ``reduce_path`` and
 ``engine_kind`` fixtures of conftest.py); these tests cover what is the
 in-process engine's own: no Spark at all, pickling where Spark pickles,
-cancellation between items.
+cancellation between items (a task's own reads of its source too).
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ import pytest
 
 import sparkjet
 from sparkjet.core.engine.inprocess.datasets import LocalData, LocalDatasets
+from sparkjet.core.engine.tasks.read import ReadTask
 from sparkjet.core.errors import JobFailedError
+from sparkjet.core.host.contracts import TaskContext
 from sparkjet.core.pipeline.fusion import StageFailure, decode_failure
 from sparkjet.pipeline import Pipeline
 from tests.conftest import run_pipeline
@@ -137,6 +139,45 @@ def test_a_cancelled_run_stops_at_the_next_item() -> None:
     with pytest.raises(JobFailedError, match="cancelled"):
         data.map_partitions(LocalData([[1, 2, 3], [4]]), task, None)
     assert seen == [1]
+
+
+class _Numbers:
+    """A source whose descriptor ``n`` reads as ``0..n-1``; the job is cancelled as one is read."""
+
+    def __init__(self, cancel: threading.Event) -> None:
+        self.cancel = cancel
+        self.read_items: list[int] = []
+
+    def read(self, descriptor: int, context: Any) -> Iterator[int]:
+        for item in range(descriptor):
+            self.read_items.append(item)
+            self.cancel.set()
+            yield item
+
+
+class _ReadsItsSource:
+    """A task reading its source itself, as a fused pass does: it is handed descriptors."""
+
+    def __init__(self, reader: ReadTask) -> None:
+        self.reader = reader
+
+    def __call__(self, pidx: int, descriptors: Iterator[Any]) -> Iterator[Any]:
+        yield from self.reader.items(pidx, descriptors)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-read", "read-task"])
+def test_a_cancel_reaches_a_task_reading_its_source_at_the_next_item(fused: bool) -> None:
+    """The items a task reads from its source are asked about, not only the
+    descriptor it is handed (a slow map over a source's partition held a
+    cancel until the whole partition was done)."""
+    cancel = threading.Event()
+    source = _Numbers(cancel)
+    reader = ReadTask(source, "numbers", TaskContext("job-1", 0, None), None)
+    task = _ReadsItsSource(reader) if fused else reader
+    data = LocalDatasets(2, cancel.is_set, check_tasks=False)
+    with pytest.raises(JobFailedError, match="cancelled"):
+        data.map_partitions(LocalData([[3], [3]]), task, None)
+    assert source.read_items == [0]
 
 
 def test_a_shuffle_sends_each_key_to_its_key_groups_task_as_spark_does() -> None:

@@ -197,12 +197,15 @@ def kill_mid_task(
 
     Returns the seq of the item its task held and the pids that died with it.
 
-    Two items that pause their task 3 s (one per stream partition, so both
+    Two items that pause their task (one per stream partition, so both
     executors get one) are published; each creates ``<marks>/<seq>-<pid>``
-    first, and the worker dies once one of those pids is its descendant.
+    first, and the worker dies once one of those pids is its descendant. The
+    paused tasks go on once it is dead (a file ``release`` beside ``marks``;
+    60 s at most), and the lost task's run elsewhere does not pause.
     """
     marks.mkdir(exist_ok=True)
-    feed.publish(2, pause=3.0, mark=str(marks))
+    release = marks.parent / f"{marks.name}-release"
+    feed.publish(2, pause=60.0, mark=str(marks), release=str(release))
 
     def held() -> int | None:
         mine = set(descendants(victim.pid))
@@ -215,6 +218,7 @@ def kill_mid_task(
     seq: int = wait_until(held, 60, "a paused task on the victim's executor")
     pids = {victim.pid, *descendants(victim.pid)}
     cluster.kill_worker(victim)
+    release.touch()
     return seq, pids
 
 

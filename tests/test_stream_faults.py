@@ -4,7 +4,10 @@ The crash tests run real driver processes (``tests/faults/stream_driver.py``)
 and SIGKILL them while a producer publishes to the job's stream; each new
 driver resumes the job by name. At the end the sinks must hold every item
 exactly once (EXACTLY_ONCE) or at least once (AT_LEAST_ONCE), and the keyed
-counts must equal a plain-Python oracle.
+counts must equal a plain-Python oracle. The test that kills drivers on Spark
+(a kill takes the JVM with it, or leaves it to notice) starts a JVM in each
+driver; the others test the store, the take-over or the guarantee, and their
+drivers run the same micro-batches in process, so they start in a second.
 
 Every wait is bounded, so a hang fails the test instead of blocking CI, and
 every process a test starts is killed in its teardown.
@@ -29,6 +32,7 @@ from typing import Any
 import pytest
 
 import sparkjet
+from sparkjet.core.jobs import record as record_module
 from sparkjet.errors import (
     JobFailedError,
     JobStateError,
@@ -42,7 +46,9 @@ from tests.conftest import wait_until
 from tests.faults import flaky_sink
 from tests.faults.stream_driver import REJECT_EVERY
 
-#: Their drivers are processes that run Spark (tests/faults/stream_driver.py).
+#: The jobs of the in-process tests below run on Spark, and so do the drivers of
+#: the crash test that kills Spark drivers (tests/faults/stream_driver.py); the
+#: other crash tests' drivers run their micro-batches in process.
 pytestmark = pytest.mark.spark
 
 FAULTS = Path(__file__).parent / "faults"
@@ -51,6 +57,12 @@ REPO = Path(__file__).parent.parent
 
 N_ITEMS = 50_000
 N_KEYS = 97
+#: How long a driver's record may go unwritten before the take-over test's
+#: processes take it for dead (the default is 20 s; on S3 a driver rewrites an
+#: unchanged record every quarter of it, at least every 2 s).
+STALE_AFTER = 8.0
+#: The producer's items per call for drivers that run in process (see Producer).
+IN_PROCESS_CHUNK = (200, 1600)
 
 
 # --- helpers -----------------------------------------------------------------------
@@ -119,11 +131,22 @@ class Driver:
         return line
 
     def dump_stacks(self) -> str:
-        """Ask a live driver for its threads' stacks (faulthandler on SIGUSR1)."""
+        """Ask a live driver for its threads' stacks (faulthandler on SIGUSR1).
+
+        The stacks are written at once (a stopped driver writes none): wait up
+        to 2 s for stderr to grow and then stay still for 0.1 s.
+        """
         if self.proc.poll() is None:
+            before = self.err_path.stat().st_size
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.proc.pid, signal.SIGUSR1)
-            time.sleep(1.0)
+            deadline, size = time.monotonic() + 2.0, before
+            while time.monotonic() < deadline:
+                time.sleep(0.1)
+                now = self.err_path.stat().st_size
+                if before < now == size:
+                    break
+                size = now
         return self.stderr_tail(80)
 
     def _group_alive(self) -> bool:
@@ -180,15 +203,22 @@ class Producer(threading.Thread):
 
     It publishes at most ``allowance`` items (raise it with :meth:`allow`), so
     the test can keep items back until its kills are done and the job always
-    has new data while a kill waits for committed micro-batches.
+    has new data while a kill waits for committed micro-batches. Each call
+    publishes a random number of items in ``chunk``, every 0.1 to 0.4 s: the
+    default paces a driver on Spark, whose JVM takes seconds to start (a
+    driver's share then arrives while it starts and runs); drivers that run
+    their micro-batches in process start in a second and take
+    :data:`IN_PROCESS_CHUNK`.
     """
 
-    def __init__(self, stream: Any, n: int, rng: random.Random, allowance: int) -> None:
+    def __init__(self, stream: Any, n: int, rng: random.Random, allowance: int,
+                 chunk: tuple[int, int] = (50, 400)) -> None:
         super().__init__(name="stream-fault-producer", daemon=True)
         self.stream = stream
         self.n = n
         self.rng = rng
         self.allowance = allowance
+        self.chunk = chunk
         self.stop = threading.Event()
         self.published = 0
         self.error: BaseException | None = None
@@ -199,7 +229,7 @@ class Producer(threading.Thread):
     def run(self) -> None:
         try:
             while self.published < self.n and not self.stop.is_set():
-                size = min(self.rng.randint(50, 400), self.allowance - self.published)
+                size = min(self.rng.randint(*self.chunk), self.allowance - self.published)
                 if size > 0:
                     self.stream.publish_all(
                         [item(i) for i in range(self.published, self.published + size)]
@@ -259,10 +289,22 @@ def wait_settled(size: Callable[[], int], at_least: int, timeout: float) -> int:
 # --- 1 and 2: SIGKILLed drivers ----------------------------------------------------------
 
 
-def driver_args(location: StoreLocation, name: str, guarantee: str, marker: Path) -> list[str]:
-    """The driver subprocess's arguments for a job ``name`` in the store at ``location``."""
-    return [location.url, name, guarantee, "--interval", "200",
-            "--store-options", json.dumps(location.options), "--marker", str(marker)]
+def driver_args(
+    location: StoreLocation, name: str, guarantee: str, marker: Path, engine: str,
+    stale_after: float | None = None,
+) -> list[str]:
+    """The driver subprocess's arguments for a job ``name`` in the store at ``location``.
+
+    ``engine``: ``spark``, or ``in-process`` where the test's promise is not
+    Spark's (no JVM to start in each driver). ``stale_after``: the drivers'
+    :data:`~sparkjet.core.jobs.record.STALE_AFTER_SECONDS`, when the test sets it.
+    """
+    args = [location.url, name, guarantee, "--interval", "200",
+            "--store-options", json.dumps(location.options), "--marker", str(marker),
+            "--engine", engine]
+    if stale_after is not None:
+        args += ["--stale-after", str(stale_after)]
+    return args
 
 
 def run_crash_scenario(
@@ -272,8 +314,11 @@ def run_crash_scenario(
     producers: list[Producer],
     kills: list[str],
     marker: Path,
+    engine: str,
 ) -> tuple[list[int], dict[str, int], str]:
     """Run the job through ``kills`` SIGKILLs; returns (seqs in list, map, diagnostics).
+
+    ``engine``: what runs the drivers' micro-batches (:func:`driver_args`).
 
     Kill kinds: ``"committed"`` kills at a random moment after at least two new
     micro-batches committed (one, when the job has caught up with what the
@@ -290,12 +335,13 @@ def run_crash_scenario(
     stream = client.get_stream("events", partitions=2)
     seen = client.get_list("seen")
     name = f"faults-{guarantee.lower()}"
-    args = driver_args(location, name, guarantee, marker)
+    args = driver_args(location, name, guarantee, marker, engine)
 
     # The producer is held to an allowance: a quarter of the items for the first
     # driver, nine tenths in equal steps as the next drivers resume, the rest once
     # the last one runs. So every driver has new data to work on while it lives.
-    producer = Producer(stream, N_ITEMS, rng, allowance=N_ITEMS // 4)
+    chunk = IN_PROCESS_CHUNK if engine == "in-process" else (50, 400)
+    producer = Producer(stream, N_ITEMS, rng, allowance=N_ITEMS // 4, chunk=chunk)
     producers.append(producer)
     driver = drivers(*args)
     line = driver.wait_for_line("SUBMITTED", 120)
@@ -380,9 +426,12 @@ def delivered(client: sparkjet.Client, name: str) -> list[int]:
 def test_exactly_once_survives_sigkilled_drivers(
     store_url: str, drivers: Callable[..., Driver], producers: list[Producer]
 ) -> None:
+    """Drivers on Spark: a kill takes the driver's JVM and Python workers with it, or
+    leaves them to notice on their own."""
     seqs, counts, log = run_crash_scenario(
         "EXACTLY_ONCE", StoreLocation(store_url), drivers, producers,
         kills=["committed", "window", "early", "committed"], marker=Path(f"{store_url}.paused"),
+        engine="spark",
     )
     assert_exactly_once(seqs, counts, log)
     assert_windows_once(StoreLocation(store_url))
@@ -423,11 +472,15 @@ def test_exactly_once_survives_sigkilled_drivers_on_s3(
     s3_location: StoreLocation, tmp_path: Path, drivers: Callable[..., Driver],
     producers: list[Producer],
 ) -> None:
-    """The store on S3 (moto): the job's driver in one process, the publisher in this one."""
+    """The store on S3 (moto): the job's driver in one process, the publisher in this one.
+
+    The store is what is tested: the drivers run their micro-batches in process.
+    """
     location = s3_location.fresh()
     seqs, counts, log = run_crash_scenario(
         "EXACTLY_ONCE", location, drivers, producers,
         kills=["committed", "window", "committed"], marker=tmp_path / "paused",
+        engine="in-process",
     )
     assert_exactly_once(seqs, counts, log)
     assert_windows_once(location)
@@ -439,10 +492,13 @@ def test_a_publisher_and_a_job_in_two_processes_on_gcs(
     gcs_location: StoreLocation, tmp_path: Path, drivers: Callable[..., Driver],
     producers: list[Producer],
 ) -> None:
-    """The store on GCS (fake-gcs-server): one driver killed and resumed on the way."""
+    """The store on GCS (fake-gcs-server): one driver killed and resumed on the way.
+
+    The store is what is tested: the drivers run their micro-batches in process.
+    """
     seqs, counts, log = run_crash_scenario(
         "EXACTLY_ONCE", gcs_location.fresh(), drivers, producers,
-        kills=["committed"], marker=tmp_path / "paused",
+        kills=["committed"], marker=tmp_path / "paused", engine="in-process",
     )
     assert_exactly_once(seqs, counts, log)
 
@@ -451,17 +507,25 @@ def test_a_publisher_and_a_job_in_two_processes_on_gcs(
 @pytest.mark.storage
 def test_a_paused_driver_taken_over_is_fenced_and_stops_itself(
     s3_location: StoreLocation, tmp_path: Path, drivers: Callable[..., Driver],
-    producers: list[Producer],
+    producers: list[Producer], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Driver A is SIGSTOPped past the stale time; B resumes the job; A continues with
-    SIGCONT, finds itself fenced and exits without writing; no item lost or doubled."""
+    SIGCONT, finds itself fenced and exits without writing; no item lost or doubled.
+
+    The take-over is what is tested: the drivers run their micro-batches in
+    process, and every process here takes a record unwritten for
+    ``STALE_AFTER`` s (not 20) for a dead driver's.
+    """
+    monkeypatch.setattr(record_module, "STALE_AFTER_SECONDS", STALE_AFTER)
     location = s3_location.fresh()
     seed = int(os.environ.get("SPARKJET_FAULT_SEED", random.randrange(1 << 30)))
     print(f"fault seed {seed} (set SPARKJET_FAULT_SEED to repeat)")
     client = sparkjet.connect(store=location.connect_overrides())
     stream = client.get_stream("events", partitions=2)
-    args = driver_args(location, "fenced", "EXACTLY_ONCE", tmp_path / "paused")
-    producer = Producer(stream, N_ITEMS, random.Random(seed), allowance=N_ITEMS // 3)
+    args = driver_args(location, "fenced", "EXACTLY_ONCE", tmp_path / "paused", "in-process",
+                       stale_after=STALE_AFTER)
+    producer = Producer(stream, N_ITEMS, random.Random(seed), allowance=N_ITEMS // 3,
+                        chunk=IN_PROCESS_CHUNK)
     producers.append(producer)
     a = drivers(*args)
     job_id = a.wait_for_line("SUBMITTED", 120).split()[1]
@@ -470,10 +534,10 @@ def test_a_paused_driver_taken_over_is_fenced_and_stops_itself(
     producer.start()
     wait_until(lambda: last_committed(job) >= 2, 120, "A's first micro-batches", interval=0.05)
 
-    os.killpg(a.proc.pid, signal.SIGSTOP)  # the driver, its JVM and its Python workers
+    os.killpg(a.proc.pid, signal.SIGSTOP)
     paused_at = time.monotonic()
     try:
-        wait_until(lambda: job.status is JobStatus.SUSPENDED, 90, "A to look dead")
+        wait_until(lambda: job.status is JobStatus.SUSPENDED, STALE_AFTER + 60, "A to look dead")
         assert a.proc.poll() is None  # stopped, not dead: only its heartbeat went stale
         b = drivers(*args)
         b.wait_for_line("RESUMED", 120)
@@ -505,6 +569,7 @@ def test_at_least_once_survives_sigkilled_drivers(
     seqs, counts, log = run_crash_scenario(
         "AT_LEAST_ONCE", StoreLocation(store_url), drivers, producers,
         kills=["committed", "window", "committed"], marker=Path(f"{store_url}.paused"),
+        engine="in-process",
     )
     print(log)
     present = set(seqs)
@@ -536,8 +601,9 @@ def test_two_processes_resuming_a_dead_drivers_job_at_once(
     stream = client.get_stream("events", partitions=2)
     seen = client.get_list("seen")
     name = "faults-concurrent-resume"
-    args = [store_url, name, "EXACTLY_ONCE", "--interval", "200"]
-    producer = Producer(stream, n_items, rng, allowance=n_items // 2)
+    args = driver_args(StoreLocation(store_url), name, "EXACTLY_ONCE",
+                       Path(f"{store_url}.paused"), "in-process")
+    producer = Producer(stream, n_items, rng, allowance=n_items // 2, chunk=IN_PROCESS_CHUNK)
     producers.append(producer)
     first = drivers(*args)
     job_id = first.wait_for_line("SUBMITTED", 120).split()[1]

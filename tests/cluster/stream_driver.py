@@ -49,15 +49,19 @@ def spark_settings(master: str) -> dict[str, object]:
 
 
 def key_of(event: dict[str, object]) -> object:
-    """The grouping key; an item with ``pause`` holds its task (on an executor) that long.
+    """The grouping key; an item with ``pause`` holds its task (on an executor) until the
+    file ``release`` exists, ``pause`` seconds at most.
 
-    Before sleeping it creates ``<mark>/<seq>-<pid>``, so the test knows which
-    executor's Python worker runs it, and can kill that worker's machine mid-task.
+    First it creates ``<mark>/<seq>-<pid>``, so the test knows which executor's
+    Python worker runs it, can kill that worker's machine mid-task, and then
+    creates ``release`` (the task run again elsewhere goes on at once).
     """
     if "pause" in event:
         with open(os.path.join(str(event["mark"]), f"{event['seq']}-{os.getpid()}"), "w"):
             pass
-        time.sleep(float(event["pause"]))  # type: ignore[arg-type]
+        deadline = time.monotonic() + float(event["pause"])  # type: ignore[arg-type]
+        while not os.path.exists(str(event["release"])) and time.monotonic() < deadline:
+            time.sleep(0.05)
     return event["key"]
 
 

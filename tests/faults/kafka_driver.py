@@ -9,7 +9,9 @@ first run submits it; a later run finds it by name and resumes it. It prints
 ``SUBMITTED <id>`` or ``RESUMED <id>``, and ``PAUSED <batch>`` with
 ``--pause-at`` (see stream_driver.py: the driver stops after the batch's sinks
 committed and before its checkpoint commit, so the next driver replays a batch
-that already landed in Kafka).
+that already landed in Kafka). Its micro-batches run in process (``[engine]
+driver_only``): batches this small ran on the driver on Spark too, and no JVM
+starts with each driver.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ def main() -> int:
 
     if args.pause_at is not None:
         _install_pause(args.pause_at, args.marker or f"{args.store}.paused-{args.pause_at}")
-    client = sparkjet.connect(store={"url": args.store}, spark=SPARK)
+    client = sparkjet.connect(store={"url": args.store}, spark=SPARK,
+                              engine={"driver_only": True})
     if "kafka" not in {info.name for info in client.list_plugins()}:
         client.register_plugin(kafka, "kafka")
     jet = client.get_jet()

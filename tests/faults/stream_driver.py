@@ -1,7 +1,8 @@
 """A streaming-job driver the fault tests start as a subprocess and SIGKILL.
 
     python stream_driver.py STORE JOB_NAME GUARANTEE [--interval MS] [--pause-at BATCH]
-        [--store-options JSON] [--marker PATH]
+        [--store-options JSON] [--marker PATH] [--engine spark|in-process]
+        [--stale-after SECONDS]
 
 The first run submits the job (``events`` stream -> counts per key into map
 ``counts``, every raw item into list ``seen`` but every 97th, which the stage
@@ -16,8 +17,12 @@ Progress goes to stdout, one line each, flushed: ``SUBMITTED <id>`` or
 raises JobStateError), ``PAUSED <batch>``, and ``FENCED <epoch>`` (exit status
 4) when another process took the job over while this one lived.
 ``--store-options`` gives the store's fsspec options (an S3 or GCS server's
-endpoint and credentials) as JSON. SIGUSR1 dumps every thread's stack to
-stderr.
+endpoint and credentials) as JSON. ``--engine in-process`` runs the job's
+micro-batches on the in-process engine (``[engine] driver_only``: the same
+tasks, state and commits, no JVM) instead of Spark. ``--stale-after`` sets how
+long a driver's record may go unwritten before others take it for dead
+(:data:`sparkjet.core.jobs.record.STALE_AFTER_SECONDS`, 20 s); every process of
+a test must use the same. SIGUSR1 dumps every thread's stack to stderr.
 
 ``--pause-at BATCH`` injects the worst moment for a crash: the driver stops
 for good after micro-batch BATCH's sinks have committed and before its
@@ -115,6 +120,8 @@ def main() -> int:
     parser.add_argument("--pause-at", type=int, default=None)
     parser.add_argument("--store-options", default="{}")
     parser.add_argument("--marker", default=None)
+    parser.add_argument("--engine", choices=["spark", "in-process"], default="spark")
+    parser.add_argument("--stale-after", type=float, default=None)
     args = parser.parse_args()
     # The test sends SIGUSR1 before it gives up on a driver: every thread's stack to stderr.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -124,11 +131,16 @@ def main() -> int:
     from sparkjet.errors import JobFencedError, JobStateError
     from sparkjet.job import JobConfig, ProcessingGuarantee
 
+    if args.stale_after is not None:
+        from sparkjet.core.jobs import record
+
+        record.STALE_AFTER_SECONDS = args.stale_after
     if args.pause_at is not None:
         _install_pause(args.pause_at, args.marker or f"{args.store}.paused-{args.pause_at}")
     options = json.loads(args.store_options)
     store = {"url": args.store, "options": options} if options else {"url": args.store}
-    client = sparkjet.connect(store=store, spark=SPARK)
+    engine = {"driver_only": args.engine == "in-process"}
+    client = sparkjet.connect(store=store, spark=SPARK, engine=engine)
     jet = client.get_jet()
     job = jet.get_job_by_name(args.name)
     if job is None or job.is_terminal():

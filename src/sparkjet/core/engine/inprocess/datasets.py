@@ -17,6 +17,7 @@ as Spark pickles it for its workers, for the same reason.
 
 from __future__ import annotations
 
+import copy
 import io
 import pickle
 from collections.abc import Callable, Iterable, Iterator
@@ -26,6 +27,7 @@ from typing import Any
 
 from sparkjet.core.engine.tasks.passes import ReduceTask, SortTask
 from sparkjet.core.engine.tasks.pickling import unpicklable
+from sparkjet.core.engine.tasks.read import ReadTask
 from sparkjet.core.engine.tasks.reports import Counters
 from sparkjet.core.engine.tasks.runs import PartitionTask
 from sparkjet.core.errors import JobFailedError
@@ -66,10 +68,10 @@ class LocalData:
 class LocalDatasets:
     """The :class:`~sparkjet.core.engine.tasks.runs.Datasets` of one run in this process.
 
-    ``cancelled`` is asked before each item reaches a task: a cancelled job
-    stops at the next item (a user function is not interrupted mid-call, as a
-    Spark task's worker is killed: one that blocks holds the cancel until it
-    returns). ``check_tasks``:
+    ``cancelled`` is asked before each item reaches a task, or a task reads
+    it from its source itself: a cancelled job stops at the next item (a
+    user function is not interrupted mid-call, as a Spark task's worker is
+    killed: one that blocks holds the cancel until it returns). ``check_tasks``:
     pickle each task once, as Spark would to send it to its workers.
     ``pickle_items`` False skips pickling items at the boundaries (benchmarks).
     """
@@ -109,6 +111,7 @@ class LocalDatasets:
     ) -> LocalData:
         if self._check_tasks:
             self._check_task(task)
+        task = self._reading_until_cancelled(task)
         out: list[list[Any]] = []
         for pidx, part in enumerate(data.partitions()):
             self._check_cancelled()
@@ -198,6 +201,21 @@ class LocalDatasets:
         if self._cancelled():
             raise JobFailedError("cancelled")
 
+    def _reading_until_cancelled(self, task: PartitionTask) -> PartitionTask:
+        """``task``, asking before each item it reads from its source whether the job was cancelled.
+
+        A task that reads its source itself is handed descriptors, one per
+        partition: the items it takes come from the source, not from here.
+        """
+        if isinstance(task, ReadTask):
+            return _ReadingUntil(task, self._until_cancelled)
+        reader = getattr(task, "reader", None)
+        if reader is None:
+            return task
+        checked = copy.copy(task)
+        checked.reader = _ReadingUntil(reader, self._until_cancelled)  # type: ignore[attr-defined]
+        return checked
+
     def _until_cancelled(self, items: Iterable[Any]) -> Iterator[Any]:
         """``items``, asking before each whether the job was cancelled."""
         cancelled = self._cancelled
@@ -205,6 +223,20 @@ class LocalDatasets:
             if cancelled():
                 raise JobFailedError("cancelled")
             yield item
+
+
+class _ReadingUntil:
+    """A task's source reader whose items each pass ``until`` (the cancel check) first."""
+
+    def __init__(self, reader: ReadTask, until: Callable[[Iterable[Any]], Iterator[Any]]) -> None:
+        self.reader, self.until = reader, until
+        self.stage, self.source = reader.stage, reader.source
+
+    def items(self, pidx: int, descriptors: Iterable[Any]) -> Iterable[Any]:
+        return self.until(self.reader.items(pidx, descriptors))
+
+    def __call__(self, pidx: int, descriptors: Iterator[Any]) -> Iterator[Any]:
+        return self.until(self.reader.items(pidx, descriptors))
 
 
 def _task_pickler() -> Callable[[Any], bytes]:
