@@ -242,13 +242,18 @@ def test_an_idle_job_makes_at_most_two_requests_a_second_and_still_sees_an_event
 
 @pytest.mark.storage
 def test_one_event_micro_batch_costs_at_most_twelve_requests(
-        proxied: tuple[StoreLocation, CountingProxy]) -> None:
+        proxied: tuple[StoreLocation, CountingProxy], monkeypatch: pytest.MonkeyPatch) -> None:
     """The budget, from the loop's own tally of each batch, which the server's count bounds.
 
     The loop tallies the requests its thread makes for a batch
     (``lastBatchStoreRequests``); the server's count over the same span adds
     only what the job's watcher asked meanwhile (its control look, its lease).
     """
+    # The look that finds the event keeps the chunk it read for the batch's read
+    # of it, for READ_AHEAD_SECONDS (2 s); on a loaded machine (a CI run on two
+    # workers met it) the read came later and fetched the chunk again: one GET
+    # more. The budget is the batch's, not the machine's speed.
+    monkeypatch.setattr(stream_chunks, "READ_AHEAD_SECONDS", 600.0)
     location, proxy = proxied
     client = _client(location)
     job = _keyed_count(client, "batch")
