@@ -16,17 +16,29 @@ import sparkjet
 # Real S3 and GCS servers on 127.0.0.1, and the store conformance suite.
 pytest_plugins = ["sparkjet.testing"]
 
-#: Settings for the one session the whole test process shares.
-TEST_SPARK = {
-    "master": "local[2]",
-    "app_name": "sparkjet-tests",
-    "conf": {
-        "spark.ui.enabled": "false",
-        "spark.default.parallelism": "2",
-        "spark.sql.shuffle.partitions": "2",
-        "spark.driver.memory": "1g",
-    },
+#: Set to ``spark`` to run the tests that are not marked ``spark`` on Spark too (the
+#: :func:`client` fixture then is Spark's, adaptive): how CI runs the semantic tests
+#: on the oldest Spark. ``connect``: the same, on a Spark Connect server this
+#: process starts (``[spark] remote = "local[2]"``), and the tests marked ``spark``
+#: run there too.
+TEST_ENGINE = os.environ.get("SPARKJET_TEST_ENGINE", "in-process")
+
+_TEST_CONF = {
+    "spark.ui.enabled": "false",
+    "spark.default.parallelism": "2",
+    "spark.sql.shuffle.partitions": "2",
+    "spark.driver.memory": "1g",
 }
+
+#: Settings for the one session the whole test process shares: a classic one, or
+#: with ``SPARKJET_TEST_ENGINE=connect`` a local Spark Connect server's.
+#: The Connect server of ``SPARKJET_TEST_ENGINE=connect``: the one that
+#: ``tests/connect_server.py`` started for the run, else one in this process.
+TEST_REMOTE = os.environ.get("SPARKJET_TEST_REMOTE", "local[2]")
+TEST_SPARK: dict[str, Any] = (
+    {"remote": TEST_REMOTE, "conf": {}} if TEST_ENGINE == "connect"
+    else {"master": "local[2]", "app_name": "sparkjet-tests", "conf": _TEST_CONF}
+)
 
 
 @pytest.fixture(autouse=True)
@@ -38,6 +50,7 @@ def _isolated_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         "SPARKJET_DISABLE_PLUGIN_AUTOLOAD",
         "SPARKJET_TRACE_HOOKS",
         "SPARKJET_STORE",
+        "SPARK_REMOTE",
     ):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "user-config"))
@@ -58,10 +71,10 @@ def reduce_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     the :func:`client` fixture's jobs run on the in-process engine, the very
     same tasks without Spark.
     """
-    from sparkjet.core.engine.spark import batch
+    from sparkjet.core.engine.tasks import passes
 
     if request.param == "shuffle-reduce":
-        monkeypatch.setattr(batch, "DRIVER_REDUCE_LIMIT", -1)
+        monkeypatch.setattr(passes, "DRIVER_REDUCE_LIMIT", -1)
     return str(request.param)
 
 
@@ -84,15 +97,10 @@ def _in_process(request: pytest.FixtureRequest) -> bool:
     )
 
 
-#: Set to ``spark`` to run the tests that are not marked ``spark`` on Spark too (the
-#: :func:`client` fixture then is Spark's, adaptive): how CI runs the semantic tests
-#: on the oldest Spark.
-TEST_ENGINE = os.environ.get("SPARKJET_TEST_ENGINE", "in-process")
-
-
 def on_spark(request: pytest.FixtureRequest) -> bool:
     """Whether the test's jobs run on Spark: it is marked ``spark``, or CI asked for it."""
-    return TEST_ENGINE == "spark" or request.node.get_closest_marker("spark") is not None
+    return (TEST_ENGINE in ("spark", "connect")
+            or request.node.get_closest_marker("spark") is not None)
 
 
 def in_process_client(store_url: str) -> sparkjet.Client:
@@ -189,6 +197,21 @@ def run_pipeline(client: sparkjet.Client, pipeline, name: str | None = None):  #
     job = client.get_jet().submit(pipeline, JobConfig(name=name))
     job.join(timeout=120)
     return job
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the tests marked ``connect`` unless the run is on Spark Connect (nox's connect).
+
+    A process that made a Connect session cannot start a classic one (PySpark
+    switches the whole process to Connect), so they run in the connect
+    session's processes only; the run's summary counts them as deselected.
+    """
+    if TEST_ENGINE == "connect":
+        return
+    kept = [item for item in items if item.get_closest_marker("connect") is None]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i not in kept])
+        items[:] = kept
 
 
 def pytest_configure(config: pytest.Config) -> None:

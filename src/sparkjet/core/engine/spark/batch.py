@@ -17,7 +17,6 @@ tasks are :mod:`sparkjet.core.engine.tasks`'; here they become Spark work:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from operator import itemgetter
 from typing import Any
@@ -25,45 +24,16 @@ from typing import Any
 from sparkjet.core.engine.boundary import BatchWork, JobRun, RunHooks
 from sparkjet.core.engine.spark.accumulators import SparkReports
 from sparkjet.core.engine.spark.output import name_output, parallelize, partition_by
+from sparkjet.core.engine.tasks import passes
+from sparkjet.core.engine.tasks.failures import spark_failure_summary
 from sparkjet.core.engine.tasks.passes import RangePartition, ReduceTask, SortTask
 from sparkjet.core.engine.tasks.runs import MicroBatchRun, PartitionTask, PlanRun
 from sparkjet.core.pipeline.fusion import StageFailure
 from sparkjet.core.state.keygroups import KeyGroupPartition
 
-__all__ = ["DRIVER_REDUCE_LIMIT", "SparkDatasets", "spark_batch", "spark_micro_batch"]
+__all__ = ["SparkDatasets", "spark_batch", "spark_micro_batch"]
 
 _first = itemgetter(0)
-
-
-_PYTHON_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit)): (.*)$")
-
-
-def _spark_failure_summary(exc: BaseException) -> str:
-    """The Python error a Spark worker raised outside sparkjet's tasks, in one line.
-
-    Spark's message starts with a generic line and buries the worker's own
-    traceback in a JVM stack trace; its last ``SomethingError: ...`` line is
-    what a user needs (typically a module the workers cannot import).
-    """
-    text = str(exc)
-    found = None
-    for line in text.splitlines():
-        match = _PYTHON_ERROR_LINE.match(line.strip())
-        if match and not match.group(1).startswith(("org.", "java.", "py4j.", "scala.")):
-            found = line.strip()
-    if found is None:
-        first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-        return first
-    if found.startswith("ModuleNotFoundError"):
-        found += (
-            " (Spark's Python workers cannot import it: install the module where the "
-            "workers run, or define the function in the submitted script)"
-        )
-    return found
-
-
-#: Up to this many map-side partial records are reduced on the driver.
-DRIVER_REDUCE_LIMIT = 100_000
 
 
 def _count_records(records: Iterator[Any]) -> Iterator[int]:
@@ -134,10 +104,10 @@ class SparkDatasets:
         from pyspark.rdd import portable_hash
 
         mapped = self._persist(mapped)
-        if sum(mapped.mapPartitions(_count_records).collect()) <= DRIVER_REDUCE_LIMIT:
+        if sum(mapped.mapPartitions(_count_records).collect()) <= passes.DRIVER_REDUCE_LIMIT:
             outputs = sorted(task(iter(mapped.collect())), key=_first)
             items = [item for _, item in outputs]
-            slices = self.parallelism() if len(items) > DRIVER_REDUCE_LIMIT // 10 else 1
+            slices = self.parallelism() if len(items) > passes.DRIVER_REDUCE_LIMIT // 10 else 1
             return parallelize(self.sc, items, slices, task.stage)
         reduced = partition_by(mapped, partitions, portable_hash, None).mapPartitions(task)
         if by_position:  # positions that are not (pidx, pos, j): a sort by them
@@ -159,7 +129,7 @@ class SparkDatasets:
         self._persisted = []
 
     def failure(self, exc: BaseException) -> str:
-        return f"the job failed in Spark: {_spark_failure_summary(exc)}"
+        return f"the job failed in Spark: {spark_failure_summary(exc)}"
 
     def _persist(self, rdd: Any) -> Any:
         from pyspark import StorageLevel

@@ -15,9 +15,15 @@ from sparkjet.core.host.contracts import TaskContext
 from sparkjet.core.pipeline.fusion import FOLDING, FusedPass
 from sparkjet.core.pipeline.keyed import KeyedFold, folded_records, reduce_batch
 
-__all__ = ["PassTask", "RangePartition", "ReduceTask", "SinkTask", "SortTask"]
+__all__ = [
+    "DRIVER_REDUCE_LIMIT", "PassTask", "RangePartition", "ReduceTask", "SinkTask", "SortTask",
+]
 
 _first = itemgetter(0)
+
+#: Up to this many map-side partial records a batch reduce reduces on the driver
+#: (the Spark engines read it when a reduce runs; tests lower it).
+DRIVER_REDUCE_LIMIT = 100_000
 
 
 class PassTask(Task):
