@@ -4,6 +4,7 @@
     nox -s tests                     # on 4.0, 4.1, 4.2 and 4.3
     nox -s lint typecheck docs
     nox -s "tests(spark-4.3)" -- -m "not slow"   # skip the multi-process tests
+    nox -s connect                   # the engine tests on a Spark Connect server
 """
 
 from __future__ import annotations
@@ -16,6 +17,19 @@ nox.options.sessions = ["lint", "typecheck", "docs", "tests(spark-4.3)"]
 
 PYTHON = "3.11"
 SPARK_VERSIONS = ["4.0", "4.1", "4.2", "4.3"]
+
+#: The tests of what runs on Spark: batch and streaming semantics, keyed state,
+#: windows, dead letters, checkpoints, compaction, snapshots and upgrades, the job
+#: lifecycle, the state workers keep loaded, the adaptive choice. CI runs them on
+#: the oldest Spark, and on a Spark Connect server.
+ENGINE_TESTS = [
+    "tests/test_batch_semantics.py", "tests/test_streaming.py", "tests/test_keyed.py",
+    "tests/test_windows.py", "tests/test_window_semantics.py", "tests/test_dead_letters.py",
+    "tests/test_peek.py", "tests/test_checkpoint.py", "tests/test_compaction.py",
+    "tests/test_snapshots.py", "tests/test_jobs.py", "tests/test_lifecycle.py",
+    "tests/test_upgrade_rules.py", "tests/test_state_cache.py", "tests/test_inprocess.py",
+    "tests/test_adaptive.py",
+]
 
 
 @nox.session(python=PYTHON)
@@ -31,6 +45,40 @@ def tests(session: nox.Session, spark: str) -> None:
     # the session's arguments runs them in this process. The slowest tests are
     # listed at the end, so a run that grew slow says where.
     session.run("pytest", "-n", "2", "--dist", "worksteal", "--durations=20", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+@nox.parametrize("spark", [nox.param(v, id=f"spark-{v}") for v in SPARK_VERSIONS])
+def engine(session: nox.Session, spark: str) -> None:
+    """The fast engine tests (:data:`ENGINE_TESTS`) with every job on Spark, on one pyspark version.
+
+    The suite's client fixture runs jobs in process unless a test is marked
+    spark; here every one runs on Spark (``SPARKJET_TEST_ENGINE=spark``), so each
+    semantic test runs on both engines. Arguments replace the selection.
+    """
+    session.install(f"pyspark=={spark}.*", "-e", ".[test]")
+    session.run("python", "-c", "import pyspark; print('pyspark', pyspark.__version__)")
+    selection = session.posargs or ["-m", "not slow and not storage", *ENGINE_TESTS]
+    session.run("pytest", "-n", "2", "--dist", "worksteal", "--durations=10", *selection,
+                env={"SPARKJET_TEST_ENGINE": "spark"})
+
+
+@nox.session(python=PYTHON)
+def connect(session: nox.Session) -> None:
+    """The engine tests, the conformance kits and the Connect tests on a Spark Connect server.
+
+    ``tests/connect_server.py`` starts one server (the pyspark wheel's own,
+    ``local[2]``) that every test process of the run shares, and stops it at the
+    end. Arguments replace the default selection, as in the tests session.
+    """
+    session.install("pyspark[connect]==4.3.*", "-e", ".[test]")
+    selection = session.posargs or [
+        "-m", "not storage and (not slow or connect)",
+        *ENGINE_TESTS, "tests/test_source_conformance.py", "tests/test_sink_conformance.py",
+        "tests/test_connect.py",
+    ]
+    session.run("python", "tests/connect_server.py", "pytest", "-n", "2", "--dist", "worksteal",
+                "--durations=10", *selection)
 
 
 @nox.session(python=PYTHON)

@@ -132,7 +132,7 @@ def test_every_module_sits_in_a_tier() -> None:
          "    from sparkjet.core.jobs import JetService",
          "sparkjet.core.jobs", "The core, top to bottom"),
         ("core/pipeline/graph/builder.py", "import pyspark", "pyspark",
-         "Only the Spark engine imports pyspark"),
+         "Only the Spark engines (classic and Connect) import pyspark"),
         # The per-partition work runs on any engine: a task module importing Spark is a crossing.
         ("core/engine/tasks/state.py", "import pyspark", "pyspark",
          "Task code is engine-neutral: it imports neither Spark nor an engine"),

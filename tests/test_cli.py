@@ -62,7 +62,8 @@ def write_config(client: sparkjet.Client, extra: str = "") -> Path:
         "[store]",
         f"url = {_toml(config.store_url)}",
         "[spark]",
-        f"master = {_toml(config.spark_master)}",
+        *([f"remote = {_toml(config.spark_remote)}"] if config.spark_remote else
+          [f"master = {_toml(config.spark_master)}"]),
         f"app_name = {_toml(config.spark_app_name)}",
         "[spark.conf]",
         *(f"{_toml(k)} = {_toml(v)}" for k, v in config.spark_conf.items()),

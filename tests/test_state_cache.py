@@ -286,6 +286,20 @@ def probe_workers(client: sparkjet.Client, tasks: int = 2) -> list[dict[str, Any
         yield {"pid": os.getpid(), "jobs": CACHE.jobs(), "walked": len(worker_gc.get_objects()),
                "frozen": worker_gc.get_freeze_count()}
 
+    if client.config.spark_remote:  # Spark Connect: no RDDs, the same probe in mapInArrow
+        import pickle
+
+        def arrow_probe(batches: Iterator[Any]) -> Iterator[Any]:
+            import pyarrow as pa
+
+            for _ in batches:
+                pass
+            rows = [pickle.dumps(row) for row in probe(iter(()))]
+            yield pa.RecordBatch.from_pydict({"row": rows})
+
+        table = (client.spark.range(0, tasks, 1, tasks)
+                 .mapInArrow(arrow_probe, "row binary").toArrow())
+        return [pickle.loads(blob) for blob in table.column("row").to_pylist()]
     sc = client.spark.sparkContext
     return list(sc.parallelize(range(tasks), tasks).mapPartitions(probe).collect())
 

@@ -343,9 +343,10 @@ def test_state_carries_over_when_the_cluster_grows_and_shrinks(  # type: ignore[
     client, monkeypatch
 ) -> None:
     """Suspended, resumed on a cluster running 3 tasks at once, then 1: counts go on exactly."""
-    from sparkjet.core.engine.spark.engine import SparkEngine
     from sparkjet.core.state.checkpoint import Checkpoint
     from sparkjet.core.state.keygroups import task_range
+
+    cluster = type(client.engine.spark)  # Spark's engine, or Spark Connect's
 
     stream = client.get_stream("grow", partitions=2)
     p = Pipeline.create()
@@ -359,7 +360,7 @@ def test_state_carries_over_when_the_cluster_grows_and_shrinks(  # type: ignore[
             if tasks != 2:
                 job.suspend()
                 wait_for(lambda: job.status is JobStatus.SUSPENDED, what="suspended")
-                monkeypatch.setattr(SparkEngine, "parallelism", lambda self, n=tasks: n)
+                monkeypatch.setattr(cluster, "parallelism", lambda self, n=tasks: n)
                 job.resume()
             stream.publish_all(values)
             for v in values:

@@ -7,14 +7,8 @@ Public modules: :mod:`sparkjet` (this one), :mod:`sparkjet.pipeline`,
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
-
 from sparkjet.core.client import Client, connect
 from sparkjet.core.host.hookspecs import hookimpl
-
-try:
-    __version__ = version("sparkjet")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree
-    __version__ = "0.0.0"
+from sparkjet.core.version import VERSION as __version__
 
 __all__ = ["Client", "__version__", "connect", "hookimpl"]

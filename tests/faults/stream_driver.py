@@ -1,7 +1,7 @@
 """A streaming-job driver the fault tests start as a subprocess and SIGKILL.
 
     python stream_driver.py STORE JOB_NAME GUARANTEE [--interval MS] [--pause-at BATCH]
-        [--store-options JSON] [--marker PATH] [--engine spark|in-process]
+        [--store-options JSON] [--marker PATH] [--engine spark|in-process|connect]
         [--stale-after SECONDS]
 
 The first run submits the job (``events`` stream -> counts per key into map
@@ -19,7 +19,9 @@ raises JobStateError), ``PAUSED <batch>``, and ``FENCED <epoch>`` (exit status
 ``--store-options`` gives the store's fsspec options (an S3 or GCS server's
 endpoint and credentials) as JSON. ``--engine in-process`` runs the job's
 micro-batches on the in-process engine (``[engine] driver_only``: the same
-tasks, state and commits, no JVM) instead of Spark. ``--stale-after`` sets how
+tasks, state and commits, no JVM) instead of Spark; ``--engine connect`` runs
+every one on the Spark Connect server of ``SPARKJET_TEST_REMOTE``, which
+outlives the driver. ``--stale-after`` sets how
 long a driver's record may go unwritten before others take it for dead
 (:data:`sparkjet.core.jobs.record.STALE_AFTER_SECONDS`, 20 s); every process of
 a test must use the same. SIGUSR1 dumps every thread's stack to stderr.
@@ -123,7 +125,7 @@ def main() -> int:
     parser.add_argument("--pause-at", type=int, default=None)
     parser.add_argument("--store-options", default="{}")
     parser.add_argument("--marker", default=None)
-    parser.add_argument("--engine", choices=["spark", "in-process"], default="spark")
+    parser.add_argument("--engine", choices=["spark", "in-process", "connect"], default="spark")
     parser.add_argument("--stale-after", type=float, default=None)
     args = parser.parse_args()
     # The test sends SIGUSR1 before it gives up on a driver: every thread's stack to stderr.
@@ -142,8 +144,14 @@ def main() -> int:
         _install_pause(args.pause_at, args.marker or f"{args.store}.paused-{args.pause_at}")
     options = json.loads(args.store_options)
     store = {"url": args.store, "options": options} if options else {"url": args.store}
-    engine = {"driver_only": args.engine == "in-process"}
-    client = sparkjet.connect(store=store, spark=SPARK, engine=engine)
+    engine: dict[str, bool] = {"driver_only": args.engine == "in-process"}
+    spark: dict[str, object] = SPARK
+    if args.engine == "connect":
+        # The Connect server of the test run (it outlives this driver); every
+        # micro-batch runs there, none in this process.
+        spark = {"remote": os.environ["SPARKJET_TEST_REMOTE"]}
+        engine = {"adaptive": False}
+    client = sparkjet.connect(store=store, spark=spark, engine=engine)
     jet = client.get_jet()
     job = jet.get_job_by_name(args.name)
     if job is None or job.is_terminal():

@@ -66,11 +66,19 @@ def describe(exc: BaseException) -> str:
 
 
 def version_text() -> str:
-    """``sparkjet <version> (pyspark <version>, Python <version>)``."""
-    try:
-        pyspark = version("pyspark")
-    except PackageNotFoundError:
-        pyspark = "not installed"
+    """``sparkjet <version> (pyspark <version>, Python <version>)``.
+
+    The Spark Connect client (``pyspark-client``, the ``connect`` extra) shows as
+    ``pyspark-client <version>``.
+    """
+    pyspark = "not installed"
+    for name in ("pyspark", "pyspark-client"):
+        try:
+            found = version(name)
+        except PackageNotFoundError:
+            continue
+        pyspark = found if name == "pyspark" else f"{name} {found}"
+        break
     python = ".".join(str(part) for part in sys.version_info[:3])
     return f"sparkjet {__version__} (pyspark {pyspark}, Python {python})"
 

@@ -236,7 +236,11 @@ def info(args: argparse.Namespace, client: Client) -> int:
     else:
         out(f"Snapshots: {client.redact(config.snapshots_url)} "
             f"({config.snapshots_backend} backend)")
-    out(f"Spark: {config.spark_remote or config.spark_master}")
+    if config.spark_remote:
+        out(f"Spark: {client.redact(config.spark_remote)} (Spark Connect, from "
+            f"{config.spark_remote_source})")
+    else:
+        out(f"Spark: {config.spark_master}")
     jobs = client.get_jet().get_jobs()
     active = sum(1 for job in jobs if not job.status.is_terminal())
     out(f"Jobs: {active} active, {len(jobs)} in all")

@@ -1,7 +1,8 @@
 """The client, the composition root: configuration, store, plugins, engine and jet service.
 
-It is the one place that picks the engine (Spark, from :mod:`sparkjet.core.engine.spark`)
-and hands it to the services, which know it only as :class:`~sparkjet.core.engine.boundary.Engine`.
+It is the one place that picks the engine (Spark, from :mod:`sparkjet.core.engine.spark`,
+or a Spark Connect server's, from :mod:`sparkjet.core.engine.connect`) and hands it
+to the services, which know it only as :class:`~sparkjet.core.engine.boundary.Engine`.
 """
 
 from __future__ import annotations
@@ -43,17 +44,14 @@ class Client:
     """
 
     def __init__(self, config: Config, engine: Engine | None = None) -> None:
-        if config.spark_remote:
-            raise ConfigError(
-                f"{config.source or 'configuration'}: [spark] remote is set, but this sparkjet "
-                "runtime needs a classic Spark session (it uses RDDs); use [spark] master"
-            )
         self.config = config
         self.store = Store(config.store_url, config.store_options, config.redact)
         self.store.poll = PollSettings(config.engine.stream_poll_seconds,
                                        config.engine.idle_poll_max_seconds)
         self.plugins = PluginHost(config.plugins_disable)
         self._engine = engine
+        #: The Connect engine, when ``[spark] remote`` is set (checked at submit).
+        self._connect: Any = None
         #: Whether the client was given its engine (then every batch runs there).
         self._given_engine = engine is not None
         self._jet: JetService | None = None
@@ -74,7 +72,11 @@ class Client:
 
     @property
     def spark(self) -> Any:
-        """The Spark session (started on first use)."""
+        """The Spark session (started on first use): a Connect session with ``[spark] remote``."""
+        if self.config.spark_remote:
+            from sparkjet.core.engine.connect.session import remote_session
+
+            return remote_session(self.config, self.plugins)
         from sparkjet.core.engine.spark.session import get_session
 
         return get_session(self.config, self.plugins)
@@ -84,8 +86,9 @@ class Client:
         """The engine jobs run on, made on first use.
 
         The adaptive engine (:class:`~sparkjet.core.engine.adaptive.AdaptiveEngine`):
-        Spark, and the in-process engine for what is small; with ``[engine]
-        driver_only`` the in-process engine alone. A client built with an
+        Spark (or, with ``[spark] remote``, the Spark Connect server), and the
+        in-process engine for what is small; with ``[engine] driver_only`` the
+        in-process engine alone. A client built with an
         engine of its own runs every job there.
         """
         if self._engine is None:
@@ -95,9 +98,19 @@ class Client:
                 self._engine = InProcessEngine(DRIVER_ONLY_PARALLELISM)
             else:
                 from sparkjet.core.engine.adaptive import AdaptiveEngine
-                from sparkjet.core.engine.spark.engine import SparkEngine
 
-                spark = SparkEngine(self.config, self.plugins)
+                spark: Any
+                if self.config.spark_remote:
+                    from sparkjet.core.engine.connect.engine import ConnectEngine
+
+                    spark = self._connect = ConnectEngine(self.config, self.plugins)
+                else:
+                    from sparkjet.core.engine.spark.session import check_classic
+
+                    check_classic(self.config)  # pyspark installed, and not the Connect client
+                    from sparkjet.core.engine.spark.engine import SparkEngine
+
+                    spark = SparkEngine(self.config, self.plugins)
                 # The parallelism a job sees does not depend on where a batch runs.
                 self._engine = AdaptiveEngine(spark, InProcessEngine(spark.parallelism),
                                               self.config.engine)
@@ -175,8 +188,17 @@ class Client:
                 plugin_options=self.config.plugin_options,
                 snapshots=lambda: self.snapshots,
                 engine_settings=self.config.engine,
+                before_submit=self._before_submit,
             ))
         return self._jet
+
+    def _before_submit(self, pipeline: Any) -> None:
+        """On Spark Connect: connect and check the server, ship the pipeline's modules."""
+        self.engine  # noqa: B018 - made now, so a Connect engine is known
+        if self._connect is not None:
+            import cloudpickle
+
+            self._connect.check(cloudpickle.dumps(pipeline))
 
     def get_list(self, name: str) -> IList:
         """The store's list ``name`` (created on first write)."""

@@ -26,6 +26,8 @@ from sparkjet.core.errors import ConfigError
 ENV_CONFIG = "SPARKJET_CONFIG"
 #: Replaces ``[store] url`` of the configuration file.
 ENV_STORE = "SPARKJET_STORE"
+#: The Spark Connect URL, as PySpark reads it (``[spark] remote`` wins).
+ENV_REMOTE = "SPARK_REMOTE"
 DEFAULT_STORE_URL = "./.sparkjet"
 _ENV_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -139,7 +141,14 @@ class Config:
     """The effective configuration of one client."""
 
     spark_master: str = "local[*]"
+    #: A Spark Connect URL (``sc://host:port``, or ``local[N]`` for a server in this
+    #: process): jobs run there instead of on a classic session (``[spark] remote``,
+    #: ``SPARK_REMOTE``).
     spark_remote: str | None = None
+    #: Where ``[spark] master`` and ``[spark] remote`` were set (None: not set); a
+    #: client runs on one of the two.
+    spark_master_source: str | None = None
+    spark_remote_source: str | None = None
     spark_app_name: str = "sparkjet"
     spark_conf: dict[str, str] = field(default_factory=dict)
     store_url: str = DEFAULT_STORE_URL
@@ -244,6 +253,10 @@ def load_config(
     if env_store:
         config.store_url = env_store
         config.store_source = ENV_STORE
+    env_remote = os.environ.get(ENV_REMOTE)
+    if env_remote and config.spark_remote is None:
+        config.spark_remote = env_remote
+        config.spark_remote_source = ENV_REMOTE
     if overrides:
         for section, table in overrides.items():
             if not isinstance(table, Mapping):
@@ -256,7 +269,19 @@ def load_config(
         _apply(config, plain, "connect() arguments")
         if "url" in plain.get("store", {}):
             config.store_source = "connect() arguments"
+    _check_one_spark(config)
     return config
+
+
+def _check_one_spark(config: Config) -> None:
+    """Refuse ``[spark] master`` together with ``[spark] remote``: a client runs on one."""
+    if config.spark_remote is not None and config.spark_master_source is not None:
+        raise ConfigError(
+            f"[spark] master = {config.spark_master!r} (from {config.spark_master_source}) and "
+            f"[spark] remote = {config.spark_remote!r} (from {config.spark_remote_source}) are "
+            "both set: a client runs on a classic Spark session (master) or on a Spark "
+            "Connect server (remote); remove one"
+        )
 
 
 def _beside(url: str, file: Path) -> str:
@@ -388,8 +413,10 @@ def _apply(config: Config, data: Mapping[str, Any], where: str) -> None:
 
     if has("spark", "master"):
         config.spark_master = get("spark", "master")
+        config.spark_master_source = where
     if has("spark", "remote"):
         config.spark_remote = get("spark", "remote")
+        config.spark_remote_source = where
     if has("spark", "app_name"):
         config.spark_app_name = get("spark", "app_name")
     if has("spark", "conf"):

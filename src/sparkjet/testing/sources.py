@@ -313,8 +313,12 @@ class SourceConformance:
         spec.write_bytes(cloudpickle.dumps({
             "harness": source_harness,
             "store": {"url": config.store_url, "options": dict(config.store_options)},
-            "spark": {"master": config.spark_master, "app_name": "sparkjet-source-driver",
-                      "conf": {**config.spark_conf, "spark.driver.memory": "512m"}},
+            # On the kit's client's Spark: its Connect server (which outlives the
+            # killed drivers), or a classic session of the driver's own.
+            "spark": ({"remote": config.spark_remote, "conf": dict(config.spark_conf)}
+                      if config.spark_remote else
+                      {"master": config.spark_master, "app_name": "sparkjet-source-driver",
+                       "conf": {**config.spark_conf, "spark.driver.memory": "512m"}}),
             # The drivers run their jobs where the kit's client does (no JVM if in process).
             "engine": {"driver_only": not run.client.runs_on_spark},
             "job_name": f"conformance-kill-{run.token}",

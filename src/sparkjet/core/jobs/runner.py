@@ -85,6 +85,9 @@ class Services:
     snapshots: Callable[[], SnapshotStore]
     #: The ``[engine]`` settings (the watcher's and an idle loop's polls).
     engine_settings: EngineSettings = field(default_factory=EngineSettings)
+    #: Called with a pipeline at submit, before its job exists: checks the
+    #: engine can run it (a Connect server reachable, its workers ready).
+    before_submit: Callable[[Any], None] | None = None
 
 
 class JobRunner:

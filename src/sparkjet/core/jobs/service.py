@@ -222,6 +222,8 @@ class JetService:
             )
         if validated.streaming:
             _warn_unnamed_state(validated, config)
+        if self.services.before_submit is not None:
+            self.services.before_submit(pipeline)  # the engine refuses before a job exists
         frozen = cloudpickle.dumps(pipeline) if validated.streaming else None
         with self._submit_lock:
             job_id = new_job_id()

@@ -9,6 +9,7 @@ import threading
 from typing import Any
 
 from sparkjet.core.config import Config
+from sparkjet.core.errors import ConfigError
 from sparkjet.core.host.manager import PluginHost
 
 log = logging.getLogger("sparkjet.spark")
@@ -37,6 +38,7 @@ def get_session(config: Config, host: PluginHost) -> Any:
         if _session is not None and _session.sparkContext._jsc is not None:
             _warn_if_different(_session, config)
             return _session
+        check_classic(config)
         # Workers must run this interpreter, or they miss sparkjet and its dependencies.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -53,6 +55,27 @@ def get_session(config: Config, host: PluginHost) -> Any:
         if config.spark_master.startswith("local"):
             _quiet_task_failures(_session)
         return _session
+
+
+def check_classic(config: Config) -> None:
+    """Refuse, naming the fix, an environment that cannot start a classic session."""
+    where = config.source or "configuration"
+    try:
+        from pyspark.util import is_remote_only
+    except ImportError:
+        raise ConfigError(
+            f"{where}: this job's large work runs on Spark, and pyspark is not installed: "
+            "pip install 'sparkjet[spark]' (a local or cluster session, with Java 17+), or "
+            "'sparkjet[connect]' with [spark] remote (a Spark Connect server); or run every "
+            "job in this process with [engine] driver_only = true"
+        ) from None
+    if is_remote_only():
+        raise ConfigError(
+            f"{where}: this environment has the Spark Connect client only (pyspark-client, "
+            "the 'connect' extra), which cannot start a classic session: set [spark] remote "
+            "to a Spark Connect server (sc://host:port), or pip install 'sparkjet[spark]' "
+            "in an environment of its own"
+        )
 
 
 def _quiet_task_failures(session: Any) -> None:
