@@ -347,3 +347,22 @@ def test_exactly_once_survives_sigkilled_clients_while_the_server_runs(
     )
     assert_exactly_once(seqs, counts, log)
     assert_windows_once(StoreLocation(store_url))
+
+
+def test_no_pyspark_or_only_the_connect_client_is_named_at_the_first_job(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``pip install sparkjet`` alone, or ``sparkjet[connect]`` with a master: the fix is named."""
+    import pyspark.util
+
+    client = sparkjet.connect(store={"url": store_url})
+    monkeypatch.setitem(sys.modules, "pyspark.util", None)  # as if pyspark were not installed
+    with pytest.raises(ConfigError, match=r"pip install 'sparkjet\[spark\]'"):
+        client.get_jet().submit(_doubler())  # refused at submit: no job is left
+    assert client.get_jet().get_jobs() == []
+    monkeypatch.setitem(sys.modules, "pyspark.util", pyspark.util)
+    monkeypatch.setattr(pyspark.util, "is_remote_only", lambda: True)
+    other = sparkjet.connect(store={"url": store_url})
+    with pytest.raises(ConfigError, match="Spark Connect client only"):
+        other.get_jet().submit(_doubler())
+    assert other.get_jet().get_jobs() == []
