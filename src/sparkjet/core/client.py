@@ -105,9 +105,6 @@ class Client:
 
                     spark = self._connect = ConnectEngine(self.config, self.plugins)
                 else:
-                    from sparkjet.core.engine.spark.session import check_classic
-
-                    check_classic(self.config)  # pyspark installed, and not the Connect client
                     from sparkjet.core.engine.spark.engine import SparkEngine
 
                     spark = SparkEngine(self.config, self.plugins)
@@ -193,12 +190,23 @@ class Client:
         return self._jet
 
     def _before_submit(self, pipeline: Any) -> None:
-        """On Spark Connect: connect and check the server, ship the pipeline's modules."""
-        self.engine  # noqa: B018 - made now, so a Connect engine is known
-        if self._connect is not None:
+        """Refuse, before the job exists, a pipeline the engine cannot run.
+
+        On Spark Connect: connect and check the server, ship the pipeline's
+        modules. On classic Spark: pyspark must be installed (and not the
+        Connect client alone); the session itself starts with the first work.
+        """
+        if not self.runs_on_spark:
+            return
+        if self.config.spark_remote:
             import cloudpickle
 
+            self.engine  # noqa: B018 - made now, so the Connect engine is known
             self._connect.check(cloudpickle.dumps(pipeline))
+        else:
+            from sparkjet.core.engine.spark.session import check_classic
+
+            check_classic(self.config)
 
     def get_list(self, name: str) -> IList:
         """The store's list ``name`` (created on first write)."""

@@ -2,7 +2,8 @@
 
 It fits the protocol structurally (it imports only the boundary's job, work,
 hooks and result types); the client hands it to the services. The session starts on
-first use, so creating the engine costs nothing.
+first use, and pyspark is imported only then, so creating the engine costs
+nothing and needs no pyspark (a client that never reaches Spark runs without it).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from typing import Any
 from sparkjet.core.config import Config
 from sparkjet.core.engine.boundary import BatchWork, JobRun, RunHooks
 from sparkjet.core.engine.spark import session
-from sparkjet.core.engine.spark.batch import spark_batch, spark_micro_batch
 from sparkjet.core.engine.tasks.runs import MicroBatchRun, PlanRun
 from sparkjet.core.host.manager import PluginHost
 
@@ -63,8 +63,12 @@ class SparkEngine:
 
     def batch(self, job: JobRun, hooks: RunHooks) -> PlanRun:
         """A batch job's whole plan as Spark work."""
+        from sparkjet.core.engine.spark.batch import spark_batch  # imports pyspark
+
         return spark_batch(self._sc, job, hooks)
 
     def micro_batch(self, job: JobRun, work: BatchWork, hooks: RunHooks) -> MicroBatchRun:
         """One micro-batch as one Spark job."""
+        from sparkjet.core.engine.spark.batch import spark_micro_batch
+
         return spark_micro_batch(self._sc, job, work, hooks)
