@@ -71,7 +71,8 @@ def connect(session: nox.Session) -> None:
     ``local[2]``) that every test process of the run shares, and stops it at the
     end. Arguments replace the default selection, as in the tests session.
     """
-    session.install("pyspark[connect]==4.3.*", "-e", ".[test]")
+    # uv: the JVM-free client test builds its own virtualenv with it.
+    session.install("pyspark[connect]==4.3.*", "-e", ".[test]", "uv")
     selection = session.posargs or [
         "-m", "not storage and (not slow or connect)",
         *ENGINE_TESTS, "tests/test_source_conformance.py", "tests/test_sink_conformance.py",

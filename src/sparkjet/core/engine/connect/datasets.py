@@ -49,10 +49,15 @@ from sparkjet.core.engine.connect.arrow import (
 from sparkjet.core.engine.connect.reports import ConnectReports
 from sparkjet.core.engine.tasks import passes
 from sparkjet.core.engine.tasks.failures import spark_failure_summary
-from sparkjet.core.engine.tasks.passes import RangePartition, ReduceTask, SortTask
+from sparkjet.core.engine.tasks.passes import (
+    RangePartition,
+    ReduceTask,
+    SortTask,
+    range_bounds,
+    sample_fraction,
+)
 from sparkjet.core.engine.tasks.pickling import unpicklable
 from sparkjet.core.engine.tasks.runs import PartitionTask
-from sparkjet.core.pipeline.fusion import StageFailure
 from sparkjet.core.state.keygroups import KeyGroupPartition
 
 __all__ = ["ConnectData", "ConnectDatasets"]
@@ -250,13 +255,7 @@ class ConnectDatasets:
         total = self._count(keyed) if partitions > 1 else 0
         if total <= 1:
             return []
-        fraction = min(1.0, 30.0 * partitions / total)
-        sample = self.collect(ConnectData(keyed.df.mapInArrow(SampleKeys(fraction, 17), SCHEMA),
-                                          keyed.parts))
-        try:
-            sample.sort()
-        except Exception as exc:
-            raise StageFailure(stage, exc) from None
-        step = len(sample) / partitions
-        return [sample[int(step * i)] for i in range(1, partitions) if sample]
+        sampling = SampleKeys(sample_fraction(total, partitions), 17)
+        sample = self.collect(ConnectData(keyed.df.mapInArrow(sampling, SCHEMA), keyed.parts))
+        return range_bounds(sample, partitions, stage)
 

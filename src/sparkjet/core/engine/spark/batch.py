@@ -26,9 +26,14 @@ from sparkjet.core.engine.spark.accumulators import SparkReports
 from sparkjet.core.engine.spark.output import name_output, parallelize, partition_by
 from sparkjet.core.engine.tasks import passes
 from sparkjet.core.engine.tasks.failures import spark_failure_summary
-from sparkjet.core.engine.tasks.passes import RangePartition, ReduceTask, SortTask
+from sparkjet.core.engine.tasks.passes import (
+    RangePartition,
+    ReduceTask,
+    SortTask,
+    range_bounds,
+    sample_fraction,
+)
 from sparkjet.core.engine.tasks.runs import MicroBatchRun, PartitionTask, PlanRun
-from sparkjet.core.pipeline.fusion import StageFailure
 from sparkjet.core.state.keygroups import KeyGroupPartition
 
 __all__ = ["SparkDatasets", "spark_batch", "spark_micro_batch"]
@@ -160,14 +165,9 @@ class SparkDatasets:
         total = keyed.count() if partitions > 1 else 0
         if total <= 1:
             return []
-        fraction = min(1.0, 30.0 * partitions / total)
+        fraction = sample_fraction(total, partitions)
         sample = keyed.map(_first).sample(False, fraction, 17).collect()
-        try:
-            sample.sort()
-        except Exception as exc:
-            raise StageFailure(stage, exc) from None
-        step = len(sample) / partitions
-        return [sample[int(step * i)] for i in range(1, partitions) if sample]
+        return range_bounds(sample, partitions, stage)
 
     def _reorder(self, tagged: Any, partitions: int, stage: str) -> Any:
         """Put ``((pidx, pos, j), item)`` records (``stage``'s output) back in encounter order."""

@@ -12,11 +12,12 @@ from sparkjet.core.engine.tasks.base import Task
 from sparkjet.core.engine.tasks.read import ReadTask
 from sparkjet.core.engine.tasks.reports import Reports
 from sparkjet.core.host.contracts import TaskContext
-from sparkjet.core.pipeline.fusion import FOLDING, FusedPass
+from sparkjet.core.pipeline.fusion import FOLDING, FusedPass, StageFailure
 from sparkjet.core.pipeline.keyed import KeyedFold, folded_records, reduce_batch
 
 __all__ = [
     "DRIVER_REDUCE_LIMIT", "PassTask", "RangePartition", "ReduceTask", "SinkTask", "SortTask",
+    "range_bounds", "sample_fraction",
 ]
 
 _first = itemgetter(0)
@@ -92,6 +93,24 @@ class SortTask(Task):
         self.count_items(len(ordered))
         for _, item in ordered:
             yield item
+
+
+def sample_fraction(total: int, partitions: int) -> float:
+    """The fraction of ``total`` keys to sample for ``partitions`` ranges: about 30 per range."""
+    return min(1.0, 30.0 * partitions / total)
+
+
+def range_bounds(sample: list[Any], partitions: int, stage: str) -> list[Any]:
+    """Bounds splitting keys into ``partitions`` ranges, from a ``sample`` of them.
+
+    A key that does not compare with another fails as ``stage``'s.
+    """
+    try:
+        sample.sort()
+    except Exception as exc:
+        raise StageFailure(stage, exc) from None
+    step = len(sample) / partitions
+    return [sample[int(step * i)] for i in range(1, partitions) if sample]
 
 
 class RangePartition:
