@@ -95,8 +95,8 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict over the package."""
-    session.install("-e", ".[typecheck]")
+    """mypy --strict over the package (with classic pyspark, whose types the Spark engine uses)."""
+    session.install("-e", ".[spark,typecheck]")
     session.run("mypy")
 
 

@@ -277,8 +277,7 @@ def test_a_client_with_no_jvm_submits_to_the_server(tmp_path: Path) -> None:
                             capture_output=True, text=True).stdout
     assert "pyspark-client" in listed and "\npyspark " not in listed, listed
     (tmp_path / "sparkjet.toml").write_text(
-        f'[store]\nurl = "{tmp_path / "store"}"\n[spark]\nremote = "{TEST_REMOTE}"\n'
-        '[engine]\nadaptive = false\n')
+        f'[store]\nurl = "{tmp_path / "store"}"\n[spark]\nremote = "{TEST_REMOTE}"\n')
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent("""
         import pathlib
@@ -289,7 +288,8 @@ def test_a_client_with_no_jvm_submits_to_the_server(tmp_path: Path) -> None:
         from sparkjet.pipeline import Pipeline
 
         assert not (pathlib.Path(pyspark.__file__).parent / "jars").exists()
-        client = sparkjet.connect()  # ./sparkjet.toml: the server, the store
+        # ./sparkjet.toml: the server, the store; every batch on the server.
+        client = sparkjet.connect(engine={"adaptive": False})
         p = Pipeline.create()
         (p.read_from(Pipeline.from_list("words", ["a", "b", "a"] * 20)).group_by(lambda w: w)
          .aggregate(aggregate.counting()).write_to(Pipeline.to_list("counts")))
@@ -314,7 +314,8 @@ def test_a_client_with_no_jvm_submits_to_the_server(tmp_path: Path) -> None:
     version, rest = run.stdout.strip().split(" ", 1)
     assert version.startswith("4."), run.stdout
     assert rest == "[('a', 40), ('b', 20)] COMPLETED", run.stdout
-    # The command line in the same environment: a job file submitted, then listed.
+    # The command line in the same environment: a job file submitted (small: the
+    # adaptive engine runs it in this process), then listed.
     (tmp_path / "more.py").write_text(textwrap.dedent("""
         from sparkjet.pipeline import Pipeline
         pipeline = Pipeline.create()

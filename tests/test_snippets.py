@@ -554,7 +554,7 @@ def test_walkthrough(reader_folder: Path) -> None:
 
 
 def test_the_walkthrough_says_how_to_make_the_virtualenv_it_activates() -> None:
-    """The README's setup command, with the extra the page needs, then the activation."""
+    """The README's setup command and spark extra, with the extra the page needs, then activation."""
     [readme] = [words for words in documented_commands(ROOT / "README.md")
                 if words[:4] == ["python3", "-m", "venv", ".venv"] and "-e" in words]
     setup = readme[:readme.index("-e") + 1]  # python3 -m venv .venv && .venv/bin/pip install -e
@@ -562,4 +562,4 @@ def test_the_walkthrough_says_how_to_make_the_virtualenv_it_activates() -> None:
     assert [".", ".venv/bin/activate"] in page, "walkthrough.md: no `. .venv/bin/activate`"
     made = [words for words in page if words[:len(setup)] == setup]
     assert made, f"walkthrough.md: no bash line starting {' '.join(setup)!r} (the README's)"
-    assert made[0][len(setup)] == ".[files]", made[0]
+    assert made[0][len(setup)] == ".[spark,files]", made[0]  # the README's extra, and files
