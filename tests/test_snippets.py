@@ -554,7 +554,7 @@ def test_walkthrough(reader_folder: Path) -> None:
 
 
 def test_the_walkthrough_says_how_to_make_the_virtualenv_it_activates() -> None:
-    """The README's setup command and spark extra, with the extra the page needs, then activation."""
+    """The README's setup command and extra, with the extra the page needs, then activation."""
     [readme] = [words for words in documented_commands(ROOT / "README.md")
                 if words[:4] == ["python3", "-m", "venv", ".venv"] and "-e" in words]
     setup = readme[:readme.index("-e") + 1]  # python3 -m venv .venv && .venv/bin/pip install -e
