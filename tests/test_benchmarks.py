@@ -83,13 +83,34 @@ RUNS = {
          "--cached-sizes", "100,2000", "--trivial-runs", "3"],
         ["sparkjet", "native", "vs smallest", "targets:", "while held", "target: trivial"],
     ),
+    # Both sides at toy sizes: a classic session, then a Connect server the script
+    # starts (tests/connect_server.py) and a Connect session in a process of its own.
+    "connect": (
+        ["--quick", "-n", "5000", "--stream-n", "5000", "--keys", "50", "--chunks", "2",
+         "--probes", "5", "--repeat", "1"],
+        ["=== classic", "=== connect", "W3 rolling count", "latency p50, adaptive on",
+         "connect/classic", "targets:"],
+    ),
 }
+
+
+def _connect_client_missing() -> str | None:
+    """Why this environment cannot make a Spark Connect session (None: it can)."""
+    try:
+        from pyspark.sql.connect.utils import check_dependencies
+
+        check_dependencies()
+    except ImportError as exc:
+        return f"the Spark Connect client cannot load here: {exc}"
+    return None
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script", sorted(RUNS))
 def test_benchmark_runs_to_its_table(script: str, tmp_path: Path) -> None:
     """The script exits 0 and prints its ratio table with every contender."""
+    if script == "connect" and (missing := _connect_client_missing()):
+        pytest.skip(missing)
     arguments, expected = RUNS[script]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "TMPDIR": str(tmp_path)}
     done = subprocess.run(
