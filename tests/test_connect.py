@@ -367,3 +367,21 @@ def test_no_pyspark_or_only_the_connect_client_is_named_at_the_first_job(
     with pytest.raises(ConfigError, match="Spark Connect client only"):
         other.get_jet().submit(_doubler())
     assert other.get_jet().get_jobs() == []
+
+
+@pytest.mark.connect
+def test_a_list_source_larger_than_its_inline_descriptors_keeps_its_order(
+    store_url: str,
+) -> None:
+    """Descriptors that carry data go as a table, each partition's to its own task, in order."""
+    from sparkjet.core.engine.connect.datasets import INLINE_DESCRIPTOR_BYTES
+
+    words = [f"word-{n:06d}-" + "x" * 40 for n in range(6_000)]
+    assert len(pickle.dumps(words)) > INLINE_DESCRIPTOR_BYTES
+    client = sparkjet.connect(store={"url": store_url}, spark={"remote": TEST_REMOTE},
+                              engine={"adaptive": False})
+    p = Pipeline.create()
+    (p.read_from(Pipeline.from_list("words", words)).map(str.upper).filter(lambda w: "7" in w)
+     .write_to(Pipeline.to_list("out")))
+    client.get_jet().submit(p).join(timeout=300)
+    assert client.get_list("out").get_all() == [w.upper() for w in words if "7" in w]

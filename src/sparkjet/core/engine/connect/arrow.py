@@ -1,6 +1,7 @@
 """The functions Spark Connect runs on its Python workers: tasks over Arrow batches of pickles.
 
-A dataset on Spark Connect is a DataFrame of rows ``(part, n, item)``:
+A dataset on Spark Connect is a DataFrame of rows ``(part int, n int, item
+binary)`` (on its way through a shuffle, with a ``route int`` column too):
 
 - ``part >= 0``: ``item`` is a pickled list of ``n`` items of partition
   ``part`` (a chunk), or None (a marker: the partition exists, with no items
@@ -36,8 +37,6 @@ from sparkjet.core.state.keygroups import stable_hash
 
 __all__ = [
     "REPORT",
-    "ROUTED_SCHEMA",
-    "SCHEMA",
     "ArrowTask",
     "Descriptors",
     "HashPartition",
@@ -50,10 +49,6 @@ __all__ = [
     "route_values",
 ]
 
-#: The rows of a dataset.
-SCHEMA = "part int, n int, item binary"
-#: The rows of a dataset on its way through a shuffle.
-ROUTED_SCHEMA = "part int, n int, item binary, route int"
 #: The ``part`` of a report row.
 REPORT = -1
 #: Items pickled together in one row.
@@ -70,7 +65,7 @@ def _dumps(value: Any) -> bytes:
 
 
 class _Batches:
-    """Rows gathered into Arrow record batches of :data:`SCHEMA` (plus ``route``)."""
+    """Rows gathered into Arrow record batches of a dataset's columns (plus ``route``)."""
 
     def __init__(self, routed: bool = False) -> None:
         self.routed = routed

@@ -10,7 +10,10 @@ accumulator):
 - a dataset is a DataFrame of pickled chunks by partition
   (:mod:`.arrow`), with how many partitions it has;
 - a source's descriptors become ``range(n)`` over ``n`` Spark partitions,
-  partition ``i`` emitting descriptor ``i`` (no shuffle);
+  partition ``i`` emitting descriptor ``i`` (no shuffle), when they are small
+  (offset ranges); descriptors that carry data (a list source's items) go as
+  a table of one row each, so a task gets its own partition's data, not
+  every partition's;
 - a task is a ``mapInArrow`` (:class:`~.arrow.ArrowTask`);
 - a shuffle (to the state tasks, a batch reduce, a range sort) tags each
   record with its partition in a ``mapInArrow`` and repartitions by a route
@@ -34,8 +37,6 @@ from typing import Any
 
 from sparkjet.core.engine.connect.arrow import (
     REPORT,
-    ROUTED_SCHEMA,
-    SCHEMA,
     ArrowTask,
     Descriptors,
     HashPartition,
@@ -63,6 +64,24 @@ from sparkjet.core.state.keygroups import KeyGroupPartition
 __all__ = ["ConnectData", "ConnectDatasets"]
 
 _first = itemgetter(0)
+
+#: Up to this many pickled bytes, a source's descriptors travel inside the
+#: function that emits them (no shuffle); above, as a table of rows.
+INLINE_DESCRIPTOR_BYTES = 64 << 10
+
+
+@functools.cache
+def _schemas() -> tuple[Any, Any]:
+    """The rows of a dataset, and of one on its way through a shuffle, as Spark types.
+
+    Types, not DDL strings: the server would parse a string on every
+    ``mapInArrow``, a round trip each.
+    """
+    from pyspark.sql.types import BinaryType, IntegerType, StructField, StructType
+
+    rows = StructType([StructField("part", IntegerType()), StructField("n", IntegerType()),
+                       StructField("item", BinaryType())])
+    return rows, StructType([*rows.fields, StructField("route", IntegerType())])
 
 
 def _dumps(value: Any) -> bytes:
@@ -105,14 +124,23 @@ class ConnectDatasets:
     def source(self, descriptors: list[Any], stage: str) -> ConnectData:
         blobs = [self._dump([d], stage) for d in descriptors]
         n = max(1, len(blobs))
-        df = self.spark.range(0, n, 1, n).mapInArrow(Descriptors(blobs), SCHEMA)
-        return ConnectData(df, n)
+        if sum(len(b) for b in blobs) <= INLINE_DESCRIPTOR_BYTES:
+            df = self.spark.range(0, n, 1, n).mapInArrow(Descriptors(blobs), _schemas()[0])
+            return ConnectData(df, n)
+        # One row per partition, so each partition's rows are together whichever
+        # Spark partition the table's scan puts it in: no shuffle.
+        import pyarrow as pa  # type: ignore[import-untyped]
+
+        table = pa.table({"part": pa.array(range(n), pa.int32()),
+                          "n": pa.array([1] * n, pa.int32()),
+                          "item": pa.array(blobs, pa.binary())})
+        return ConnectData(self.spark.createDataFrame(table, _schemas()[0]), n)
 
     def map_partitions(
         self, data: ConnectData, task: PartitionTask, emitter: str | None, via: str = ""
     ) -> ConnectData:
         run = ArrowTask(task, next(self._calls), emitter, via, self._reports)
-        return ConnectData(data.df.mapInArrow(run, SCHEMA), data.parts)
+        return ConnectData(data.df.mapInArrow(run, _schemas()[0]), data.parts)
 
     def union(self, parts: list[ConnectData]) -> ConnectData:
         from pyspark.sql import functions as F
@@ -213,13 +241,11 @@ class ConnectDatasets:
                *, markers: bool) -> ConnectData:
         """``data``'s records, each in partition ``to(key)`` of ``n`` (see :mod:`.arrow`)."""
         routes = route_values(n)
-        tagged = data.df.mapInArrow(RouteTask(to, n, routes, emitter, markers), ROUTED_SCHEMA)
+        tagged = data.df.mapInArrow(RouteTask(to, n, routes, emitter, markers), _schemas()[1])
         return ConnectData(tagged.repartition(n, "route").sortWithinPartitions("part"), n)
 
     def _parallelize(self, items: list[Any], slices: int, stage: str) -> ConnectData:
         """``items`` (on the driver) as a dataset of ``slices`` partitions, in order."""
-        import pyarrow as pa  # type: ignore[import-untyped]
-
         slices = max(1, slices)
         step = -(-len(items) // slices) if items else 0
         parts: list[int] = []
@@ -235,16 +261,23 @@ class ConnectDatasets:
             parts.append(s)  # a marker: the partition exists
             ns.append(0)
             blobs.append(None)
-        routes = route_values(slices)
+        return self._placed(parts, ns, blobs, slices)
+
+    def _placed(self, parts: list[int], ns: list[int], blobs: list[bytes | None],
+                n: int) -> ConnectData:
+        """Rows from the driver as a dataset of ``n`` partitions, each row in its own, in order."""
+        import pyarrow as pa
+
+        routes = route_values(n)
         table = pa.table({
             "part": pa.array(parts, pa.int32()), "n": pa.array(ns, pa.int32()),
             "item": pa.array(blobs, pa.binary()),
             "route": pa.array([routes[p] for p in parts], pa.int32()),
             "pos": pa.array(range(len(parts)), pa.int64()),
         })
-        df = (self.spark.createDataFrame(table).repartition(slices, "route")
+        df = (self.spark.createDataFrame(table).repartition(n, "route")
               .sortWithinPartitions("part", "pos").select("part", "n", "item"))
-        return ConnectData(df, slices)
+        return ConnectData(df, n)
 
     def _range_bounds(self, keyed: ConnectData, partitions: int, stage: str) -> list[Any]:
         """Bounds splitting ``(key, item)`` records into ``partitions`` ranges of keys.
@@ -256,6 +289,7 @@ class ConnectDatasets:
         if total <= 1:
             return []
         sampling = SampleKeys(sample_fraction(total, partitions), 17)
-        sample = self.collect(ConnectData(keyed.df.mapInArrow(sampling, SCHEMA), keyed.parts))
+        sample = self.collect(ConnectData(keyed.df.mapInArrow(sampling, _schemas()[0]),
+                                          keyed.parts))
         return range_bounds(sample, partitions, stage)
 
