@@ -208,8 +208,7 @@ class ConnectDatasets:
         return out
 
     def release(self) -> None:
-        for df in self._persisted:
-            df.unpersist()
+        # A checkpointed DataFrame's cache leaves the server once it is not referenced.
         self._persisted = []
 
     def failure(self, exc: BaseException) -> str:
@@ -227,7 +226,9 @@ class ConnectDatasets:
             raise failure from None
 
     def _persist(self, data: ConnectData) -> ConnectData:
-        df = data.df.persist()
+        # A local checkpoint, computed now: later plans name it by id instead of
+        # carrying the whole plan again (and a source's table in it).
+        df = data.df.localCheckpoint(eager=True)
         self._persisted.append(df)
         return ConnectData(df, data.parts)
 
