@@ -77,6 +77,7 @@ def connect(session: nox.Session) -> None:
         "-m", "not storage and (not slow or connect)",
         *ENGINE_TESTS, "tests/test_source_conformance.py", "tests/test_sink_conformance.py",
         "tests/test_connect.py",
+        "tests/test_benchmarks.py::test_benchmark_runs_to_its_table[connect]",
     ]
     session.run("python", "tests/connect_server.py", "pytest", "-n", "2", "--dist", "worksteal",
                 "--durations=10", *selection)

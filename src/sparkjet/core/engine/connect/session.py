@@ -177,9 +177,11 @@ def _connect(config: Config, host: PluginHost, url: str) -> Any:
     try:
         import pyspark
         from pyspark.sql import SparkSession
-        from pyspark.sql.connect.utils import check_dependencies
 
-        check_dependencies()
+        # What pyspark.sql.connect needs (its own check exits the process where
+        # __main__ has no spec, as in a pytest-xdist worker).
+        for module in ("pandas", "pyarrow", "grpc", "grpc_status", "google.protobuf"):
+            __import__(module)
     except ImportError as exc:
         raise ConfigError(
             f"{where}: the Spark Connect client cannot load here ({exc}); "
