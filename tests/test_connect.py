@@ -218,7 +218,13 @@ def _batch(client: sparkjet.Client) -> list[Any]:
 def test_workers_with_another_sparkjet_get_this_one_shipped(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A server whose workers import an older sparkjet: this one is shipped, results are right."""
+    """A server whose workers import an older sparkjet: this one is shipped, results are right.
+
+    The process holds a session to the run's server first, so the job's is a
+    second one: a DataFrame the engine keeps must stay its own session's (a
+    local checkpoint did not: PySpark binds it to the default session).
+    """
+    assert sparkjet.connect(spark={"remote": TEST_REMOTE}).spark.version.startswith("4.")
     old = tmp_path / "old"
     (old / "sparkjet").mkdir(parents=True)
     (old / "sparkjet" / "__init__.py").write_text('__version__ = "0.0.1"\n')

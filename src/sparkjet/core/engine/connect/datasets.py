@@ -208,7 +208,8 @@ class ConnectDatasets:
         return out
 
     def release(self) -> None:
-        # A checkpointed DataFrame's cache leaves the server once it is not referenced.
+        for df in self._persisted:
+            df.unpersist()
         self._persisted = []
 
     def failure(self, exc: BaseException) -> str:
@@ -226,9 +227,11 @@ class ConnectDatasets:
             raise failure from None
 
     def _persist(self, data: ConnectData) -> ConnectData:
-        # A local checkpoint, computed now: later plans name it by id instead of
-        # carrying the whole plan again (and a source's table in it).
-        df = data.df.localCheckpoint(eager=True)
+        # A persist, not a local checkpoint (which would save sending the plan
+        # again): PySpark binds a checkpointed DataFrame to the process's active
+        # session, not to the one that made it, so in a process with two
+        # sessions its next query goes to the wrong one (DATAFRAME_NOT_FOUND).
+        df = data.df.persist()
         self._persisted.append(df)
         return ConnectData(df, data.parts)
 
