@@ -391,3 +391,16 @@ def test_a_list_source_larger_than_its_inline_descriptors_keeps_its_order(
      .write_to(Pipeline.to_list("out")))
     client.get_jet().submit(p).join(timeout=300)
     assert client.get_list("out").get_all() == [w.upper() for w in words if "7" in w]
+
+
+def test_a_token_in_the_url_from_the_environment_is_masked_in_the_error(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = connect_server.free_port()  # nothing listens there
+    monkeypatch.setenv("SPARK_TOKEN", "s3cr3t-t0ken")
+    client = sparkjet.connect(store={"url": store_url}, spark={
+        "remote": f"sc://127.0.0.1:{port}/;token=${{env:SPARK_TOKEN}}"})
+    with pytest.raises(ConfigError) as info:
+        client.get_jet().submit(_doubler())
+    assert "s3cr3t-t0ken" not in str(info.value)
+    assert f"127.0.0.1:{port}" in str(info.value)

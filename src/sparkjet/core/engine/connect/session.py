@@ -105,7 +105,9 @@ def _probe_function() -> Any:
 
 
 def _where(config: Config) -> str:
-    return f"{config.source or 'configuration'}: [spark] remote = {config.spark_remote!r}"
+    # A token in the URL from ${env:NAME} is a configured secret: masked.
+    return config.redact(
+        f"{config.source or 'configuration'}: [spark] remote = {config.spark_remote!r}")
 
 
 def server_address(url: str) -> tuple[str, int] | None:
