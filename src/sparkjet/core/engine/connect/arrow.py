@@ -28,7 +28,7 @@ import functools
 import pickle
 import random
 from collections.abc import Callable, Iterable, Iterator
-from itertools import chain, groupby
+from itertools import groupby
 from operator import itemgetter
 from typing import Any
 
@@ -334,7 +334,3 @@ def route_values(n: int) -> list[int]:
         candidate += 1
     return [found[p] for p in range(n)]
 
-
-def chain_items(blobs: Iterable[bytes | None]) -> Iterator[Any]:
-    """The items of pickled chunks, in order (None: a marker, no items)."""
-    return chain.from_iterable(pickle.loads(b) for b in blobs if b is not None)
