@@ -16,6 +16,7 @@ import hashlib
 import importlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -119,6 +120,24 @@ class TestThirdPartyBackend(SnapshotBackendConformance):
         self, example: ModuleType, tmp_path: Path
     ) -> Callable[[], SnapshotBackend]:
         return lambda: example.DirectorySnapshotBackend(str(tmp_path / "example-snapshots"))
+
+    def test_a_manifest_retired_the_moment_it_is_linked_was_still_created(
+        self, example: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A newer export may remove the attempt (temp file and all) right after the link.
+
+        Found by the racing-exports test in CI: the backend's own clean-up of
+        its temporary file raised FileNotFoundError into a published export.
+        """
+        backend = example.DirectorySnapshotBackend(str(tmp_path / "example-snapshots"))
+        link = os.link
+
+        def link_then_retired(source: str, target: str) -> None:
+            link(source, target)
+            shutil.rmtree(os.path.dirname(target))  # as a newer export's retire does
+
+        monkeypatch.setattr(os, "link", link_then_retired)
+        assert backend.create_exclusive("snapshot-v1/attempt/manifest.json", b"{}") is True
 
 
 # --- the format ---------------------------------------------------------------------------------

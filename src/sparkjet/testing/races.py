@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import traceback
 from collections.abc import Callable
 
 
@@ -22,4 +23,8 @@ def race(work: Callable[[int], None], writers: int) -> None:
     for thread in threads:
         thread.join(120)
     assert not any(t.is_alive() for t in threads), "a writer did not finish within 120 s"
-    assert errors == [], f"writers failed: {errors!r}"
+    if errors:
+        told = "".join(
+            "".join(traceback.format_exception(error)) for error in errors
+        )
+        raise AssertionError(f"{len(errors)} writer(s) of {writers} failed:\n{told}")

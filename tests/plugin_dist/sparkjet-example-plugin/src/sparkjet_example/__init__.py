@@ -233,7 +233,9 @@ class DirectorySnapshotBackend(SnapshotBackend):
         except FileExistsError:
             return self.read_bytes(path) == data
         finally:
-            os.unlink(temp)
+            # Once linked, a newer export may retire this attempt's whole folder
+            # (temporary file included) before this line runs.
+            _remove(temp)
 
     def write_bytes(self, path: str, data: bytes) -> None:
         """Write a temporary file, then rename it over ``path``."""
