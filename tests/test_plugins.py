@@ -19,7 +19,6 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType

@@ -4,7 +4,8 @@ A plugin's mistakes are cheapest found where it registers, not at submit or
 fourteen seconds into a job: a hook name that is not a sparkjet hook
 (:func:`unknown_hooks`), and a registered class whose methods are not its
 contract's (:func:`contract_problems`): a public name one typo away from a
-contract name it does not define, an abstract method left out, a streaming
+contract name it does not define (methods compared with methods, other
+attributes with attributes), an abstract method left out, a streaming
 source without its offset methods, or one that implements them but forgot
 ``streaming = True``. Near-misses are found with :mod:`difflib` over the
 contract's names, and only for a contract name the class does not define
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import difflib
 import dis
+import inspect
 from collections.abc import Iterable
 from typing import Any
 
@@ -62,12 +64,19 @@ def unknown_hooks(hook_names: Iterable[str]) -> str | None:
 
 
 def _is_contract(klass: type) -> bool:
-    return klass.__module__.startswith(_CONTRACTS_PACKAGE) or klass.__module__ in (
-        "builtins", "abc", "typing")
+    return klass.__module__.startswith(_CONTRACTS_PACKAGE)
 
 
-def _public_names(classes: Iterable[type]) -> set[str]:
-    return {name for klass in classes for name in vars(klass) if not name.startswith("_")}
+def _public_names(classes: Iterable[type], *, methods: bool) -> set[str]:
+    """The public names ``classes`` define: their methods, or (``methods=False``) the rest."""
+    return {
+        name for klass in classes for name, value in vars(klass).items()
+        if not name.startswith("_") and _is_method(value) is methods
+    }
+
+
+def _is_method(value: Any) -> bool:
+    return inspect.isfunction(value) or isinstance(value, staticmethod | classmethod)
 
 
 def only_raises_not_implemented(fn: Any) -> bool:
@@ -96,16 +105,17 @@ def contract_problems(cls: type, base: type, *, streaming: bool) -> list[str]:
     instance's at submit). Empty when nothing is wrong.
     """
     own = [k for k in cls.__mro__ if issubclass(k, base) and not _is_contract(k)]
-    contracts = [k for k in cls.__mro__ if _is_contract(k) and k is not object]
-    contract_names = _public_names(contracts)
-    defined = _public_names(own)
+    contracts = [k for k in cls.__mro__ if _is_contract(k)]
     problems: list[str] = []
     meant: set[str] = set()
-    for name in sorted(defined - contract_names):
-        guess = did_you_mean(name, contract_names - defined)
-        if guess is not None:
-            meant.add(guess)
-            problems.append(f"defines {name!r}; did you mean {guess!r}?")
+    for methods in (True, False):  # a method is no typo of an attribute, nor the reverse
+        contract_names = _public_names(contracts, methods=methods)
+        defined = _public_names(own, methods=True) | _public_names(own, methods=False)
+        for name in sorted(_public_names(own, methods=methods) - contract_names):
+            guess = did_you_mean(name, contract_names - defined)
+            if guess is not None:
+                meant.add(guess)
+                problems.append(f"defines {name!r}; did you mean {guess!r}?")
     abstract = sorted(getattr(cls, "__abstractmethods__", ()))
     if issubclass(base, Source):
         overridden = [m for m in STREAMING_METHODS if _overrides(cls, m, Source)]

@@ -175,8 +175,10 @@ _WARNED: set[tuple[str, str, str]] = set()
 
 
 def _who(name: str, origin: str) -> str:
-    """``plugin "name"``, with ``from <origin>`` for a plugin that did not come from code at hand."""
-    return f'plugin "{name}"' if origin == "registered at runtime" else f'plugin "{name}" from {origin}'
+    """``plugin "name"``, and ``from <origin>`` unless the caller registered it at runtime."""
+    if origin == "registered at runtime":
+        return f'plugin "{name}"'
+    return f'plugin "{name}" from {origin}'
 
 
 def _normalized(distribution: str) -> str:
@@ -538,7 +540,7 @@ class PluginHost:
         return entry
 
     def _why_unregistered(self, cls: type[Any]) -> tuple[str, BaseException | None]:
-        """Why no plugin in use registers ``cls``, as words after "uses <class>, ", and the cause."""
+        """Why no plugin in use registers ``cls`` (words after "uses <class>, "), and the cause."""
         candidates = [i for i in self.plugins.values() if not i.in_use]
         for info in [*candidates, *self._blocked_found.values()]:
             if not info.owns(cls):
