@@ -14,7 +14,7 @@ import, implements a hook sparkjet does not define, raises in a registration
 hook or registers a class that breaks its contract (:mod:`.checks`) is
 *broken*. Either is listed (:class:`PluginInfo`) and logged once, every other
 plugin loads, and a pipeline using one of its classes is refused at submit
-naming it (:meth:`PluginHost.why_unregistered`). What stays an error at
+naming it (:meth:`PluginHost.participant`). What stays an error at
 ``connect()`` is what no skipping can settle: two plugins claiming one name
 or one kind (which one a kind selects would depend on the order entry points
 are found in), and no built-ins at all. A plugin registered at runtime
@@ -376,7 +376,8 @@ class PluginHost:
         except pluggy.PluginValidationError as exc:
             if self.pm.get_plugin(name) is not None:  # pluggy leaves a half-registered plugin
                 self.pm.unregister(name=name)
-            raise PluginError(f"{who} is invalid: {exc}") from exc
+            said = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+            raise PluginError(f"{who} is invalid: {said}") from exc
         own = [
             caller.name for caller in self.pm.get_hookcallers(plugin) or ()
             if not caller.has_spec()
