@@ -141,11 +141,13 @@ class PluginInfo:
 
         A third-party plugin's package is its module's top-level package (the
         entry point ``mypkg.hooks`` owns ``mypkg.sources.MySource``); a
-        built-in's is its own module and below, as they all live in sparkjet.
+        plugin inside sparkjet's own package (the built-ins) owns its own
+        module and those below it.
         """
         if not self.module:
             return False
-        package = self.module if self.origin == "built-in" else self.module.split(".")[0]
+        inside_sparkjet = self.module.split(".")[0] == "sparkjet"
+        package = self.module if inside_sparkjet else self.module.split(".")[0]
         return cls.__module__ == package or cls.__module__.startswith(package + ".")
 
     def block_hint(self) -> str:
@@ -392,9 +394,10 @@ class PluginHost:
     def register(self, plugin: object, name: str) -> None:
         """Register a plugin object at runtime (scripts, tests, notebooks).
 
-        Unlike an entry point, a plugin registered here that cannot be used
+        Unlike an entry point, a plugin registered here that would be broken
         raises :class:`PluginError` at once (its caller is right there), and
-        leaves nothing registered.
+        leaves nothing registered; one whose ``sparkjet_requires`` are not
+        installed is listed unavailable, as an entry point is.
         """
         if name in self.plugins:
             raise PluginError(f'a plugin named "{name}" is already registered')
@@ -561,7 +564,7 @@ class PluginHost:
         )
 
     def _not_in_use_hint(self) -> str:
-        """`` Plugins not in use, one of which may be the one: ...``, or "" when all are in use."""
+        """``; plugins not in use, which may be the one: ...``, or "" when all are in use."""
         lines = [f'plugin "{i.name}" ({i.origin}) is {i.status()}'
                  for i in self.plugins.values() if not i.in_use]
         if not lines:
