@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
+import sys
+import textwrap
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -57,6 +60,53 @@ def _isolated_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     workdir = tmp_path / "cwd"
     workdir.mkdir()
     monkeypatch.chdir(workdir)
+
+
+@pytest.fixture
+def installed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> Iterator[Callable[..., Path]]:
+    """Make "installed" distributions: a ``*.dist-info`` folder (and modules) on sys.path.
+
+    ``installed(dist, {"ep-name": "module"}, modules={"module": "source"})``;
+    a dotted module name (``"pkg.hooks"``) is written into its package's
+    folder, and a package's ``__init__.py`` is made empty unless ``modules``
+    has the package's own source. ``importlib.metadata`` sees exactly what it
+    sees of a distribution pip installed, so these are real entry points.
+    """
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    created: list[str] = []
+
+    def make(
+        dist: str,
+        entry_points: dict[str, str],
+        modules: dict[str, str] | None = None,
+        version: str = "1.0",
+    ) -> Path:
+        info = site / f"{dist.replace('-', '_')}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n", encoding="utf-8"
+        )
+        lines = "".join(f"{name} = {value}\n" for name, value in entry_points.items())
+        (info / "entry_points.txt").write_text(f"[sparkjet]\n{lines}", encoding="utf-8")
+        sources = dict(modules or {})
+        packages = {m.rsplit(".", i)[0] for m in sources for i in range(1, m.count(".") + 1)}
+        for module in sorted(packages | set(sources)):
+            parts = module.split(".")
+            path = (site.joinpath(*parts, "__init__.py") if module in packages
+                    else site.joinpath(*parts[:-1], f"{parts[-1]}.py"))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(textwrap.dedent(sources.get(module, "")), encoding="utf-8")
+            created.append(module)
+        importlib.invalidate_caches()
+        return info
+
+    yield make
+    for module in created:
+        sys.modules.pop(module, None)
 
 
 #: The partitions the in-process engine spreads a run over: the test session's.

@@ -11,7 +11,7 @@ import contextlib
 import json
 import re
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkjet import Client
 from sparkjet.cli.errors import EXIT_FAILED, EXIT_OK, CliError
@@ -19,6 +19,9 @@ from sparkjet.cli.follow import await_end, await_status, follow
 from sparkjet.cli.loading import load_pipeline
 from sparkjet.cli.output import format_time, out, resume_command, state_line, table
 from sparkjet.job import Job, JobConfig, JobStatus
+
+if TYPE_CHECKING:
+    from sparkjet.plugin import PluginInfo
 
 
 def submit(args: argparse.Namespace, client: Client) -> int:
@@ -320,9 +323,14 @@ def gc(args: argparse.Namespace, client: Client) -> int:
 
 
 def plugins(args: argparse.Namespace, client: Client) -> int:
-    """``plugins``: every loaded plugin, what it registers and the guarantees supported."""
+    """``plugins``: every plugin, what it registers and the guarantees supported.
+
+    A plugin that is not in use is listed with why: unavailable (an optional
+    dependency is not installed) or broken (its error, and how to block it).
+    Neither fails the command: it lists what it found.
+    """
     rows: list[tuple[str, str, str, str]] = []
-    owners: list[tuple[str, str, int, str | None]] = []  # name, origin, rows, why unavailable
+    owners: list[tuple[PluginInfo, int]] = []  # each plugin, with how many rows it has
     for info in client.list_plugins():
         for entry in info.registered:
             guarantees = sorted(getattr(entry.cls, "guarantees", ()), key=lambda g: g.rank)
@@ -332,17 +340,20 @@ def plugins(args: argparse.Namespace, client: Client) -> int:
                 f"{entry.cls.__module__}.{entry.cls.__qualname__}",
                 ", ".join(g.value for g in guarantees) or "-",
             ))
-        owners.append((info.name, info.origin, len(info.registered), info.unavailable))
+        owners.append((info, len(info.registered)))
     lines = table(("CATEGORY", "KIND", "CLASS", "GUARANTEES"), rows)
     header, body = lines[0], iter(lines[1:])
     if owners:
         out(f"  {header}")
     else:
         out("No plugins loaded.")
-    for name, origin, count, unavailable in owners:
-        out(f"{name} ({origin})")
-        if unavailable is not None:
-            out(f"  unavailable: {unavailable}")
+    for info, count in owners:
+        out(f"{info.name} ({info.origin})")
+        if info.broken is not None:
+            out(f"  broken: {info.broken}")
+            out(f"  skipped; {info.block_hint()}")
+        elif info.unavailable is not None:
+            out(f"  unavailable: {info.unavailable}")
         elif count == 0:
             out("  (registers no classes: lifecycle hooks only)")
         for _ in range(count):

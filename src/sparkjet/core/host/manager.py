@@ -8,6 +8,18 @@ skips third-party entry points (built-ins still load);
 name, built-ins included; ``SPARKJET_TRACE_HOOKS=1`` logs every hook call to
 the ``sparkjet.hooks`` logger at DEBUG level.
 
+An entry point that cannot be used is skipped, not fatal: one whose
+``sparkjet_requires`` are not installed is *unavailable*; one that fails to
+import, implements a hook sparkjet does not define, raises in a registration
+hook or registers a class that breaks its contract (:mod:`.checks`) is
+*broken*. Either is listed (:class:`PluginInfo`) and logged once, every other
+plugin loads, and a pipeline using one of its classes is refused at submit
+naming it (:meth:`PluginHost.participant`). What stays an error at
+``connect()`` is what no skipping can settle: two plugins claiming one name
+or one kind (which one a kind selects would depend on the order entry points
+are found in), and no built-ins at all. A plugin registered at runtime
+(:meth:`PluginHost.register`) raises at once: its caller is right there.
+
 The core calls hooks through :class:`PluginHost`'s typed methods, one per
 hook (as tox 4's plugin manager does), never by a hook's name.
 """
@@ -27,8 +39,8 @@ from typing import Any
 
 import pluggy
 
-from sparkjet.core.errors import PluginError
-from sparkjet.core.host import hookspecs
+from sparkjet.core.errors import PipelineDefinitionError, PluginError
+from sparkjet.core.host import checks, hookspecs
 from sparkjet.core.host.contracts import Sink, SnapshotBackend, Source, StatefulTransform
 from sparkjet.core.host.hookspecs import JobView, ManifestView
 from sparkjet.core.model import JobStatus, ProcessingGuarantee
@@ -72,6 +84,7 @@ _REGISTRATIONS = (
         hookspecs.register_snapshot_backends, SnapshotBackend, Category.SNAPSHOT_BACKEND
     ),
 )
+_BASES = {registration.category: registration.base for registration in _REGISTRATIONS}
 
 
 @dataclass(frozen=True)
@@ -105,6 +118,69 @@ class PluginInfo:
     #: names is not installed (the message says which and how to install it).
     #: An unavailable plugin registers nothing and none of its hooks run.
     unavailable: str | None = None
+    #: Why it is broken, or None: the error that made sparkjet skip this entry
+    #: point (it failed to import, implements a hook sparkjet does not define,
+    #: raised in a registration hook, or registered a class that breaks its
+    #: contract), naming the plugin and its distribution. A broken plugin
+    #: registers nothing and none of its hooks run; a pipeline using one of
+    #: its classes is refused at submit with this error.
+    broken: str | None = None
+    #: The exception behind :attr:`broken` (its cause chained), or None.
+    error: BaseException | None = field(default=None, repr=False, compare=False)
+    #: The module the plugin is (an entry point's module), or None: how a
+    #: class is told to be this plugin's when the plugin registered nothing.
+    module: str | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def in_use(self) -> bool:
+        """True unless the plugin is unavailable or broken."""
+        return self.unavailable is None and self.broken is None
+
+    def owns(self, cls: type[Any]) -> bool:
+        """Whether ``cls`` is likely this plugin's: defined in its package.
+
+        A third-party plugin's package is its module's top-level package (the
+        entry point ``mypkg.hooks`` owns ``mypkg.sources.MySource``); a
+        plugin inside sparkjet's own package (the built-ins) owns its own
+        module and those below it.
+        """
+        if not self.module:
+            return False
+        inside_sparkjet = self.module.split(".")[0] == "sparkjet"
+        package = self.module if inside_sparkjet else self.module.split(".")[0]
+        return cls.__module__ == package or cls.__module__.startswith(package + ".")
+
+    def block_hint(self) -> str:
+        """How to skip this plugin without its error or warning: the switches that block it."""
+        return block_hint(self.name)
+
+    def status(self) -> str:
+        """``unavailable: <why>``, ``broken: <error>``, or ``in use``."""
+        if self.broken is not None:
+            return f"broken: {self.broken}"
+        if self.unavailable is not None:
+            return f"unavailable: {self.unavailable}"
+        return "in use"
+
+
+class _Conflict(PluginError):
+    """Two plugins claim one name or one kind: an error at ``connect()``, never a skip."""
+
+
+def block_hint(name: str) -> str:
+    """How to skip plugin ``name`` without its message: the two switches that block it."""
+    return f'block it with SPARKJET_BLOCK_PLUGINS={name} or [plugins] disable = ["{name}"]'
+
+
+#: The broken plugins already warned about in this process: a warning once, not per client.
+_WARNED: set[tuple[str, str, str]] = set()
+
+
+def _who(name: str, origin: str) -> str:
+    """``plugin "name"``, and ``from <origin>`` unless the caller registered it at runtime."""
+    if origin == "registered at runtime":
+        return f'plugin "{name}"'
+    return f'plugin "{name}" from {origin}'
 
 
 def _normalized(distribution: str) -> str:
@@ -204,24 +280,26 @@ class PluginHost:
         env_block = [n.strip() for n in os.environ.get(ENV_BLOCK, "").split(",") if n.strip()]
         self.blocked: set[str] = set(disable) | set(env_block)
         self.plugins: dict[str, PluginInfo] = {}
+        #: The entry points found but blocked, to name them when a pipeline uses their classes.
+        self._blocked_found: dict[str, PluginInfo] = {}
         self._by_kind: dict[tuple[Category, str], Registered] = {}
         self._by_class: dict[type[Any], Registered] = {}
         if autoload is None:
             autoload = not _is_truthy(os.environ.get(ENV_DISABLE_AUTOLOAD))
         self._load_entry_points(third_party=autoload)
-        try:
-            self.pm.check_pending()
-        except pluggy.PluginValidationError as exc:
-            # pluggy's error carries the plugin object, not its name.
-            name = self.pm.get_name(exc.plugin) or repr(exc.plugin)
-            info = self.plugins.get(name)
-            origin = f" from {info.origin}" if info is not None else ""
-            raise PluginError(
-                f'plugin "{name}"{origin} implements a hook sparkjet does not define: {exc}'
-            ) from exc
         for name, info in list(self.plugins.items()):
-            if info.unavailable is None:
+            if not info.in_use:
+                continue
+            try:
                 self._collect(name)
+            except _Conflict as exc:
+                raise PluginError(
+                    f"{exc}: one kind selects one class, so sparkjet cannot tell which is "
+                    f"meant; uninstall one of them, or {block_hint(name)}"
+                ) from exc
+            except PluginError as exc:
+                self._forget(name, keep_info=True)
+                self._set_broken(info, exc)
 
     # --- loading ---------------------------------------------------------
 
@@ -242,71 +320,122 @@ class PluginHost:
                 "(pip install sparkjet, or pip install -e . in a source checkout)"
             )
         for ep in builtins:
-            self._load(ep.name, ep.load, "built-in")
+            self._load_entry_point(ep, "built-in")
         for ep in others if third_party else ():
             dist = ep.dist
             origin = f"{dist.name} {dist.version} (entry point)" if dist else "entry point"
             if ep.name in self.plugins:
                 raise PluginError(
                     f'plugin name "{ep.name}" from {origin} is already taken by '
-                    f"{self.plugins[ep.name].origin}"
+                    f"{self.plugins[ep.name].origin}: uninstall one of them (blocking the "
+                    "name would block both)"
                 )
-            self._load(ep.name, ep.load, origin)
+            self._load_entry_point(ep, origin)
 
-    def _load(self, name: str, load: Callable[[], Any], origin: str) -> None:
+    def _load_entry_point(self, ep: importlib.metadata.EntryPoint, origin: str) -> None:
+        """Load one entry point; one that cannot be used is listed as unavailable or broken."""
+        name = ep.name
+        info = PluginInfo(name, origin, module=ep.module)
         if name in self.blocked:
             log.debug("plugin %s (%s) is blocked", name, origin)
+            self._blocked_found[name] = info
+            return
+        self.plugins[name] = info
+        try:
+            plugin = ep.load()
+        except Exception as exc:
+            error = PluginError(f'Error importing plugin "{name}" from {origin}: {exc!r}')
+            error.__cause__ = exc
+            self._set_broken(info, error)
             return
         try:
-            plugin = load()
-        except Exception as exc:
-            raise PluginError(f'Error importing plugin "{name}" from {origin}: {exc!r}') from exc
-        missing = _missing_requirements(name, origin, plugin)
-        if missing is not None:
-            log.info("plugin %s (%s) is unavailable: %s", name, origin, missing)
-            self.plugins[name] = PluginInfo(name, origin, unavailable=missing)
-            return
+            info.unavailable = _missing_requirements(name, origin, plugin)
+            if info.unavailable is not None:
+                log.info("plugin %s (%s) is unavailable: %s", name, origin, info.unavailable)
+                return
+            self._install(name, plugin, origin)
+        except PluginError as exc:
+            self._set_broken(info, exc)
+
+    def _set_broken(self, info: PluginInfo, error: PluginError) -> None:
+        """Mark ``info`` broken by ``error`` and warn, once per process and error."""
+        info.broken, info.error = str(error), error
+        key = (info.name, info.origin, info.broken)
+        if key not in _WARNED:
+            _WARNED.add(key)
+            log.warning(
+                "%s; the plugin is skipped: jobs that use it fail at submit, everything "
+                "else works; fix or uninstall it, or %s", info.broken, block_hint(info.name),
+            )
+
+    def _install(self, name: str, plugin: object, origin: str) -> None:
+        """Add ``plugin``'s hooks to pluggy; PluginError if they are not sparkjet's hooks."""
+        who = _who(name, origin)
         try:
             self.pm.register(plugin, name=name)
         except ValueError as exc:
-            raise PluginError(f'cannot register plugin "{name}" from {origin}: {exc}') from exc
+            raise PluginError(f"cannot register {who}: {exc}") from exc
         except pluggy.PluginValidationError as exc:
-            raise PluginError(f'plugin "{name}" from {origin} is invalid: {exc}') from exc
-        self.plugins[name] = PluginInfo(name, origin)
+            if self.pm.get_plugin(name) is not None:  # pluggy leaves a half-registered plugin
+                self.pm.unregister(name=name)
+            said = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+            raise PluginError(f"{who} is invalid: {said}") from exc
+        own = [
+            caller.name for caller in self.pm.get_hookcallers(plugin) or ()
+            if not caller.has_spec()
+            and any(impl.plugin is plugin and not impl.optionalhook
+                    for impl in caller.get_hookimpls())
+        ]
+        unknown = checks.unknown_hooks(own)
+        if unknown is not None:
+            self.pm.unregister(name=name)
+            raise PluginError(f"{who} {unknown}")
 
     def register(self, plugin: object, name: str) -> None:
-        """Register a plugin object at runtime (scripts, tests, notebooks)."""
+        """Register a plugin object at runtime (scripts, tests, notebooks).
+
+        Unlike an entry point, a plugin registered here that would be broken
+        raises :class:`PluginError` at once (its caller is right there), and
+        leaves nothing registered; one whose ``sparkjet_requires`` are not
+        installed is listed unavailable, as an entry point is.
+        """
         if name in self.plugins:
             raise PluginError(f'a plugin named "{name}" is already registered')
-        self._load(name, lambda: plugin, "registered at runtime")
-        if name in self.plugins and self.plugins[name].unavailable is None:
-            try:
-                self.pm.check_pending()
-            except pluggy.PluginValidationError as exc:
-                self.pm.unregister(name=name)
-                del self.plugins[name]
-                raise PluginError(
-                    f'plugin "{name}" implements a hook sparkjet does not define: {exc}'
-                ) from exc
-            try:
-                self._collect(name)
-            except PluginError:
-                self._forget(name)
-                raise
+        origin = "registered at runtime"
+        if name in self.blocked:
+            log.debug("plugin %s (%s) is blocked", name, origin)
+            return
+        module = plugin.__name__ if inspect.ismodule(plugin) else type(plugin).__module__
+        info = PluginInfo(name, origin, module=module)
+        info.unavailable = _missing_requirements(name, origin, plugin)
+        if info.unavailable is not None:
+            log.info("plugin %s (%s) is unavailable: %s", name, origin, info.unavailable)
+            self.plugins[name] = info
+            return
+        self._install(name, plugin, origin)
+        self.plugins[name] = info
+        try:
+            self._collect(name)
+        except PluginError:
+            self._forget(name)
+            raise
 
-    def _forget(self, name: str) -> None:
-        """Undo a runtime registration that failed half-way: nothing of it stays."""
+    def _forget(self, name: str, *, keep_info: bool = False) -> None:
+        """Undo a registration that failed half-way: nothing of it stays (but its listing)."""
         self.pm.unregister(name=name)
-        info = self.plugins.pop(name, None)
+        info = self.plugins.get(name) if keep_info else self.plugins.pop(name, None)
         for entry in info.registered if info is not None else ():
             if self._by_kind.get((entry.category, entry.kind)) is entry:
                 del self._by_kind[(entry.category, entry.kind)]
             if self._by_class.get(entry.cls) is entry:
                 del self._by_class[entry.cls]
+        if info is not None:
+            info.registered.clear()
 
     def _collect(self, name: str) -> None:
         """Call the registration hooks of one plugin and record what it registers."""
         others = [p for p in self.pm.get_plugins() if self.pm.get_name(p) != name]
+        who = _who(name, self.plugins[name].origin)
         for registration in _REGISTRATIONS:
             hook_name = registration.spec.__name__
             caller = self.pm.subset_hook_caller(hook_name, remove_plugins=others)
@@ -319,7 +448,7 @@ class PluginHost:
             except PluginError:
                 raise
             except Exception as exc:
-                raise PluginError(f'plugin "{name}" failed in {hook_name}: {exc!r}') from exc
+                raise PluginError(f"{who} failed in {hook_name}: {exc!r}") from exc
 
     def _add(self, plugin: str, cls: Any, registration: _Registration) -> None:
         where = f'plugin "{plugin}"'
@@ -342,11 +471,15 @@ class PluginHost:
                 f"{where}: {category} {cls.__qualname__} must declare 'guarantees' as a "
                 f"non-empty set of ProcessingGuarantee"
             )
+        streaming = category is Category.SOURCE and getattr(cls, "streaming", False) is True
+        problems = checks.contract_problems(cls, base, streaming=streaming)
+        if problems:
+            raise PluginError(f"{where}: {checks.describe_problems(category, cls, problems)}")
         if category is Category.SOURCE:
             _check_accepts_start(where, cls)
         existing = self._by_kind.get((category, kind))
         if existing is not None and existing.cls is not cls:
-            raise PluginError(
+            raise _Conflict(
                 f'{where} registers {category} kind "{kind}" ({cls.__module__}.'
                 f'{cls.__qualname__}), already registered by plugin "{existing.plugin}" '
                 f"({existing.cls.__module__}.{existing.cls.__qualname__})"
@@ -367,15 +500,76 @@ class PluginHost:
         return None
 
     def lookup_kind(self, category: Category, kind: str) -> Registered:
-        """The class of ``category`` registered as ``kind``; PluginError naming the known ones."""
+        """The class of ``category`` registered as ``kind``; PluginError naming the known ones.
+
+        When plugins are broken or unavailable, the error names them too: one
+        of them may be the plugin that would have registered ``kind``.
+        """
         entry = self._by_kind.get((category, kind))
         if entry is None:
             known = sorted(k for (c, k) in self._by_kind if c == category)
             raise PluginError(
                 f'no {category} of kind "{kind}" is registered (known: {", ".join(known)}); '
-                "is its plugin installed and not blocked?"
+                f"is its plugin installed and not blocked?{self._not_in_use_hint()}"
             )
         return entry
+
+    def participant(self, obj: object, stage: str) -> Registered:
+        """The registration a pipeline's source, sink or transform ``obj`` runs under, at submit.
+
+        Refused with a :class:`~sparkjet.errors.PipelineDefinitionError` naming
+        ``stage`` when no plugin in use registers its class (naming the
+        broken, unavailable or blocked plugin it belongs to, when it belongs
+        to one), or when its class or its ``streaming`` declaration breaks
+        the contract: a subclass of a registered class, or an instance that
+        sets ``streaming`` itself, is checked here as the registered class
+        was when it registered.
+        """
+        cls = type(obj)
+        entry = self.lookup_class(cls)
+        if entry is None:
+            why, cause = self._why_unregistered(cls)
+            raise PipelineDefinitionError(
+                f"stage '{stage}' uses {cls.__module__}.{cls.__qualname__}, {why}", stage
+            ) from cause
+        streaming = entry.category is Category.SOURCE and getattr(obj, "streaming", False) is True
+        declared = entry.category is Category.SOURCE and getattr(cls, "streaming", False) is True
+        if cls is not entry.cls or streaming != declared:
+            problems = checks.contract_problems(cls, _BASES[entry.category], streaming=streaming)
+            if problems:
+                raise PipelineDefinitionError(
+                    f"stage '{stage}': {checks.describe_problems(entry.category, cls, problems)}",
+                    stage,
+                )
+        return entry
+
+    def _why_unregistered(self, cls: type[Any]) -> tuple[str, BaseException | None]:
+        """Why no plugin in use registers ``cls`` (words after "uses <class>, "), and the cause."""
+        candidates = [i for i in self.plugins.values() if not i.in_use]
+        for info in [*candidates, *self._blocked_found.values()]:
+            if not info.owns(cls):
+                continue
+            who = f'plugin "{info.name}" ({info.origin})'
+            if info.broken is not None:
+                return (f"whose {who} is broken: {info.broken}; fix or reinstall it "
+                        "(then `sparkjet plugins` lists it in use)"), info.error
+            if info.unavailable is not None:
+                return f"whose {who} is unavailable: {info.unavailable}", None
+            return (f"whose {who} is blocked (SPARKJET_BLOCK_PLUGINS or [plugins] disable): "
+                    "unblock it to use it"), None
+        return (
+            "which no loaded plugin registers: install its plugin (entry point group "
+            "'sparkjet'), check it is not blocked, or call client.register_plugin(...)"
+            + self._not_in_use_hint(), None
+        )
+
+    def _not_in_use_hint(self) -> str:
+        """``; plugins not in use, which may be the one: ...``, or "" when all are in use."""
+        lines = [f'plugin "{i.name}" ({i.origin}) is {i.status()}'
+                 for i in self.plugins.values() if not i.in_use]
+        if not lines:
+            return ""
+        return "; plugins not in use, which may be the one: " + "; ".join(lines)
 
     # --- calling hooks: one typed method per hook ------------------------------
 

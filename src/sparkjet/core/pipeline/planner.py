@@ -203,16 +203,9 @@ def _participant(spec: NodeSpec) -> object | None:
 
 
 def _registration(node: Transform, obj: object, name: str, host: PluginHost) -> Registered:
-    entry = host.lookup_class(type(obj))
-    if entry is None:
-        cls = type(obj)
-        raise PipelineDefinitionError(
-            f"stage '{name}' uses {cls.__module__}.{cls.__qualname__}, which no loaded plugin "
-            "registers: install its plugin (entry point group 'sparkjet'), check it is not "
-            "blocked, or call client.register_plugin(...)",
-            name,
-        )
-    return entry
+    # The host says why a class has no registration (naming a broken, unavailable
+    # or blocked plugin it belongs to) and checks an unregistered subclass's contract.
+    return host.participant(obj, name)
 
 
 def _shipped(spec: NodeSpec) -> list[tuple[str, Any]]:
