@@ -505,3 +505,28 @@ def test_another_terminal_sees_a_sources_lag_rise_and_fall(
         assert sorted(client.get_list("seen").get_all()) == list(range(10))
     finally:
         job.cancel()
+
+
+def test_the_exporter_answers_503_naming_the_failure_when_the_jobs_cannot_be_read() -> None:
+    """A scrape while the store fails is a 503 saying why, secrets masked (the
+    exporter serves on); a path other than /metrics is a 404."""
+    from wsgiref.util import setup_testing_defaults
+
+    from sparkjet.cli.prometheus import metrics_app, registry
+
+    def unreadable() -> list[Any]:
+        raise OSError("s3://key:hunter2@bucket/store: connection refused")
+
+    app = metrics_app(registry(unreadable), lambda text: text.replace("hunter2", "***"))
+    answers: list[str] = []
+
+    def scrape(path: str) -> str:
+        environ: dict[str, Any] = {"PATH_INFO": path}
+        setup_testing_defaults(environ)
+        body = b"".join(app(environ, lambda status, headers: answers.append(status)))
+        return body.decode()
+
+    assert scrape("/metrics") == ("cannot read the jobs: OSError: s3://key:***@bucket/store: "
+                                  "connection refused\n")
+    assert scrape("/") == "only /metrics is served\n"
+    assert answers == ["503 Service Unavailable", "404 Not Found"]
