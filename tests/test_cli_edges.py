@@ -30,7 +30,7 @@ from sparkjet.job import Job, JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.pipeline import Pipeline, StreamSource
 from tests.conftest import TEST_SPARK, wait_until
 from tests.test_cli import no_spark, write_config
-from tests.test_cli_results import run
+from tests.test_cli_results import families, labelled, run
 from tests.test_truncated_files import kill_driver
 
 __all__ = ["no_spark"]  # the fixture, used by name
@@ -213,8 +213,8 @@ def test_metrics_job_serve_serves_only_that_job(
         # A completed job is served too: the one asked for, whatever its status.
         assert f'job_id="{wanted.id}",job_name="wanted",status="COMPLETED"' in scraped
         assert other.id not in scraped
-        assert (f'sparkjet_receivedCount_total{{job_id="{wanted.id}",job_name="wanted",'
-                f'stage="same"}} 3') in scraped.splitlines()
+        assert families(scraped)["sparkjet_receivedCount"][1][
+            ("sparkjet_receivedCount_total", labelled(wanted, stage="same"))] == 3
         # "until interrupted": Ctrl-C is how it stops, and that is no error.
         assert (interrupt(proc, log.read_text), log.read_text()) == (0, text)
     finally:
@@ -248,14 +248,24 @@ def test_prometheus_types_follow_jets_semantics_counters_end_in_total(
         "sparkjet_deadLetters_total": "counter",
         "sparkjet_storeRequests_total": "counter",
     }
-    labels = f'job_id="{job.id}",job_name="typed",stage="parse"'
-    assert f"sparkjet_deadLetters_total{{{labels}}} 1" in out.splitlines()
+    found = families(out)  # prometheus_client's own parser takes it
+    assert {name: kind for name, (kind, _) in found.items()} == {
+        "sparkjet_status": "gauge",
+        "sparkjet_executionStartTime": "gauge",
+        "sparkjet_executionCompletionTime": "gauge",
+        "sparkjet_receivedCount": "counter",
+        "sparkjet_emittedCount": "counter",
+        "sparkjet_deadLetters": "counter",
+        "sparkjet_storeRequests": "counter",
+    }
+    assert found["sparkjet_deadLetters"][1] == {
+        ("sparkjet_deadLetters_total", labelled(job, stage="parse")): 1.0}
     # Every sample belongs to the metric its TYPE line announced just before.
     current = None
     for line in out.splitlines():
         if line.startswith("# TYPE "):
             current = line.split()[2]
-        else:
+        elif not line.startswith("# HELP "):
             assert line.split("{")[0] == current, line
 
 

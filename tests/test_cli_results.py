@@ -271,18 +271,33 @@ def test_submit_shows_the_streaming_jobs_progress(
             os.close(master)
 
 
-#: A sample line of Prometheus's text format: name{labels} value.
-SAMPLE = r'sparkjet_[A-Za-z_]+\{(?:[a-z_]+="(?:[^"\\]|\\.)*",?)+\} -?[0-9.e+-]+'
+def families(text: str, openmetrics: bool = False) -> dict[str, Any]:
+    """The metric families of an exposition, parsed by prometheus_client's own parser.
+
+    Each name maps to its type and its samples as ``{(sample name, labels): value}``.
+    """
+    if openmetrics:
+        from prometheus_client.openmetrics.parser import text_string_to_metric_families
+    else:
+        from prometheus_client.parser import text_string_to_metric_families
+    return {
+        family.name: (family.type, {(s.name, tuple(sorted(s.labels.items()))): s.value
+                                    for s in family.samples})
+        for family in text_string_to_metric_families(text)
+    }
+
+
+def labelled(job: Any, **more: str) -> tuple[tuple[str, str], ...]:
+    """A sample's labels as :func:`families` keys them: the job's, and ``more``."""
+    return tuple(sorted({"job_id": job.id, "job_name": job.name, **more}.items()))
 
 
 @pytest.mark.usefixtures("config_file")
 def test_metrics_in_prometheus_text_format(
     client: sparkjet.Client, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import re
-
     p = Pipeline.create()
-    p.read_from(Pipeline.from_list("nums")).map(lambda x: x).set_name('say "hi"') \
+    p.read_from(Pipeline.from_list("nums")).map(lambda x: x).set_name('say "hi"\\n') \
         .write_to(Pipeline.to_list("same"))
     client.get_list("nums").add_all(range(3))
     job = client.get_jet().submit(p, JobConfig(name="prom",
@@ -291,18 +306,101 @@ def test_metrics_in_prometheus_text_format(
     code, out, _ = run(capsys, "metrics", "prom", "--prometheus")
     assert code == 0
     lines = out.splitlines()
+    # Counters keep Prometheus's _total in the text format; the rest are gauges.
     assert "# TYPE sparkjet_receivedCount_total counter" in lines
     assert "# TYPE sparkjet_executionStartTime gauge" in lines
-    labels = f'job_id="{job.id}",job_name="prom"'
-    assert f'sparkjet_status{{{labels},status="COMPLETED"}} 1' in lines
-    assert f'sparkjet_receivedCount_total{{{labels},stage="say \\"hi\\""}} 3' in lines
-    for line in lines:
-        assert line.startswith("# TYPE ") or re.fullmatch(SAMPLE, line), line
+    found = families(out)
+    assert found["sparkjet_status"] == ("gauge", {
+        ("sparkjet_status", labelled(job, status="COMPLETED")): 1.0})
+    kind, samples = found["sparkjet_receivedCount"]
+    assert kind == "counter"
+    # The stage's name, quotes and backslash included, comes back as it was.
+    assert samples[("sparkjet_receivedCount_total", labelled(job, stage='say "hi"\\n'))] == 3
+    assert found["sparkjet_executionStartTime"][0] == "gauge"
+    start = job.get_metrics()["executionStartTime"]
+    assert found["sparkjet_executionStartTime"][1] == {
+        ("sparkjet_executionStartTime", labelled(job)): start}  # millis, exact
     code, _, err = run(capsys, "metrics", "prom", "--json", "--prometheus")
     assert code == 2
     assert "not allowed with argument" in err
     code, _, err = run(capsys, "metrics")
     assert (code, err) == (2, "ERROR: 'metrics' needs a JOB (or --serve [HOST:]PORT)\n")
+
+
+def _ipv6_loopback() -> bool:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("host", [
+    "127.0.0.1",
+    pytest.param("[::1]", marks=pytest.mark.skipif(not _ipv6_loopback(),
+                                                   reason="this machine has no IPv6 loopback")),
+])
+def test_a_scrape_gets_the_text_format_or_openmetrics_as_it_asks(
+    client: sparkjet.Client, config_file: Path, tmp_path: Path, host: str
+) -> None:
+    """``metrics JOB --serve``, scraped over HTTP as Prometheus does: the text format
+    (0.0.4) by default, OpenMetrics when the Accept header asks for it; the same
+    families, types and labels either way; only /metrics; Ctrl-C stops it (exit 0)."""
+    import re
+    import subprocess
+    import urllib.error
+    import urllib.request
+
+    from tests.test_cli_edges import cli, interrupt, wait_for_output
+
+    p = Pipeline.create()
+    p.read_from(Pipeline.from_list("nums", [1, 2, 3])).map(lambda x: x).set_name("same") \
+        .write_to(Pipeline.to_list("out"))
+    job = client.get_jet().submit(p, JobConfig(name="scraped",
+                                               store_metrics_after_job_completion=True))
+    job.join(timeout=120)
+    log = tmp_path / "serve.out"
+    with log.open("wb") as fh:
+        proc = cli("metrics", "scraped", "--serve", f"{host}:0", stdout=fh,
+                   stderr=subprocess.STDOUT)
+    try:
+        text = wait_for_output(proc, log, "/metrics", 120, "the exporter's address")
+        url = re.search(r"http://(\S+):([0-9]+)/metrics", text)
+        assert url is not None and url.group(1) == host and int(url.group(2)) > 0, text
+
+        def scrape(accept: str | None) -> tuple[str, str]:
+            headers = {"Accept": accept} if accept else {}
+            request = urllib.request.Request(url.group(0), headers=headers)
+            with urllib.request.urlopen(request, timeout=60) as answer:
+                return answer.headers["Content-Type"], answer.read().decode()
+
+        kind, plain = scrape(None)
+        assert kind == "text/plain; version=0.0.4; charset=utf-8"
+        kind, om = scrape("application/openmetrics-text; version=1.0.0,text/plain;q=0.5")
+        assert kind.startswith("application/openmetrics-text; version=1.0.0")
+        assert om.endswith("# EOF\n")
+        as_text, as_om = families(plain), families(om, openmetrics=True)
+        assert as_text == as_om  # the same metrics, typed and labelled alike
+        counted = as_om["sparkjet_receivedCount"]
+        assert counted == ("counter", {
+            ("sparkjet_receivedCount_total", labelled(job, stage=stage)): count
+            for stage, count in [("from-list(nums)", 0), ("same", 3), ("to-list(out)", 3)]})
+        assert as_om["sparkjet_status"] == ("gauge", {
+            ("sparkjet_status", labelled(job, status="COMPLETED")): 1.0})
+        assert as_om["sparkjet_storeRequests"][0] == "counter"
+        assert {dict(labels)["kind"] for _, labels in as_om["sparkjet_storeRequests"][1]} == {
+            "list", "get", "head", "put", "delete"}
+        with pytest.raises(urllib.error.HTTPError, match="404"):
+            urllib.request.urlopen(url.group(0).replace("/metrics", "/other"), timeout=60)
+        assert interrupt(proc, log.read_text) == 0
+        assert log.read_text() == text  # stopped quietly: no traceback, no scrape logged
+    finally:
+        if proc.poll() is None:  # the test failed before
+            proc.kill()
+            proc.wait()
 
 
 @pytest.mark.slow
@@ -342,15 +440,20 @@ def test_metrics_served_to_prometheus_from_another_process(
                 assert answer.headers["Content-Type"].startswith("text/plain; version=0.0.4")
                 return str(answer.read().decode())
 
-        labels = f'job_id="{job.id}",job_name="served"'
-        wait_for(lambda: f'sparkjet_receivedCount_total{{{labels},stage="to-list(seen)"}} 4'
-                 in scrape(), 60, "the committed counts in a scrape")
-        text = scrape()
-        assert f'sparkjet_status{{{labels},status="RUNNING"}} 1' in text.splitlines()
-        assert re.search(rf"sparkjet_lastCommittedBatch\{{{labels}\}} [0-9]+", text)
+        def received() -> Any:
+            samples = families(scrape()).get("sparkjet_receivedCount", ("", {}))[1]
+            return samples.get(("sparkjet_receivedCount_total",
+                                labelled(job, stage="to-list(seen)")))
+
+        wait_for(lambda: received() == 4, 60, "the committed counts in a scrape")
+        found = families(scrape())
+        assert found["sparkjet_status"][1] == {
+            ("sparkjet_status", labelled(job, status="RUNNING")): 1.0}
+        assert found["sparkjet_lastCommittedBatch"][1][
+            ("sparkjet_lastCommittedBatch", labelled(job))] >= 0
         # The driver's store requests, by kind, read from the job's record.
-        assert re.search(rf'sparkjet_storeRequests_total\{{{labels},kind="put"\}} [1-9][0-9]*',
-                         text)
+        assert found["sparkjet_storeRequests"][1][
+            ("sparkjet_storeRequests_total", labelled(job, kind="put"))] >= 1
         with pytest.raises(urllib.error.HTTPError, match="404"):
             urllib.request.urlopen(url.group(0).replace("/metrics", "/other"), timeout=10)
         job.cancel()
@@ -402,3 +505,28 @@ def test_another_terminal_sees_a_sources_lag_rise_and_fall(
         assert sorted(client.get_list("seen").get_all()) == list(range(10))
     finally:
         job.cancel()
+
+
+def test_the_exporter_answers_503_naming_the_failure_when_the_jobs_cannot_be_read() -> None:
+    """A scrape while the store fails is a 503 saying why, secrets masked (the
+    exporter serves on); a path other than /metrics is a 404."""
+    from wsgiref.util import setup_testing_defaults
+
+    from sparkjet.cli.prometheus import metrics_app, registry
+
+    def unreadable() -> list[Any]:
+        raise OSError("s3://key:hunter2@bucket/store: connection refused")
+
+    app = metrics_app(registry(unreadable), lambda text: text.replace("hunter2", "***"))
+    answers: list[str] = []
+
+    def scrape(path: str) -> str:
+        environ: dict[str, Any] = {"PATH_INFO": path}
+        setup_testing_defaults(environ)
+        body = b"".join(app(environ, lambda status, headers: answers.append(status)))
+        return body.decode()
+
+    assert scrape("/metrics") == ("cannot read the jobs: OSError: s3://key:***@bucket/store: "
+                                  "connection refused\n")
+    assert scrape("/") == "only /metrics is served\n"
+    assert answers == ["503 Service Unavailable", "404 Not Found"]

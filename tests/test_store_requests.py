@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from sparkjet.aggregate import counting
-from sparkjet.cli.results import prometheus_text
+from sparkjet.cli.prometheus import exposition
 from sparkjet.core.client import Client
 from sparkjet.core.config import load_config
 from sparkjet.core.engine.inprocess.engine import InProcessEngine
@@ -34,6 +34,7 @@ from sparkjet.pipeline import Pipeline, StreamSource
 from sparkjet.testing import StoreLocation
 from tests.request_proxy import CountingProxy
 from tests.request_proxy import counting as through_proxy
+from tests.test_cli_results import families
 
 #: What one micro-batch of one event through a keyed count into a map may cost
 #: under EXACTLY_ONCE on S3 and GCS, from the look that finds the event to the
@@ -110,11 +111,11 @@ def test_metrics_and_prometheus_show_the_jobs_requests_by_kind(tmp_path: Path) -
         assert set(shown["byKind"]) == set(requests.KINDS)
         assert shown["total"] == sum(shown["byKind"].values()) > 0
         assert shown["byKind"]["put"] > 0 and shown["byKind"]["list"] > 0
-        text = prometheus_text([job])
-        assert "# TYPE sparkjet_storeRequests_total counter" in text
-        for kind in requests.KINDS:
-            assert (f'sparkjet_storeRequests_total{{job_id="{job.id}",job_name="shown",'
-                    f'kind="{kind}"}} ') in text
+        kind, samples = families(exposition([job]))["sparkjet_storeRequests"]
+        assert kind == "counter"
+        assert {dict(labels)["kind"] for name, labels in samples} == set(requests.KINDS)
+        assert all(dict(labels)["job_id"] == job.id and name == "sparkjet_storeRequests_total"
+                   for name, labels in samples)
         # Other processes read them from the job's record, written with its progress
         # right after the batch's commit (the metric above may be read before).
         def recorded() -> bool:

@@ -133,6 +133,51 @@ def test_a_truncated_map_record_and_writer_index_name_their_files(
     assert_named(info.value, record)
 
 
+def damage(path: Path, how: str) -> None:
+    """Spoil the file at ``path``: cut short, unreadable (a folder in its place), or wrong."""
+    if how == "truncated":
+        truncate(path)
+    elif how == "unreadable":
+        path.unlink()
+        path.mkdir()
+    else:  # valid JSON that names no record
+        path.write_text('{"seq": -3}')
+
+
+@pytest.mark.usefixtures("engine_kind")
+@pytest.mark.parametrize("how", ["truncated", "unreadable", "wrong"])
+def test_a_map_sinks_damaged_writer_index_fails_its_job_naming_the_file(
+    client: sparkjet.Client, cancel_at_end: list[Job], how: str
+) -> None:
+    """The writer index ``maps/<map>/writers/<job>.<stage>.json``, read by each
+    micro-batch's commit: the job's failure names the file, the map and the
+    stage, whether its batches run on Spark or in process, and nothing is
+    committed past it."""
+    stream = client.get_stream("events", partitions=1)
+    p = Pipeline.create()
+    (p.read_from(StreamSource("events")).set_name("events")
+     .map(lambda x: (x, x * 10)).set_name("pairs").write_to(Pipeline.to_map("m")))
+    job = client.get_jet().submit(p, JobConfig(
+        name="to-map", processing_guarantee=EXACTLY_ONCE, snapshot_interval_millis=10))
+    cancel_at_end.append(job)
+    stream.publish_all([1, 2])
+    wait_until(lambda: client.get_map("m").size() == 2, 60, "the map to fill")
+    index = Path(client.store.map_log("m").paths.writer_index(f"{job.id}.to-map(m)"))
+    assert index.is_file()
+    damage(index, how)
+    stream.publish_all([3])
+    with pytest.raises(JobFailedError) as info:
+        job.join(timeout=60)
+    text = str(info.value)
+    assert str(index) in text, text
+    assert text.startswith(f"stage 'to-map(m)' failed: StoreError: map 'm': writer index "
+                           f"'{index}' "), text
+    assert ("cannot be read" if how == "unreadable" else NAMED) in text, text
+    assert "collectAndServe" not in text
+    assert info.value.stage == "to-map(m)"
+    assert dict(client.get_map("m").entry_set()) == {1: 10, 2: 20}  # nothing committed past it
+
+
 def test_a_truncated_stream_meta_names_its_file(client: sparkjet.Client, store_url: str) -> None:
     client.get_stream("events", partitions=2).publish_all(range(4))
     meta = truncate(client.store.stream_log("events").paths.meta)

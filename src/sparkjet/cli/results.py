@@ -12,18 +12,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import http.server
 import json
-import socket
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from sparkjet import Client, __version__
 from sparkjet.cli.commands import find_job
 from sparkjet.cli.errors import EXIT_FAILED, EXIT_OK, CliError
 from sparkjet.cli.output import format_count, format_time_millis, out, state_line, table
-from sparkjet.job import Job
 
 
 def jsonable(value: Any) -> Any:
@@ -166,9 +163,11 @@ def _named(args: argparse.Namespace, kind: str) -> str:
 def metrics(args: argparse.Namespace, client: Client) -> int:
     """``metrics JOB [--json|--prometheus]``, or ``metrics [JOB] --serve [HOST:]PORT``."""
     if args.serve is not None:
+        from sparkjet.cli import prometheus  # only here: the library takes a while to import
+
         host, port = listen_address(args.serve)
         only = find_job(client, args.job) if args.job is not None else None
-        return serve_metrics(client, host, port, only)
+        return prometheus.serve_metrics(client, host, port, only)
     if args.job is None:
         raise CliError("'metrics' needs a JOB (or --serve [HOST:]PORT)")
     job = find_job(client, args.job)
@@ -177,7 +176,9 @@ def metrics(args: argparse.Namespace, client: Client) -> int:
         out(dumps(values))
         return EXIT_OK
     if args.prometheus:
-        sys.stdout.write(prometheus_text([job]))
+        from sparkjet.cli import prometheus
+
+        sys.stdout.write(prometheus.exposition([job]))
         sys.stdout.flush()
         return EXIT_OK
     out(state_line(job, client))
@@ -247,72 +248,7 @@ def info(args: argparse.Namespace, client: Client) -> int:
     return EXIT_OK
 
 
-# --- Prometheus -------------------------------------------------------------------------
-
-#: Every metric's name starts with this; the rest is Jet's metric name.
-PROMETHEUS_PREFIX = "sparkjet_"
-
-#: Jet's metrics that count something from the job's start and only go up (Prometheus
-#: counters, named with ``_total`` after Jet's name); every other metric is a level, a
-#: gauge. ``snapshotCount`` counts committed micro-batches (each one a checkpoint).
-PROMETHEUS_COUNTERS = frozenset({
-    "receivedCount", "emittedCount", "deadLetters", "lateEventsDropped", "snapshotCount",
-    "storeRequests",
-})
-
-
-def prometheus_text(jobs: Iterable[Job]) -> str:
-    """The jobs' metrics in Prometheus's text exposition format (version 0.0.4).
-
-    Jet's metric names after :data:`PROMETHEUS_PREFIX`: job metrics
-    (``lastCommittedBatch``, ``processingRate``, ...) labelled by ``job_id``
-    and ``job_name``, stage metrics (``receivedCount``, ``emittedCount``,
-    ``snapshotKeys``, ...) by ``stage`` too, ``sparkjet_status`` 1 for the
-    job's status (label ``status``), and the store requests the job's driver
-    made by ``kind`` (``sparkjet_storeRequests_total``: list, get, head, put,
-    delete). Counters (:data:`PROMETHEUS_COUNTERS`)
-    are typed ``counter`` and named with Prometheus's ``_total`` suffix
-    (``sparkjet_receivedCount_total``); the rest are gauges.
-    """
-    samples: dict[str, list[str]] = {}
-
-    def add(name: str, labels: dict[str, str], value: Any) -> None:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            return
-        text = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
-        full = prometheus_name(name)
-        samples.setdefault(full, []).append(f"{full}{{{text}}} {value}")
-
-    for job in jobs:
-        job_labels = {"job_id": job.id, "job_name": job.name or ""}
-        add("status", {**job_labels, "status": job.status.value}, 1)
-        values = job.get_metrics()
-        for name, value in values.items():
-            add(name, job_labels, value)
-        store = values.get("storeRequests")
-        if isinstance(store, dict):
-            for kind, count in (store.get("byKind") or {}).items():
-                add("storeRequests", {**job_labels, "kind": str(kind)}, count)
-        for stage, stage_values in values.get("stages", {}).items():
-            for name, value in stage_values.items():
-                add(name, {**job_labels, "stage": stage}, value)
-    lines = []
-    for full, rows in samples.items():
-        kind = "counter" if full.endswith("_total") else "gauge"
-        lines.append(f"# TYPE {full} {kind}")
-        lines.extend(rows)
-    return "\n".join(lines) + "\n" if lines else ""
-
-
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def prometheus_name(name: str) -> str:
-    """Jet's metric ``name`` in Prometheus: ``sparkjet_<name>``, ``_total`` after a counter."""
-    suffix = "_total" if name in PROMETHEUS_COUNTERS else ""
-    return f"{PROMETHEUS_PREFIX}{name}{suffix}"
-
+# --- metrics --serve: the address (the exporter is sparkjet.cli.prometheus) ---------------
 
 #: The TCP ports ``--serve`` can listen on (0: any free port, printed).
 PORTS = range(0, 65536)
@@ -336,67 +272,6 @@ def listen_address(where: str) -> tuple[str, int]:
     if port not in PORTS:
         raise CliError(f"--serve: port {port} is out of range; {allowed}")
     return host or "127.0.0.1", port
-
-
-class _ThreadingHTTPServerV6(http.server.ThreadingHTTPServer):
-    """The HTTP server on an IPv6 address."""
-
-    address_family = socket.AF_INET6
-
-
-def serve_metrics(client: Client, host: str, port: int, only: Job | None = None) -> int:
-    """Serve the active jobs' metrics (``only`` that job's) at ``http://HOST:PORT/metrics``.
-
-    Until interrupted. A host that does not resolve is a CliError (exit 2); a
-    port that is taken or not allowed to this user, exit 1.
-    """
-    jet = client.get_jet()
-    what = f"job {only.label}'s metrics" if only is not None else "the active jobs' metrics"
-
-    def jobs() -> list[Job]:
-        if only is not None:
-            return [job for job in [jet.get_job(only.id)] if job is not None]
-        return [job for job in jet.get_jobs() if not job.status.is_terminal()]
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if self.path.split("?")[0] != "/metrics":
-                self.send_error(404, "only /metrics is served")
-                return
-            try:
-                body = prometheus_text(jobs()).encode()
-            except Exception as exc:  # the store failed: say so, keep serving
-                self.send_error(503, client.redact(f"cannot read the jobs: {exc}"))
-                return
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass  # scrapes are not news
-
-    server_class: type[http.server.ThreadingHTTPServer] = (
-        _ThreadingHTTPServerV6 if ":" in host else http.server.ThreadingHTTPServer)
-    shown_host = f"[{host}]" if ":" in host else host
-    try:
-        server = server_class((host, port), Handler)
-    except socket.gaierror as exc:
-        raise CliError(f"--serve: cannot listen on host {host!r}: it does not resolve "
-                       f"({exc.strerror or exc}); give an address or a known host name") from None
-    except OSError as exc:
-        raise CliError(f"--serve: cannot listen on {shown_host}:{port}: "
-                       f"{exc.strerror or exc}", EXIT_FAILED) from None
-    bound_port = server.server_address[1]
-    out(f"Serving {what} at http://{shown_host}:{bound_port}/metrics (Ctrl-C stops)")
-    try:
-        server.serve_forever(poll_interval=0.2)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
-    return EXIT_OK
 
 
 def trim(args: argparse.Namespace, client: Client) -> int:

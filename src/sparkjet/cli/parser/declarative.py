@@ -76,7 +76,8 @@ def add_declarative_commands(subcommands: Any) -> None:
         "one JSON object, --prometheus in Prometheus's text format (counters end in "
         "_total). --serve [HOST:]PORT serves the metrics of every active job in the store "
         "(of JOB alone when given) at http://HOST:PORT/metrics (HOST 127.0.0.1 unless given; "
-        "PORT 0 to 65535, 0: any free port) until interrupted.",
+        "PORT 0 to 65535, 0: any free port) until interrupted, in the text format or in "
+        "OpenMetrics when the scraper asks for it.",
     )
     metrics.add_argument("job", nargs="?", metavar="JOB", help="the job's id or name")
     shown_as = metrics.add_mutually_exclusive_group()

@@ -63,8 +63,10 @@ _OWN: dict[tuple[str, str], _Own] = {}
 
 
 def _seq_is_int(index: Any) -> None:
-    """Checks a writer index (``{"seq": <int>}``)."""
-    int(index["seq"])
+    """Checks a writer index (``{"seq": <int>}``): a record's number, never below 0."""
+    seq = index["seq"]
+    if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
+        raise ValueError(f"'seq' must be a record number (0 or more), not {seq!r}")
 
 
 #: A commit log is folded into a base once this many records follow the newest one.
@@ -283,6 +285,12 @@ class CommitLog:
             raw = self.store.read_bytes(index)
         except FileNotFoundError:
             raw = None
+        except Exception as exc:  # named as what it is, like a corrupt one below
+            cause = exc.__cause__ or exc
+            raise StoreError(self.store.redact(
+                f"{self.label}: writer index {index!r} cannot be read in store "
+                f"{self.store.shown_url!r}: {type(cause).__name__}: {cause}; nothing was "
+                "committed")) from exc
         after = 0 if raw is None else int(self.store.decode(
             index, raw, json_loads, f"{self.label}: writer index", check=_seq_is_int)["seq"])
         payload = record_payload(op, parts, token, producer, batch)
