@@ -70,6 +70,7 @@ class FileSource(Source):
     guarantees = ALL_GUARANTEES
     streaming = True
     accepts_start = True  # latest_offsets caps files and bytes per micro-batch from start
+    offsets_count_items = False  # offsets name files and byte positions, not items
 
     def __init__(
         self,
