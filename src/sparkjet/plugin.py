@@ -37,8 +37,9 @@ change; lifecycle hooks see a job as a :class:`JobView` and a snapshot as a
 A source's author calls it as the micro-batch loop does with
 :func:`latest_offsets`, and reads its lag as the job's metrics count it with
 :func:`lag_of` (:func:`source_lag` for a source whose offsets count items);
-a snapshot backend that wraps another builds the built-in one for a URL with :func:`builtin_snapshot_backend`. The test kit,
-:mod:`sparkjet.testing`, is written against these names only.
+a snapshot backend that wraps another builds the built-in one for a URL with
+:func:`builtin_snapshot_backend`. The test kit, :mod:`sparkjet.testing`, is
+written against these names only.
 """
 
 

@@ -461,7 +461,7 @@ class _Driver:
         return [line for line in self.out.read_text().splitlines() if line.startswith(prefix)]
 
     def line(self, prefix: str | tuple[str, ...]) -> str | None:
-        """Its first line starting with ``prefix``; None while there is none; fails once it exited."""
+        """Its first line starting with ``prefix``; None while none; fails once it exited."""
         found = self.lines(prefix)
         if found:
             return found[0]
