@@ -193,7 +193,10 @@ class SourceConformance:
             source = source_harness.new_source()
             first = run.read_batch(source)
             again = run.read_batch(cloudpickle.loads(cloudpickle.dumps(source)))
-            assert first == again, "partitions() and read() gave other items the second time"
+            if first != again:
+                pytest.fail(f"the same partitions must read the same items: partitions() and "
+                            f"read() gave other items the second time: "
+                            f"{describe_multiset(again, range(run.given))}")
             assert_exactly_once(first, range(run.given), "a batch read")
             return
         given = run.add(self.ROUND)
@@ -205,9 +208,10 @@ class SourceConformance:
         # Every range again, each by a fresh copy of the source (a restarted driver's).
         copy = cloudpickle.loads(cloudpickle.dumps(source_harness.new_source(capped=False)))
         again = run.read_range(copy, start, end, run.context(copy))
-        assert again == first, (
-            f"offsets {start!r} to {end!r} read other items the second time: "
-            f"{describe_multiset(again, given)}")
+        if again != first:
+            pytest.fail(f"the same offsets must read the same items: {start!r} to {end!r} read "
+                        f"other items the second time, by a fresh copy of the source (a "
+                        f"restarted driver's): {describe_multiset(again, given)}")
         same = run.read_range(source, start, end, ctx)
         if same != first:
             pytest.fail(f"the same offsets must read the same items: {start!r} to {end!r} read "
@@ -427,7 +431,9 @@ class SourceConformance:
                 driver.kill()
                 print(f"killed driver {n + 1} {how}: {size()} items read of {run.given}")
                 run.add(self.ROUND)
-            seen = run.wait_read(job, run.given, f"by the last driver (seed {seed})")
+            seen = run.wait_read(job, run.given, (
+                f"by the last driver, after driver 1 was killed holding micro-batch {held} "
+                f"before its commit, which a later driver had to replay (seed {seed})"))
             replays = [(i + 1, int(line.split()[1])) for i, d in enumerate(drivers)
                        for line in d.lines("REPLAYING")]
             print(f"replays seen: {len(replays)} "

@@ -244,6 +244,10 @@ class FileSource(Source):
         """The whole folder is one partition: files are read in order of time."""
         return "files"
 
+    def watermark_partitions(self, offsets: Any) -> Sequence[str]:
+        """The one partition :meth:`watermark_partition` names, whatever the offsets."""
+        return ["files"]
+
     # --- reading (executors) -----------------------------------------------------
 
     def read(self, partition: Any, context: TaskContext) -> Iterable[Any]:
