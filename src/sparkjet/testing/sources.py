@@ -5,33 +5,42 @@ giving it a ``source_harness`` fixture: a :class:`SourceHarness` that makes a
 fresh source reading the test's data and makes more items available to it.
 The kit generates distinguishable items (``{"seq": i, "key": ..., "kit": token}``),
 hands them to the harness, and drives the source through sparkjet's real
-micro-batch loop (real jobs on the test's Spark session, EXACTLY_ONCE, the
+micro-batch loop (real EXACTLY_ONCE jobs through the test's client, the
 store's list sink recording what was read), then checks what was read against
 what it gave:
 
 - every item is read once (:meth:`~SourceConformance.test_reads_every_item_once`);
 - the same offsets read the same items, also by a copy of the source as a
   restarted driver has (``test_replay_reads_the_same_items``);
+- sizes are honest: ``range_size`` of a planned range (``estimated_size`` of
+  a bounded source) is None or an ``InputSize`` of non-negative ints, and its
+  ``items``, when known, is what planning and reading give
+  (``test_range_size_is_honest``);
+- a restore finds the snapshot's partitions: ``watermark_partitions`` of
+  offsets a job read up to names nothing that
+  ``watermark_partitions(initial_offsets(...))`` of a fresh source does not
+  (what starting a job from a snapshot compares), checked on the source's
+  methods before any job (``test_restore_sees_the_snapshots_partitions``);
 - a job stopped at every micro-batch boundary, suspended and resumed
   (``test_suspend_and_resume_at_every_batch_boundary``) or cancelled with an
   exported snapshot and started again from it
-  (``test_cancel_and_restart_from_a_snapshot_at_every_batch_boundary``), and a
-  real driver process SIGKILLed at random moments and resumed by a new process
-  (``test_a_killed_driver_process_resumes_exactly_once``, ``slow``), read every
-  item exactly once;
+  (``test_cancel_and_restart_from_a_snapshot_at_every_batch_boundary``)
+  reads every item exactly once;
+- a real driver process killed while it holds a micro-batch it planned and
+  read but did not commit (the kit's pausing list sink), and another killed
+  at a random moment, each resumed by a new process: the held batch is
+  replayed (the drivers report ``REPLAYING <batch>``) and every item is read
+  exactly once (``test_a_killed_driver_process_resumes_exactly_once``, ``slow``);
 - offsets never go backwards: each micro-batch starts where the last ended,
   and offsets shaped as numbers per partition never decrease
   (``test_offsets_never_go_backwards``);
 - a declared cap holds: ``latest_offsets(context, start=...)`` never plans
   more than :attr:`SourceHarness.max_items_per_batch` items
   (``test_latest_offsets_respect_the_cap``);
-- lag is honest: after N new items ``source_lag`` over the source's offsets
-  says N, or the offsets are uncountable (None) and the harness says so
-  (``test_lag_is_honest``);
-- sizes are honest: ``range_size`` of a planned range (``estimated_size`` of
-  a bounded source) is None or an ``InputSize`` of non-negative ints, and its
-  ``items``, when known, is what planning and reading give
-  (``test_range_size_is_honest``);
+- offsets the source declares as item counts (``Source.offsets_count_items``,
+  the default) count them: ``source_lag`` is 0 once all was read and N over
+  the range of N new items (``test_lag_is_honest``; skipped for a source that
+  declares opaque offsets, which shows no lag);
 - ``wait_for_data`` returns within its timeout (plus slack) and says True
   once items came
   (``test_wait_for_data_returns_in_time_and_wakes_on_new_items``);
@@ -39,13 +48,23 @@ what it gave:
 - a trimmed or compacted range is reported, never skipped: the job fails
   naming the stage (``test_a_trimmed_range_is_reported_not_skipped``).
 
-Each check is its own test, so a report shows which promise broke. What a
-harness cannot do it declares (``can_add_partitions = False``, ``can_trim =
-False``, ``max_items_per_batch = None``, ``streaming = False`` for a bounded
-source); those tests are then skipped with the declaration as the reason,
-visible in ``pytest -rs``. A bounded (batch) source runs the first two checks:
-a batch job reads every item once, and planning and reading twice give the
-same items; the others are about offsets and micro-batches it has not got.
+Each check is its own test, so a report shows which promise broke, and each
+fails with a message naming the promise and what differed. A wait for items
+fails within seconds (``SPARKJET_KIT_SETTLE_SECONDS``, default 3) once the
+job has caught up with the source and items are still missing, never after
+the whole ``SPARKJET_KIT_WAIT_SECONDS``. What a harness cannot do it
+declares (``can_add_partitions = False``, ``can_trim = False``,
+``max_items_per_batch = None``, ``streaming = False`` for a bounded source);
+those tests are then skipped with the declaration as the reason, visible in
+``pytest -rs``. A bounded (batch) source runs the first three checks: a
+batch job reads every item once, planning and reading twice give the same
+items, and ``estimated_size`` is honest; the others are about offsets and
+micro-batches it has not got.
+
+Set-up: ``pip install sparkjet pytest`` (``'sparkjet[spark]'`` to run the
+jobs on Spark), ``pytest_plugins = ["sparkjet.testing"]`` in ``conftest.py``,
+a ``client`` fixture, and the ``slow`` marker declared (docs/plugins.md,
+"Proving a source", has the whole of it and what each check takes).
 
 A complete third-party example, for a source whose data lives in the store's
 streams (any source works alike: write the data where the source reads it)::
