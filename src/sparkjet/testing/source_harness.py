@@ -251,21 +251,11 @@ class _Run:
         read. Looks at most every 0.25 s.
         """
         size = self.client.get_list(SEEN).size
-        since: list[float] = []  # when the job was first seen caught up, short of items
-        looked = [0.0]
+        settled = self.settled(job, lambda: size() < count)
 
         def check() -> None:
-            now = time.monotonic()
-            if job is None or now - looked[0] < 0.25:
-                return
-            looked[0] = now
-            where = self.caught_up(job)
-            if where is None or size() >= count:
-                since.clear()
-                return
-            if not since:
-                since.append(now)
-            elif now - since[0] >= SETTLE_SECONDS:
+            where = settled()
+            if where is not None:
                 pytest.fail(
                     f"{what}: every item given must be read exactly once, but the job caught "
                     f"up with the source ({where}) {SETTLE_SECONDS:g} s ago and read "
@@ -273,6 +263,32 @@ class _Run:
                     f"{describe_multiset(self.seen(), range(count))}")
 
         return check
+
+    def settled(self, job: Job | None,
+                short: Callable[[], bool] = lambda: True) -> Callable[[], str | None]:
+        """A look that says where ``job`` stands once it has been caught up for a while.
+
+        It answers None until ``job`` has been caught up with the source
+        (:meth:`caught_up`) for :data:`SETTLE_SECONDS` while ``short()`` held
+        all along; then what :meth:`caught_up` said. Looks at most every 0.25 s.
+        """
+        since: list[float] = []  # when the job was first seen caught up (and short)
+        looked = [0.0]
+
+        def look() -> str | None:
+            now = time.monotonic()
+            if job is None or now - looked[0] < 0.25:
+                return None
+            looked[0] = now
+            where = self.caught_up(job)
+            if where is None or not short():
+                since.clear()
+                return None
+            if not since:
+                since.append(now)
+            return where if now - since[0] >= SETTLE_SECONDS else None
+
+        return look
 
     def probe(self) -> tuple[Source, JobContext]:
         """A source of the harness's own, and its context, to ask for the latest offsets."""

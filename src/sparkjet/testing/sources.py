@@ -611,8 +611,22 @@ class SourceConformance:
         kept = run.add(self.ROUND)
         source_harness.trim(run.client)
         job.resume()
-        _wait(lambda: job.is_terminal() or len(run.seen()) > len(read),
-              "the job to fail or read on", 60)
+        settled = run.settled(job, lambda: len(run.seen()) <= len(read))
+        stuck: list[str] = []
+
+        def moved() -> bool:
+            if job.is_terminal() or len(run.seen()) > len(read):
+                return True
+            where = settled()
+            if where is not None:
+                stuck.append(where)
+            return bool(stuck)
+
+        _wait(moved, "the job to fail or read on", 60)
+        if stuck:
+            pytest.fail(f"a trimmed range must be reported, never skipped: the job neither "
+                        f"failed nor read anything given after the trim, and caught up with the "
+                        f"source ({stuck[0]})")
         time.sleep(1.0)
         seen = set(run.seen())
         jumped = seen & set(kept)
