@@ -273,3 +273,17 @@ class TestKafkaSource(SourceConformance):
     @pytest.fixture
     def source_harness(self, bootstrap: str, tmp_path: Path) -> SourceHarness:
         return KafkaHarness(bootstrap, tmp_path)
+
+
+def test_a_harness_still_declaring_lag_countable_is_told_where_the_declaration_went(
+    client: Client, tmp_path: Path
+) -> None:
+    """The harness flag is gone: what offsets mean is the source's ``offsets_count_items``."""
+    from sparkjet.testing.source_harness import _Run
+
+    class OldHarness(FolderLinesHarness):
+        lag_countable = False
+
+    with pytest.warns(DeprecationWarning, match=r"OldHarness.lag_countable is ignored: .*"
+                                                r"offsets_count_items = False on the Source"):
+        _Run(client, OldHarness(str(tmp_path / "inbox")))
