@@ -7,12 +7,14 @@ planning and reading give, and the bytes against the files the reads fetch.
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import sparkjet
 import sparkjet.plugin
 from sparkjet.contrib.files import FileSource
 from sparkjet.contrib.kafka import KafkaSource
@@ -86,6 +88,52 @@ def test_offsets_that_do_not_count_give_none_not_an_error(start: Any, end: Any) 
     ctx = _context(Store("memory://sizes-default"))
     assert source_lag(start, end) is None
     assert _Plain("x").range_size(start, end, ctx) is None
+
+
+class _Bytes(_Plain):
+    """Offsets that are byte positions: numbers, but not counts of items."""
+
+    kind = "sizes-bytes"
+    offsets_count_items = False
+
+
+@pytest.mark.parametrize(("start", "end"), [(0, 1310), ([0, 5], [40, 5]), ({"a": 0}, {"a": 9})])
+def test_opaque_offsets_count_nothing_whatever_their_shape(start: Any, end: Any) -> None:
+    ctx = _context(Store("memory://sizes-default"))
+    assert _Bytes("x").range_size(start, end, ctx) is None
+    assert sparkjet.plugin.lag_of(_Bytes("x"), start, end) is None
+    # The same numbers from a source that declares counts (the default) are items.
+    assert sparkjet.plugin.lag_of(_Plain("x"), start, end) == source_lag(start, end) > 0
+    assert Source.offsets_count_items is True and FileSource.offsets_count_items is False
+    assert StreamSource.offsets_count_items is True and KafkaSource.offsets_count_items is True
+
+
+def test_a_job_shows_lag_only_for_offsets_that_count_items(
+        client: sparkjet.Client, tmp_path: Path) -> None:
+    """``sourceLag`` in a job's metrics: the folder-lines source's byte offsets show none."""
+    from sparkjet.pipeline import Pipeline
+    from tests.kit_sources import FolderLinesHarness, FolderLinesSource
+
+    class ByteCounts(FolderLinesSource):  # the same offsets, declared (wrongly) as counts
+        offsets_count_items = True
+
+    harness = FolderLinesHarness(str(tmp_path / "inbox"))
+    harness.prepare(client)
+    harness.add(client, [{"seq": i} for i in range(5)])
+    lags = {}
+    for source in (FolderLinesSource(harness.folder), ByteCounts(harness.folder)):
+        p = Pipeline.create()
+        p.read_from(source).set_name("lines").write_to(Pipeline.to_list(f"out-{uuid.uuid4()}"))
+        job = client.get_jet().submit(p)
+        try:
+            deadline = time.monotonic() + 60
+            while job.get_metrics().get("lastCommittedBatch", -1) < 0:
+                assert time.monotonic() < deadline, "the job committed no micro-batch"
+                time.sleep(0.05)
+            lags[type(source).__name__] = job.get_metrics()["stages"]["lines"].get("sourceLag")
+        finally:
+            job.cancel()
+    assert lags == {"FolderLinesSource": None, "ByteCounts": 0}
 
 
 def test_source_lag_is_still_importable_from_the_loop() -> None:

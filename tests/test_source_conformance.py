@@ -7,14 +7,19 @@
   offset and micro-batch checks are declared not to apply;
 - the file source on a local folder and on the moto S3 server: every check
   but added partitions and trimming (a folder has neither); its offsets name
-  files, so the lag check wants None (uncountable), never a number. Its
+  files and byte positions, so it declares them opaque
+  (``offsets_count_items = False``) and the lag check is skipped. Its
   restart and driver-kill checks are the ones that caught the dropped file
   tail (a restarted job closed a half-read file at the offset it had reached);
 - the Kafka source against the real Tansu broker (tests/kafka_broker.py): no
   cap, and no trim (deleting records on the test broker is not tried: the
   harness declares it cannot); partitions added while the
   job runs are staged in the metadata only, as in tests/test_kafka.py, since
-  Tansu cannot add partitions to a topic.
+  Tansu cannot add partitions to a topic;
+- a third party's source with opaque offsets (tests/kit_sources.py: lines
+  appended to files in a folder, offsets byte positions per file, as in
+  docs/plugins.md): every check but the cap and trimming; its lag check is
+  skipped by its declaration, and its sizes and restores pass as they are.
 """
 
 from __future__ import annotations
@@ -40,10 +45,12 @@ from sparkjet.plugins.lists import ListSource
 from sparkjet.plugins.maps import MapSource
 from sparkjet.plugins.streams import StreamSource
 from sparkjet.testing import SourceConformance, SourceHarness, StoreLocation
-from tests import kafka_broker
+from tests import kafka_broker, kit_sources
+from tests.kit_sources import FolderLinesHarness
 
-# Spark's workers cannot import this test module: ship its classes by value.
+# Spark's workers cannot import the test modules: ship their classes by value.
 pyspark_cloudpickle.register_pickle_by_value(sys.modules[__name__])
+pyspark_cloudpickle.register_pickle_by_value(kit_sources)
 
 
 def _register(client: Client, module: Any, name: str) -> None:
@@ -149,7 +156,6 @@ class FileHarness(SourceHarness):
     """
 
     max_items_per_batch = FILE_BATCH_BYTES // KIT_LINE_BYTES + 1
-    lag_countable = False
     why_not = {"partitions": "a folder has no partitions",
                "trim": "a folder has no retention: a file removed before it was listed "
                        "was never there for the source"}
@@ -195,6 +201,15 @@ class TestFileSourceS3(SourceConformance):
     def source_harness(self, s3_location: StoreLocation) -> SourceHarness:
         where = s3_location.fresh()
         return FileHarness(f"{where.url}/inbox", where.options)
+
+
+# --- a third party's source with opaque offsets ----------------------------------------------
+
+
+class TestFolderLinesSource(SourceConformance):
+    @pytest.fixture
+    def source_harness(self, tmp_path: Path) -> SourceHarness:
+        return FolderLinesHarness(str(tmp_path / "inbox"))
 
 
 # --- Kafka ------------------------------------------------------------------------------------
@@ -258,3 +273,17 @@ class TestKafkaSource(SourceConformance):
     @pytest.fixture
     def source_harness(self, bootstrap: str, tmp_path: Path) -> SourceHarness:
         return KafkaHarness(bootstrap, tmp_path)
+
+
+def test_a_harness_still_declaring_lag_countable_is_told_where_the_declaration_went(
+    client: Client, tmp_path: Path
+) -> None:
+    """The harness flag is gone: what offsets mean is the source's ``offsets_count_items``."""
+    from sparkjet.testing.source_harness import _Run
+
+    class OldHarness(FolderLinesHarness):
+        lag_countable = False
+
+    with pytest.warns(DeprecationWarning, match=r"OldHarness.lag_countable is ignored: .*"
+                                                r"offsets_count_items = False on the Source"):
+        _Run(client, OldHarness(str(tmp_path / "inbox")))

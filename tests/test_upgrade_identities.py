@@ -109,10 +109,15 @@ def test_new_partitions_start_where_the_source_starts(tmp_path: Any) -> None:
 
 
 def test_partitions_gone_are_refused_unless_told_where_to_start(tmp_path: Any) -> None:
-    with pytest.raises(StateIncompatibleError,
-                       match=r"source 'src' had 3 partitions in the snapshot and has 2 now; "
-                             r"partition\(s\) 2 are gone"):
+    with pytest.raises(StateIncompatibleError) as refused:
         _seed(tmp_path / "a", [5, 7, 1], [9, 9])
+    # What differs, from which offsets: the snapshot's (3 partitions) and the
+    # source's initial offsets now (2 of them), both by watermark_partitions.
+    assert ("source 'src': partition(s) 2 are gone, so their offsets cannot be carried. "
+            "The snapshot's offsets [5, 7, 1] name 3 partition(s) (0, 1, 2); the source's "
+            "initial offsets now, [0, 0], name 2 (0, 1), both by its "
+            "watermark_partitions(offsets)") in str(refused.value)
+    assert "initial_offsets must name every partition it has" in str(refused.value)
     assert _seed(tmp_path / "b", [5, 7, 1], [9, 9],
                  UpgradeOptions(source_starts={"src": "latest"})) == [9, 9]
 

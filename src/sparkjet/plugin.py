@@ -36,9 +36,10 @@ change; lifecycle hooks see a job as a :class:`JobView` and a snapshot as a
 
 A source's author calls it as the micro-batch loop does with
 :func:`latest_offsets`, and reads its lag as the job's metrics count it with
-:func:`source_lag`; a snapshot backend that wraps another builds the
-built-in one for a URL with :func:`builtin_snapshot_backend`. The test kit,
-:mod:`sparkjet.testing`, is written against these names only.
+:func:`lag_of` (:func:`source_lag` for a source whose offsets count items);
+a snapshot backend that wraps another builds the built-in one for a URL with
+:func:`builtin_snapshot_backend`. The test kit, :mod:`sparkjet.testing`, is
+written against these names only.
 """
 
 
@@ -61,6 +62,7 @@ from sparkjet.core.host.contracts import (
     StoreAccess,
     StreamLogAccess,
     TaskContext,
+    lag_of,
     open_file_store,
     source_lag,
 )
@@ -103,6 +105,7 @@ __all__ = [
     "builtin_snapshot_backend",
     "file_modified",
     "hookimpl",
+    "lag_of",
     "latest_offsets",
     "open_file_store",
     "open_store",

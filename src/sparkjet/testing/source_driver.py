@@ -10,16 +10,41 @@ resumes it (its previous driver was SIGKILLed, so the job reads SUSPENDED and
 
 Progress goes to stdout, one flushed line each: ``SUBMITTED <id>`` or
 ``RESUMED <id>``, or ``REFUSED <why>`` (exit status 3) when the job cannot be
-resumed.
+resumed; ``REPLAYING <batch>`` each time the job's micro-batch loop finds a
+batch planned and not committed (a killed driver's) and replays it with its
+recorded offsets (what the loop logs on the ``sparkjet.streaming`` logger);
+``PAUSED <batch>`` when the kit's pausing sink holds a batch before its commit
+(the spec's pipeline writes through it; see ``_PausingSink``).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import sys
 from pathlib import Path
 
 import cloudpickle
+
+#: What the micro-batch loop logs when it replays a planned, uncommitted batch.
+_REPLAYING = re.compile(r"replaying micro-batch (\d+)")
+
+
+class _ReplayReporter(logging.Handler):
+    """Prints ``REPLAYING <batch>`` for each replay the loop logs."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        found = _REPLAYING.match(record.getMessage())
+        if found:
+            print(f"REPLAYING {found.group(1)}", flush=True)
+
+
+def _report_replays() -> None:
+    streaming = logging.getLogger("sparkjet.streaming")
+    streaming.addHandler(_ReplayReporter(logging.INFO))
+    if streaming.getEffectiveLevel() > logging.INFO:
+        streaming.setLevel(logging.INFO)
 
 
 def main(argv: list[str]) -> int:
@@ -29,6 +54,7 @@ def main(argv: list[str]) -> int:
         return 2
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spec = cloudpickle.loads(Path(argv[0]).read_bytes())
+    _report_replays()
 
     import sparkjet
     from sparkjet.errors import JobStateError

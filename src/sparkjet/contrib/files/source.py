@@ -70,6 +70,7 @@ class FileSource(Source):
     guarantees = ALL_GUARANTEES
     streaming = True
     accepts_start = True  # latest_offsets caps files and bytes per micro-batch from start
+    offsets_count_items = False  # offsets name files and byte positions, not items
 
     def __init__(
         self,
@@ -242,6 +243,10 @@ class FileSource(Source):
     def watermark_partition(self, descriptor: Any) -> str:
         """The whole folder is one partition: files are read in order of time."""
         return "files"
+
+    def watermark_partitions(self, offsets: Any) -> Sequence[str]:
+        """The one partition :meth:`watermark_partition` names, whatever the offsets."""
+        return ["files"]
 
     # --- reading (executors) -----------------------------------------------------
 

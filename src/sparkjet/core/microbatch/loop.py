@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from sparkjet.core.engine.boundary import BatchResult, BatchWork, Engine, JobRun, RunHooks
 from sparkjet.core.errors import SourceOffsetsError
-from sparkjet.core.host.contracts import JobContext, Source
+from sparkjet.core.host.contracts import JobContext, Source, lag_of
 from sparkjet.core.host.contracts import source_lag as source_lag  # moved; still importable here
 from sparkjet.core.microbatch.commit import BatchCommit
 from sparkjet.core.model import DEFAULT_KEY_GROUPS, StageCount
@@ -123,7 +123,7 @@ class StreamProgress:
     #: Per windowed stage, the watermark its last batch emitted up to.
     watermarks: dict[str, int] = field(default_factory=dict)
     #: Per source stage, how many items its source had that the job had not read
-    #: when it last looked (sources whose offsets are numbers; see :func:`source_lag`).
+    #: when it last looked (sources whose offsets count items; see :func:`lag_of`).
     lag: dict[str, int] = field(default_factory=dict)
     #: Micro-batches run here on the driver (small ones, adaptive) and on Spark.
     local_batches: int = 0
@@ -439,8 +439,10 @@ class StreamLoop:
                     self._check_forward(ends, latest)
                     now_ms = int(time.time() * 1000)
                     self._know_partitions(latest, now_ms)
-                    for stage, offsets in latest.items():
-                        behind = source_lag(ends.get(stage), offsets)
+                    for n in self.sources:
+                        stage = self.plan.name(n)
+                        # Opaque offsets (bytes, names) count no items: no lag shown.
+                        behind = lag_of(self.sources[n].source, ends.get(stage), latest[stage])
                         if behind is not None:
                             self.progress.lag[stage] = behind
                     if latest == ends and not self._time_due(now_ms):

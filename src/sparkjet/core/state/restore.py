@@ -17,6 +17,7 @@ run.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -168,15 +169,35 @@ def _seed_offsets(
             ends[source] = offsets.latest(source) if start == "latest" else initial
             continue
         if gone:
+            new = [p for p in has if p not in had]
             raise StateIncompatibleError(
-                f"cannot start from snapshot {manifest.name!r}: source {source!r} had "
-                f"{len(had)} partitions in the snapshot and has {len(has)} now; partition(s) "
-                f"{', '.join(gone[:5])} are gone, so their offsets cannot be carried (say "
-                f"where it starts with source_starts / --source-start {source}=initial or "
-                f"{source}=latest)",
+                f"cannot start from snapshot {manifest.name!r}: source {source!r}: "
+                f"partition(s) {_names(gone)} are gone, so their offsets cannot be carried. "
+                f"The snapshot's offsets {_short(restored)} name {len(had)} partition(s) "
+                f"({_names(had)}); the source's initial offsets now, {_short(initial)}, name "
+                f"{len(has)} ({_names(has)}" + (f"; new: {_names(new)}" if new else "") + "), "
+                f"both by its watermark_partitions(offsets). If the data is still there, the "
+                f"source's initial_offsets must name every partition it has (or its "
+                f"watermark_partitions list them whatever the offsets); else say where it "
+                f"starts with source_starts / --source-start {source}=initial or "
+                f"{source}=latest",
                 stages=[source])
         ends[source] = _with_new_partitions(restored, initial)
     return ends
+
+
+def _names(partitions: list[str], most: int = 5) -> str:
+    """``a, b, c`` (the first ``most``, then how many more), or ``none``."""
+    if not partitions:
+        return "none"
+    more = len(partitions) - most
+    return ", ".join(partitions[:most]) + (f" and {more} more" if more > 0 else "")
+
+
+def _short(offsets: Any, most: int = 120) -> str:
+    """``offsets`` as JSON, cut to ``most`` characters for a message."""
+    text = json.dumps(offsets, sort_keys=True, default=repr)
+    return text if len(text) <= most else text[: most - 3] + "..."
 
 
 def _with_new_partitions(restored: Any, initial: Any) -> Any:

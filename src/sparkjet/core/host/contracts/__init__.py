@@ -32,6 +32,7 @@ from sparkjet.core.host.contracts.base_classes import (
     Sink,
     Source,
     StatefulTransform,
+    lag_of,
     source_lag,
 )
 from sparkjet.core.host.contracts.contexts import JobContext, TaskContext
@@ -65,6 +66,7 @@ __all__ = [
     "StoreAccess",
     "StreamLogAccess",
     "TaskContext",
+    "lag_of",
     "open_file_store",
     "plugin_store",
     "source_lag",

@@ -85,6 +85,8 @@ def source_lag(read: Any, available: Any) -> int | None:
     Offsets that are a number, a list of numbers (one per partition, as a
     stream's or Kafka's) or a dict of numbers count; a partition missing from
     ``read`` counts from 0. Any other shape of offsets has no lag to show.
+    Only for a source whose offsets count items (:attr:`Source.offsets_count_items`):
+    :func:`lag_of` asks the source first.
     """
     if isinstance(available, bool):
         return None
@@ -105,6 +107,19 @@ def source_lag(read: Any, available: Any) -> int | None:
     return sum(max(int(a) - int(r), 0) for r, a in pairs)
 
 
+def lag_of(source: Any, read: Any, available: Any) -> int | None:
+    """How many items ``source`` has past ``read`` offsets up to ``available``; None if unknown.
+
+    :func:`source_lag` for a source whose offsets count items
+    (:attr:`Source.offsets_count_items`, the default); None for one that
+    declares them opaque positions (bytes, timestamps, names), whatever
+    their shape: a number that counts bytes is not a number of items.
+    """
+    if not getattr(source, "offsets_count_items", True):
+        return None
+    return source_lag(read, available)
+
+
 class _Participant(ABC):
     #: Registered name: unique among all plugins of the same category.
     kind: ClassVar[str]
@@ -122,6 +137,22 @@ class Source(_Participant):
     A batch source is split into partitions on the driver; each partition is
     read on an executor. Partitions are read and concatenated in order, so a
     source's order is kept by the stages that keep order.
+
+    A streaming source's offsets (what :meth:`initial_offsets` and
+    :meth:`latest_offsets` return) are JSON values of the source's own
+    choosing, and it declares what they mean with
+    :attr:`offsets_count_items`: item counts (the default: a number, or a
+    list or dict of numbers, one per partition, that grows by one per item,
+    as a stream's or Kafka's) or opaque positions (byte positions, times,
+    file names). The job's lag (``sourceLag`` in its metrics, ``sparkjet
+    jobs --follow``) and the default :meth:`range_size` count items from
+    offsets only when they count items; opaque offsets show no lag and
+    have no default size.
+
+    Restoring a job from a snapshot holds the source to one more contract:
+    every partition :meth:`watermark_partitions` names at the snapshot's
+    offsets must be named by ``watermark_partitions(initial_offsets(...))``
+    now (see :meth:`watermark_partitions`).
     """
 
     #: True for unbounded sources; such a pipeline runs as a streaming job.
@@ -131,6 +162,14 @@ class Source(_Participant):
     #: sparkjet then always calls ``latest_offsets(context, start=...)``; otherwise
     #: ``latest_offsets(context)``. Checked against the method when the class registers.
     accepts_start: ClassVar[bool] = False
+    #: What the offsets are: True (the default) if they count items, one per item
+    #: in each partition (a number, or a list or dict of numbers, one per
+    #: partition), so ``end - start`` is how many items a range holds; False if
+    #: they are opaque positions (byte positions, times, names), which sparkjet
+    #: only stores, compares for equality and hands back. Decides the job's
+    #: lag (none is shown for opaque offsets) and the default :meth:`range_size`
+    #: (None for opaque offsets); the source conformance kit checks it.
+    offsets_count_items: ClassVar[bool] = True
 
     def __init__(self, name: str) -> None:
         #: Name of the data this source reads; part of its stage name.
@@ -169,7 +208,14 @@ class Source(_Participant):
     # failure, so a source that can re-read a range supports EXACTLY_ONCE.
 
     def initial_offsets(self, context: JobContext) -> Any:
-        """Runs on the driver: where a job with no checkpoint starts reading."""
+        """Runs on the driver: where a job with no checkpoint starts reading.
+
+        Name every partition the source has now (at its first offset: ``{"a.txt":
+        0, "b.txt": 0}``, not ``{}``): a job restored from a snapshot compares
+        ``watermark_partitions(initial_offsets(...))`` with the partitions of
+        the snapshot's offsets, and refuses to start when one of those is not
+        named (see :meth:`watermark_partitions`).
+        """
         raise NotImplementedError(f"{type(self).__qualname__} is not a streaming source")
 
     def latest_offsets(self, context: JobContext) -> Any:
@@ -215,6 +261,18 @@ class Source(_Participant):
         partition whose first events come late does not find them dropped.
         Must agree with :meth:`watermark_partition`; the default is its one
         partition.
+
+        Not for windows only: starting a job from a snapshot (an upgrade, a
+        restart from an exported snapshot) compares the partitions this names
+        at the snapshot's offsets with those it names at
+        ``initial_offsets(...)`` taken now. Every partition of the snapshot
+        must be named now (new ones may come; they start at their initial
+        offsets); one that is not counts as gone, and the job is refused
+        unless told where the source starts (``source_starts``). So a source
+        whose partitions are keys of its offsets returns them from
+        :meth:`initial_offsets` too, each at its first offset; one that
+        lists its partitions elsewhere (a folder, a topic's metadata) may
+        name them here whatever ``offsets`` holds.
         """
         return ["0"]
 
@@ -264,10 +322,11 @@ class Source(_Participant):
         source's listings already tell). A number must be right, not a
         guess (see :class:`InputSize`): say None for what is unknown. The
         default counts items from offsets shaped as a number, or a list or
-        dict of numbers, one per partition (:func:`source_lag`); bytes
-        unknown; None for other shapes.
+        dict of numbers, one per partition (:func:`source_lag`), when the
+        source declares its offsets count items (:attr:`offsets_count_items`);
+        bytes unknown; None for other shapes and for opaque offsets.
         """
-        items = source_lag(start, end)
+        items = lag_of(self, start, end)
         return None if items is None else InputSize(items, None)
 
     def estimated_size(self, context: JobContext) -> InputSize | None:
