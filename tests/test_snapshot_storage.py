@@ -353,6 +353,34 @@ def test_not_found_names_the_snapshot_and_backend(backend: SnapshotBackend) -> N
     assert info.value.snapshot == "nope"
 
 
+def test_a_listing_that_missed_every_attempt_is_taken_again(
+    backend: SnapshotBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listing walked while a newer export published and retired the one it found is empty.
+
+    Found by the docs' backend in the racing-exports test: the name's folder
+    held the old attempt when the listing began and the new one when it
+    ended, yet the listing saw neither, and ``get`` said no such snapshot.
+    """
+    store = SnapshotStore(backend)
+    export(store, "v1", "job-1")
+    folder = snapshot_folder("v1")
+    listings: list[list[str]] = []
+    list_children = backend.list_children
+
+    def unlucky_first(prefix: str) -> list[str]:
+        found = list_children(prefix)
+        if prefix == folder:
+            listings.append(found)
+            if len(listings) == 1:
+                return []  # the first look at the name missed every attempt
+        return found
+
+    monkeypatch.setattr(backend, "list_children", unlucky_first)
+    assert store.get("v1").job_id == "job-1"
+    assert len(listings) == 2
+
+
 def test_a_later_export_wins_even_when_the_clock_goes_back(
     backend: SnapshotBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -367,7 +367,10 @@ class SnapshotStore:
                 except FileNotFoundError:
                     continue  # being written, or being retired: look at the next one
                 return decode_manifest(raw, name, attempt, self._key)
-            if not attempts or attempts == previous:
+            # The same listing twice (also empty twice): nothing more will show. A
+            # listing is no snapshot of the folder: one walked while a newer export
+            # published and retired the attempt it had found may come back empty.
+            if attempts == previous:
                 break
             previous = attempts  # attempts came or went while we looked: look again
         raise SnapshotNotFoundError(
