@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from sparkjet.core.host.contracts import Sink, Source
-from sparkjet.core.host.manager import Category, PluginHost
+from sparkjet.core.host.manager import PluginHost
+from sparkjet.core.host.plugin_info import Category
 from sparkjet.core.pipeline import graph
 from sparkjet.core.pipeline.graph import (
     GroupedStage,

@@ -68,7 +68,7 @@ from sparkjet.core.host.contracts import (
 )
 from sparkjet.core.host.contracts.store_access import ListedFile, open_store
 from sparkjet.core.host.hookspecs import JobView, ManifestView, StageView, hookimpl
-from sparkjet.core.host.manager import Category, PluginInfo, Registered
+from sparkjet.core.host.plugin_info import Category, PluginInfo, Registered
 from sparkjet.core.microbatch.loop import latest_offsets
 from sparkjet.core.model import ProcessingGuarantee
 from sparkjet.core.pipeline.windows import KeyedWindowResult, WindowResult

@@ -16,7 +16,8 @@ from sparkjet.core.config import Config, load_config
 from sparkjet.core.config import _resolve as resolve_env  # ${env:...}, as the file does
 from sparkjet.core.engine.boundary import Engine
 from sparkjet.core.errors import ConfigError
-from sparkjet.core.host.manager import PluginHost, PluginInfo
+from sparkjet.core.host.manager import PluginHost
+from sparkjet.core.host.plugin_info import PluginInfo
 from sparkjet.core.jobs import JetService, Services
 from sparkjet.core.maintenance.gc import (
     DEFAULT_GRACE_SECONDS,

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, assert_never
 import cloudpickle
 
 from sparkjet.core.errors import PipelineDefinitionError, ProcessingGuaranteeError
-from sparkjet.core.host.manager import PluginHost, Registered
+from sparkjet.core.host.manager import PluginHost
+from sparkjet.core.host.plugin_info import Registered
 from sparkjet.core.model import ProcessingGuarantee
 from sparkjet.core.pipeline.dead_letters import DeadLetterPlan, default_stream, plan_dead_letters
 from sparkjet.core.pipeline.graph import (

@@ -14,7 +14,8 @@ from sparkjet.core.errors import (
     SparkjetError,
 )
 from sparkjet.core.host.contracts import SnapshotBackend
-from sparkjet.core.host.manager import Category, PluginHost
+from sparkjet.core.host.manager import PluginHost
+from sparkjet.core.host.plugin_info import Category
 
 if TYPE_CHECKING:
     from sparkjet.core.config import Config
