@@ -59,6 +59,7 @@ The kit's modules: :mod:`~sparkjet.testing.locations` (:class:`StoreLocation`),
 :mod:`~sparkjet.testing.fixtures` (the session fixtures above),
 :mod:`~sparkjet.testing.store_conformance`,
 :mod:`~sparkjet.testing.snapshot_conformance`, :mod:`~sparkjet.testing.sources`
+(with :mod:`~sparkjet.testing.source_restarts`)
 and :mod:`~sparkjet.testing.sinks` (the suites), and
 :mod:`~sparkjet.testing.races` (racing writers on threads). This package
 re-exports what a test imports, and the fixtures, so that pytest finds them here.
