@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import sys
 import uuid
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -285,5 +286,13 @@ def test_a_harness_still_declaring_lag_countable_is_told_where_the_declaration_w
         lag_countable = False
 
     with pytest.warns(DeprecationWarning, match=r"OldHarness.lag_countable is ignored: .*"
-                                                r"offsets_count_items = False on the Source"):
+                                                r"offsets_count_items = False on the Source"
+                      ) as told:
         _Run(client, OldHarness(str(tmp_path / "inbox")))
+    assert len([w for w in told if "lag_countable" in str(w.message)]) == 1, "warned once"
+    with warnings.catch_warnings(record=True) as quiet:
+        warnings.simplefilter("always")
+        _Run(client, FolderLinesHarness(str(tmp_path / "inbox2")))
+    assert [str(w.message) for w in quiet if "lag_countable" in str(w.message)] == [], (
+        "a harness that does not declare lag_countable is not warned"
+    )
