@@ -211,24 +211,10 @@ def test_sparkjet_plugins_lists_a_broken_plugin_with_the_hint_to_block_it(
 def test_entry_point_whose_registration_hook_raises_is_broken(
     installed: Callable[..., Path], store_url: str
 ) -> None:
-    installed("sparkjet-raising-plugin", {"raising": "sj_raising_pkg"}, {"sj_raising_pkg": """
-        from sparkjet.plugin import ALL_GUARANTEES, Source, hookimpl
-
-        class Fine(Source):
-            kind = "raising-fine"
-            guarantees = ALL_GUARANTEES
-
-            def partitions(self, context):
-                return []
-
-            def read(self, partition, context):
-                return []
-
-        @hookimpl
-        def register_sources(register):
-            register(Fine)
-            raise KeyError("lost my config")
-    """})
+    installed("sparkjet-raising-plugin", {"raising": "sj_raising_pkg"}, {
+        "sj_raising_pkg": empty_source_plugin("Fine", "raising-fine",
+                                              then='raise KeyError("lost my config")'),
+    })
 
     client = connect(store_url)
 
@@ -247,6 +233,31 @@ def test_entry_point_whose_registration_hook_raises_is_broken(
         client.get_jet().submit(p)
     assert isinstance(raised.value.__cause__, PluginError)
     assert isinstance(raised.value.__cause__.__cause__, KeyError)
+
+
+def empty_source_plugin(cls: str, kind: str, then: str = "") -> str:
+    """A plugin module registering one batch source ``cls`` of ``kind`` that reads nothing.
+
+    ``then``: one more statement of the registration hook, after it registers.
+    """
+    return f"""
+        from sparkjet.plugin import ALL_GUARANTEES, Source, hookimpl
+
+        class {cls}(Source):
+            kind = "{kind}"
+            guarantees = ALL_GUARANTEES
+
+            def partitions(self, context):
+                return []
+
+            def read(self, partition, context):
+                return []
+
+        @hookimpl
+        def register_sources(register):
+            register({cls})
+            {then}
+    """
 
 
 def test_entry_point_with_a_misspelled_contract_method_is_broken(
@@ -290,23 +301,7 @@ def test_entry_point_with_a_misspelled_contract_method_is_broken(
 def test_two_entry_points_registering_one_kind_fail_connect_with_the_hint_to_block_one(
     installed: Callable[..., Path], store_url: str
 ) -> None:
-    source = """
-        from sparkjet.plugin import ALL_GUARANTEES, Source, hookimpl
-
-        class Dup(Source):
-            kind = "dup-kind"
-            guarantees = ALL_GUARANTEES
-
-            def partitions(self, context):
-                return []
-
-            def read(self, partition, context):
-                return []
-
-        @hookimpl
-        def register_sources(register):
-            register(Dup)
-    """
+    source = empty_source_plugin("Dup", "dup-kind")
     installed("sparkjet-dup-a", {"dup-a": "sj_dup_a"}, {"sj_dup_a": source})
     installed("sparkjet-dup-b", {"dup-b": "sj_dup_b"}, {"sj_dup_b": source})
 
