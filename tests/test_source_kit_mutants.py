@@ -41,13 +41,19 @@ CAUGHT_BY: dict[str, dict[str, tuple[str, ...]]] = {
         "test_a_killed_driver_process_resumes_exactly_once": (
             "every item given must be read exactly once", "had to replay", "2 missing"),
     },
+    # Caught in process, by a replayed plan reading other items; its kill test is not
+    # run (a driver that did not start within 180 s under CI's load once failed it
+    # for that reason instead, and the replay-drops-last mutant proves the kill test).
     "cursor-at-planning": {
         "test_replay_reads_the_same_items": ("the same offsets must read the same items",),
-        "test_a_killed_driver_process_resumes_exactly_once": (
-            "every item given must be read exactly once", "had to replay", "missing"),
     },
 }
 CHECKS = sorted({check for caught in CAUGHT_BY.values() for check in caught})
+#: The checks not run on a mutant that no check of them is expected to catch (-k syntax).
+UNRUN = " or ".join(
+    f"({check} and {bug})" for bug, caught in CAUGHT_BY.items()
+    for check in CHECKS if check not in caught
+)
 
 CONFTEST = '''
 import pytest
@@ -93,7 +99,8 @@ def test_the_kit_fails_each_planted_bug_naming_the_promise(tmp_path: Path) -> No
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c",
          str(suite / "pytest.ini"), "--rootdir", str(suite), str(suite),
-         "-m", "slow or not slow", "-k", " or ".join(CHECKS), f"--junitxml={report}"],
+         "-m", "slow or not slow", "-k", f"({' or '.join(CHECKS)}) and not ({UNRUN})",
+         f"--junitxml={report}"],
         cwd=suite, env=env, capture_output=True, text=True, timeout=600)
     took = time.monotonic() - began
     print(f"the kit on the sound source and {len(BUGS)} mutants: {took:.1f} s")
