@@ -9,9 +9,11 @@ Used three ways:
   workers see another sparkjet, one that outlives a killed client);
 - :func:`free_port`.
 
-The server runs ``local[2]`` in its own JVM; its Python workers run
-``python`` (default: this interpreter), with ``env`` added to the server's
-environment.
+The server runs ``local[2]`` in its own JVM, started as docs/connect.md
+says (``start-connect-server.sh --master 'local[2]'``, nothing else set but
+its address, a free port on 127.0.0.1, and ``conf`` if given); its Python
+workers run ``python`` (default: this interpreter), with ``env`` added to the
+server's environment.
 """
 
 from __future__ import annotations
@@ -66,14 +68,13 @@ def start(python: str | None = None, env: dict[str, str] | None = None,
     port = free_port()
     folder = Path(tempfile.mkdtemp(prefix="sparkjet-connect-server-"))
     log = folder / "server.log"
+    # The docs' recipe and nothing more: these two are only where it listens. No tuning
+    # (parallelism, shuffle partitions, memory, the UI): the suite runs on the server a
+    # reader starts, whose defaults sparkjet must handle (``conf`` adds settings for a
+    # test that means to). A second server's UI takes the next free port by itself.
     settings = {
         "spark.connect.grpc.binding.address": "127.0.0.1",
         "spark.connect.grpc.binding.port": str(port),
-        "spark.ui.enabled": "false",
-        "spark.default.parallelism": "2",
-        "spark.sql.shuffle.partitions": "2",
-        "spark.driver.memory": "1g",
-        "spark.python.worker.reuse": "true",
         **(conf or {}),
     }
     args = [str(home / "sbin" / "start-connect-server.sh"), "--wait", "--master", "local[2]"]

@@ -265,6 +265,69 @@ def test_workers_that_cannot_import_the_shipped_code_are_refused_leaving_no_job(
 
 
 @pytest.mark.connect
+def test_a_server_started_as_the_docs_say_runs_batch_and_streaming_jobs_on_spark(
+    tmp_path: Path,
+) -> None:
+    """docs/connect.md's ``start-connect-server.sh --master 'local[2]'``, nothing else set.
+
+    Such a server has no ``spark.default.parallelism``, so the engine asks
+    the server for it with a query (an aggregate of ``spark_partition_id()``
+    once failed Spark's analysis there, failing every job at its first step).
+    A batch job and a streaming job, every batch of both on the server.
+    """
+    from sparkjet import aggregate
+    from sparkjet.core.engine.connect.engine import ConnectEngine
+    from sparkjet.job import JobConfig, JobStatus, ProcessingGuarantee
+    from sparkjet.pipeline import StreamSource
+    from tests.conftest import wait_until
+
+    server = connect_server.start()  # the docs' recipe: only its address and port are ours
+    try:
+        client = sparkjet.connect(store={"url": str(tmp_path / "store")},
+                                  spark={"remote": server.url}, engine={"adaptive": False})
+        assert client.spark.conf.get("spark.default.parallelism", None) is None
+        assert ConnectEngine(client.config, client.plugins).parallelism() == 2  # local[2]
+
+        # A batch job: a keyed count, and the processes that ran its map (the server's workers).
+        p = Pipeline.create()
+        words = p.read_from(Pipeline.from_list("words", ["a", "b", "a"] * 50)).map(
+            lambda w: (w, os.getpid()))
+        words.map(lambda pair: pair[1]).distinct().write_to(Pipeline.to_list("pids"))
+        (words.group_by(lambda pair: pair[0]).aggregate(aggregate.counting())
+         .write_to(Pipeline.to_list("counts")))
+        client.get_jet().submit(p, JobConfig(name="counts")).join(timeout=300)
+        assert sorted(client.get_list("counts").get_all()) == [("a", 100), ("b", 50)]
+        pids = client.get_list("pids").get_all()
+        assert pids and os.getpid() not in pids
+
+        # A streaming job: its micro-batches on the server (adaptive off), state kept across them.
+        stream = client.get_stream("clicks", partitions=2)
+        s = Pipeline.create()
+        (s.read_from(StreamSource("clicks")).group_by(lambda click: click["user"])
+         .aggregate(aggregate.counting()).write_to(Pipeline.to_map("per-user")))
+        job = client.get_jet().submit(s, JobConfig(
+            name="clicks", processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE,
+            snapshot_interval_millis=100))
+        try:
+            wait_until(lambda: job.status is JobStatus.RUNNING, timeout=120, what="the job to run")
+            stream.publish_all([{"user": u} for u in ["ada", "bob", "ada", "cy", "ada"]])
+            wait_until(lambda: dict(client.get_map("per-user").entry_set())
+                       == {"ada": 3, "bob": 1, "cy": 1}, timeout=120, what="the first counts")
+            stream.publish_all([{"user": u} for u in ["bob", "ada", "bob"]])
+            wait_until(lambda: dict(client.get_map("per-user").entry_set())
+                       == {"ada": 4, "bob": 3, "cy": 1}, timeout=120, what="the counts kept")
+            metrics = wait_until(lambda: (m := job.get_metrics())["sparkBatches"] >= 2 and m,
+                                 what="the micro-batches on the server to be counted")
+            assert metrics["localBatches"] == 0, metrics
+            assert job.status is JobStatus.RUNNING
+        finally:
+            job.cancel()
+            wait_until(job.is_terminal, timeout=120, what="the job to end")
+    finally:
+        server.stop()
+
+
+@pytest.mark.connect
 @pytest.mark.slow  # installs the Connect client into a virtualenv of its own
 def test_a_client_with_no_jvm_submits_to_the_server(tmp_path: Path) -> None:
     """``pip install 'sparkjet[connect]'``: no pyspark build, no Java; submit, status, the CLI."""
