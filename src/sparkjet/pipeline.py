@@ -20,11 +20,13 @@ from sparkjet.core.host.plugin_info import Category
 from sparkjet.core.pipeline import graph
 from sparkjet.core.pipeline.graph import (
     GroupedStage,
+    HashJoinBuilder,
     SinkStage,
     Stage,
     WindowedGroupedStage,
     WindowedStage,
 )
+from sparkjet.core.pipeline.joins import ItemsByTag, JoinClause, Tag
 from sparkjet.core.pipeline.windows import KeyedWindowResult, WindowDefinition, WindowResult
 from sparkjet.plugins.lists import ListSink, ListSource
 from sparkjet.plugins.logger import LoggerSink
@@ -33,6 +35,9 @@ from sparkjet.plugins.streams import StreamSink, StreamSource
 
 __all__ = [
     "GroupedStage",
+    "HashJoinBuilder",
+    "ItemsByTag",
+    "JoinClause",
     "KeyedWindowResult",
     "ListSink",
     "ListSource",
@@ -44,6 +49,7 @@ __all__ = [
     "Stage",
     "StreamSink",
     "StreamSource",
+    "Tag",
     "WindowDefinition",
     "WindowResult",
     "WindowedGroupedStage",

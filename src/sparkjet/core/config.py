@@ -67,6 +67,7 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], str]]] = {
         "local_max_bytes": ((int,), "a whole number of bytes, 0 or more"),
         "driver_state_bytes": ((int,), "a whole number of bytes, 0 or more"),
         "cold_state_bytes": ((int,), "a whole number of bytes, 0 or more"),
+        "join_table_max_bytes": ((int,), "a whole number of bytes, 0 or more"),
         "stream_poll_seconds": ((int, float), "a number of seconds, more than 0"),
         "idle_poll_max_seconds": ((int, float), "a number of seconds, more than 0"),
     },
@@ -98,6 +99,9 @@ DEFAULT_LOCAL_MAX_BYTES = 4 << 20
 #: (then each range is read from the checkpoint first, which costs time per byte).
 DEFAULT_DRIVER_STATE_BYTES = 256 << 20
 DEFAULT_COLD_STATE_BYTES = 32 << 20
+#: ``[engine]`` default: the most bytes a hash join's build table may take pickled
+#: (it is held once per worker process, and once in the driver).
+DEFAULT_JOIN_TABLE_MAX_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -132,6 +136,9 @@ class EngineSettings:
     local_max_bytes: int = DEFAULT_LOCAL_MAX_BYTES
     driver_state_bytes: int = DEFAULT_DRIVER_STATE_BYTES
     cold_state_bytes: int = DEFAULT_COLD_STATE_BYTES
+    #: The most bytes a hash join's build table may take pickled; a bigger one
+    #: fails its job at start, naming the stage and the size.
+    join_table_max_bytes: int = DEFAULT_JOIN_TABLE_MAX_BYTES
     stream_poll_seconds: float = DEFAULT_STREAM_POLL_SECONDS
     idle_poll_max_seconds: float = DEFAULT_IDLE_POLL_MAX_SECONDS
 

@@ -200,9 +200,11 @@ class AdaptiveEngine:
         if not resolve_adaptive(job.adaptive, self.settings):
             return self.spark.batch(job, hooks)
         plan = job.plan
+        # A tables-only run reads only the hash joins' build sides.
+        read = plan.build_sources() if job.tables_only else plan.sources()
         sizes = ask_sizes({
             plan.name(node): functools.partial(spec.source.estimated_size, job.job_context(node))
-            for node, spec in plan.sources().items()})
+            for node, spec in read.items()})
         local, reason = choose_local(sizes, state_bytes=0, driver_holds_state=False,
                                      settings=self.settings, enabled=True)
         log.debug("job %s runs %s: %s", job.label, "on the driver" if local else "on Spark",

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
+from sparkjet.core.config import DEFAULT_JOIN_TABLE_MAX_BYTES
 from sparkjet.core.host.contracts import JobContext
 from sparkjet.core.model import StageCount
 from sparkjet.core.pipeline.event_time import WindowClock
@@ -63,6 +64,13 @@ class JobRun:
     adaptive: bool | None = None
     #: The job as logs name it.
     label: str = ""
+    #: Only build the hash joins' tables (a streaming job's build sides, read
+    #: once per run of its loop): the run reads the build sides, stores each
+    #: join's tables and returns their digests (:attr:`BatchResult.tables`).
+    tables_only: bool = False
+    #: The most bytes a hash join's table may take pickled (``[engine]
+    #: join_table_max_bytes``); more fails the job at start, naming the stage.
+    join_table_max_bytes: int = DEFAULT_JOIN_TABLE_MAX_BYTES
 
 
 @dataclass(frozen=True)
@@ -91,6 +99,9 @@ class BatchWork:
     #: for this batch, so its state tasks do not each list it again (a stage
     #: missing here: each task lists it). See :meth:`StatePaths.versions`.
     listed: Mapping[str, list[str]] = field(default_factory=dict)
+    #: Per hash join stage, the digests of the tables its batch joins against
+    #: (recorded in the batch's plan, so a replay joins against the same tables).
+    tables: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     #: The bytes of keyed state the job holds, as its last batch reported
     #: (None: not known yet in this run of the loop: a stateful job's first
     #: batch after a start from an existing checkpoint, a restart or a take-over).
@@ -132,6 +143,9 @@ class BatchResult:
     #: Per timestamped source stage, per source partition (its watermark key),
     #: the highest timestamp the batch read there. Empty for batch jobs.
     event_times: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: Per hash join stage, the digests of the tables the run built (a
+    #: :attr:`JobRun.tables_only` run's result; empty otherwise).
+    tables: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 class Execution(Protocol):

@@ -323,7 +323,8 @@ class JobRunner:
     def _run_batch(self) -> None:
         contexts = self.context_factory()
         job = JobRun(self.plan, contexts, metrics=self.job.config.metrics_enabled,
-                     adaptive=self.job.config.adaptive_micro_batches, label=self.job.label)
+                     adaptive=self.job.config.adaptive_micro_batches, label=self.job.label,
+                     join_table_max_bytes=self.services.engine_settings.join_table_max_bytes)
         hooks = RunHooks(cancelled=self.cancel_requested.is_set,
                          before_commit=lambda: self.set_status(JobStatus.COMPLETING))
         try:

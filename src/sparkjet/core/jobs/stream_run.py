@@ -125,7 +125,8 @@ class StreamRun:
             LoopSettings(config.metrics_enabled, trigger, config.key_groups,
                          CacheOwner(self._store, self.job.id, config.state_cache_bytes),
                          config.adaptive_micro_batches, self.job.label,
-                         relist_seconds=self._relist_seconds()),
+                         relist_seconds=self._relist_seconds(),
+                         join_table_max_bytes=self._engine_settings.join_table_max_bytes),
             self,  # the loop's host
             self.progress,
         )

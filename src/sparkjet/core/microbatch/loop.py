@@ -15,6 +15,7 @@ what the loop asks of the job it runs for is :class:`LoopHost`.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import logging
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from sparkjet.core.config import DEFAULT_JOIN_TABLE_MAX_BYTES
 from sparkjet.core.engine.boundary import BatchResult, BatchWork, Engine, JobRun, RunHooks
 from sparkjet.core.errors import SourceOffsetsError
 from sparkjet.core.host.contracts import JobContext, Source, lag_of
@@ -213,6 +215,8 @@ class LoopSettings:
     label: str = ""
     #: How often the loop lists its sources while their waits say nothing came.
     relist_seconds: float = RELIST_SECONDS
+    #: The most bytes a hash join's table may take pickled (``[engine]``).
+    join_table_max_bytes: int = DEFAULT_JOIN_TABLE_MAX_BYTES
 
 
 class StreamLoop:
@@ -405,8 +409,10 @@ class StreamLoop:
         # What every micro-batch of this run shares: the job, and the host's callbacks.
         job = JobRun(self.plan, self.job_context, metrics=self.settings.metrics,
                      cache_owner=self.settings.cache_owner, checkpoint_id=self.checkpoint.id,
-                     adaptive=self.settings.adaptive, label=self.settings.label)
+                     adaptive=self.settings.adaptive, label=self.settings.label,
+                     join_table_max_bytes=self.settings.join_table_max_bytes)
         hooks = RunHooks(cancelled=host.cancelled)
+        tables = self._build_tables(job, hooks)
         quiet_until = 0.0  # till then the sources said nothing came: no need to list them
         listed = 0.0  # when the loop last listed the sources' offsets
         # The batch found unplanned, or the one after a batch this driver
@@ -454,7 +460,7 @@ class StreamLoop:
                     planned = BatchPlan(batch, ends, latest, now_ms,
                                         max(1, min(self.engine.parallelism(), groups)),
                                         self._watermarks(now_ms) if self.windows else None,
-                                        self._early(now_ms))
+                                        self._early(now_ms), tables or None)
                     planned = commits.plan(planned)
                 else:
                     log.info("replaying micro-batch %d with its recorded offsets", batch)
@@ -464,6 +470,7 @@ class StreamLoop:
                     state=commits.state(host.pinned_batch()),
                     tasks=planned.state_tasks(groups), now_ms=planned.time_ms, windows=clocks,
                     listed=commits.listed(self._state_stages),
+                    tables=tables if planned.tables is None else planned.tables,
                     state_bytes=(sum(size for _, size in self.progress.state.values())
                                  if self._state_known else None),
                 )
@@ -503,6 +510,22 @@ class StreamLoop:
                 while rest > 0 and self._stop_asked() is None:
                     self._pause(min(rest, IDLE_POLL_SECONDS))
                     rest = trigger - (time.monotonic() - started)
+
+    def _build_tables(self, job: JobRun, hooks: RunHooks) -> dict[str, tuple[str, ...]]:
+        """Read the hash joins' build sides, once per run of the loop, as Jet does at start.
+
+        Returns each join stage's table digests, which every batch planned in
+        this run records; a batch replayed from an earlier run's plan joins
+        against the tables that plan names instead.
+        """
+        if not self.plan.joins():
+            return {}
+        started = time.monotonic()
+        result = self.engine.batch(dataclasses.replace(job, tables_only=True), hooks).run()
+        log.info("job %s: read the build sides of its hash joins (%s) in %.0f ms: a job reads "
+                 "them when it starts, resumes or restarts", self.settings.label,
+                 ", ".join(sorted(result.tables)), (time.monotonic() - started) * 1000)
+        return dict(result.tables)
 
     def _record(self, result: BatchResult, batch: int, duration_ms: int) -> None:
         p = self.progress

@@ -25,6 +25,8 @@ from sparkjet.core.pipeline.graph import (
     DistinctSpec,
     GroupAggregateSpec,
     GroupApplySpec,
+    HashJoinSpec,
+    KeyedSpec,
     MapStatefulSpec,
     MergeSpec,
     NodeSpec,
@@ -66,6 +68,10 @@ class Plan:
     #: Where dead letters go and which stages make them (None: errors fail the job);
     #: set for a job by :meth:`for_job`.
     dead_letters: DeadLetterPlan | None = None
+    #: The nodes that feed only hash joins' build sides (the build inputs and
+    #: their upstream): bounded, read in full before the primary side. A
+    #: streaming job reads them once per run of its loop, not per micro-batch.
+    build_nodes: frozenset[Transform] = frozenset()
 
     def for_job(
         self, job_id: str, job_name: str | None, error_policy: str, dead_letter_stream: str | None
@@ -80,12 +86,28 @@ class Plan:
         return self.names[node]
 
     def sources(self) -> dict[Transform, SourceSpec]:
-        """The source nodes, in topological order, with their specs."""
-        return {node: node.spec for node in self.nodes if isinstance(node.spec, SourceSpec)}
+        """The source nodes, in topological order, with their specs.
+
+        In a streaming plan: the sources its micro-batches read (offsets,
+        lag, snapshots), not the bounded ones of hash joins' build sides
+        (:meth:`build_sources`).
+        """
+        return {node: node.spec for node in self.nodes if isinstance(node.spec, SourceSpec)
+                and not (self.streaming and node in self.build_nodes)}
+
+    def build_sources(self) -> dict[Transform, SourceSpec]:
+        """The sources of hash joins' build sides, in topological order, with their specs."""
+        return {node: node.spec for node in self.nodes
+                if isinstance(node.spec, SourceSpec) and node in self.build_nodes}
+
+    def joins(self) -> dict[Transform, HashJoinSpec]:
+        """The hash join nodes, in topological order, with their specs."""
+        return {node: node.spec for node in self.nodes if isinstance(node.spec, HashJoinSpec)}
 
     def close_sources(self, job_context: Callable[[Transform], JobContext]) -> None:
         """Call every source's driver-side ``close``; a failure is logged, naming the stage."""
-        for node, spec in self.sources().items():
+        every = {node: node.spec for node in self.nodes if isinstance(node.spec, SourceSpec)}
+        for node, spec in every.items():
             context = job_context(node)
             try:
                 spec.source.close(context)
@@ -112,13 +134,15 @@ def plan(pipeline: Any, host: PluginHost, guarantee: ProcessingGuarantee) -> Pla
             )
     participants = {node: _registration(node, participant, names[node], host)
                     for node in nodes if (participant := _participant(node.spec)) is not None}
+    build_nodes = _build_nodes(nodes, names)
     streaming = any(node.spec.source.streaming for node in nodes
-                    if isinstance(node.spec, SourceSpec))
+                    if isinstance(node.spec, SourceSpec) and node not in build_nodes)
     for node in nodes:
         _check_picklable(node.spec, names[node])
     event_sources = {names[n]: _event_sources(n, names) for n in nodes
                      if isinstance(n.spec, WindowSpec)}
     if streaming:
+        _check_bounded_sources(nodes, names, build_nodes)
         _check_streaming_sources(nodes, names)
         for node in nodes:
             reason = _NOT_IN_STREAMS.get(node.op)
@@ -127,8 +151,81 @@ def plan(pipeline: Any, host: PluginHost, guarantee: ProcessingGuarantee) -> Pla
                     f"stage '{names[node]}' ({node.op}) cannot run in a streaming job: {reason}",
                     names[node],
                 )
-        _check_guarantee(participants, names, guarantee)
-    return Plan(pipeline, names, nodes, streaming, participants, event_sources)
+        _check_guarantee(
+            {n: e for n, e in participants.items() if n not in build_nodes}, names, guarantee)
+    return Plan(pipeline, names, nodes, streaming, participants, event_sources,
+                build_nodes=build_nodes)
+
+
+def _build_nodes(nodes: list[Transform], names: dict[Transform, str]) -> frozenset[Transform]:
+    """The nodes upstream of hash joins' build inputs; refuses a streaming build side.
+
+    A build side is read in full before its join's first primary item, so
+    every source upstream of it must be bounded.
+    """
+    found: set[Transform] = set()
+    for join in nodes:
+        if not isinstance(join.spec, HashJoinSpec):
+            continue
+        for side in join.inputs[1:]:
+            todo = [side]
+            while todo:
+                node = todo.pop()
+                if node in found:
+                    continue
+                found.add(node)
+                spec = node.spec
+                if isinstance(spec, SourceSpec) and spec.source.streaming:
+                    raise PipelineDefinitionError(
+                        f"stage '{names[join]}': its build side '{names[side]}' reads the "
+                        f"streaming source '{names[node]}' ({spec.source.describe()}); a hash "
+                        "join reads its build sides in full before the first item, so they "
+                        "must be bounded (a list, a map, files); to match two streams, use an "
+                        "interval join or a co-group on windows",
+                        names[join])
+                todo.extend(node.inputs)
+    return frozenset(found)
+
+
+def _check_bounded_sources(
+    nodes: list[Transform], names: dict[Transform, str], build_nodes: frozenset[Transform]
+) -> None:
+    """A streaming job's bounded sources and their stages feed only build sides.
+
+    A bounded source elsewhere in a streaming job has no offsets to read by
+    micro-batch: refused here, naming the stage, rather than failing later.
+    A build side of a streaming job is read by a batch run once per run of
+    the loop, so its stages must keep no state between micro-batches.
+    """
+    for node in nodes:
+        spec = node.spec
+        if isinstance(spec, SourceSpec) and not spec.source.streaming \
+                and node not in build_nodes:
+            raise PipelineDefinitionError(
+                f"stage '{names[node]}' reads the bounded source {spec.source.describe()} in a "
+                "streaming job: a bounded source may only be the build side of a hash join "
+                "there (stream.hash_join(table, clause, fn)); read it in a batch job, or "
+                "publish it to a stream",
+                names[node])
+        if node not in build_nodes:
+            continue
+        for consumer in node.consumers:
+            feeds_build = consumer in build_nodes or (
+                isinstance(consumer.spec, HashJoinSpec) and node in consumer.inputs[1:]
+                and node is not consumer.inputs[0])
+            if not feeds_build:
+                raise PipelineDefinitionError(
+                    f"stage '{names[node]}' is part of a hash join's build side in a streaming "
+                    f"job and also feeds '{names[consumer]}': a build side is read once per "
+                    "run, so its stages may only feed build sides",
+                    names[node])
+        if isinstance(spec, KeyedSpec | AggregateSpec | SortSpec):
+            raise PipelineDefinitionError(
+                f"stage '{names[node]}' ({node.op}) is on a hash join's build side in a "
+                "streaming job: a streaming job's build sides may hold only sources and "
+                "stateless stages (map, filter, flat_map, peek, merge) for now; aggregate the "
+                "table in a batch job writing a map, and join against that map",
+                names[node])
 
 
 def _event_sources(window: Transform, names: dict[Transform, str]) -> dict[str, Timestamps]:
@@ -146,6 +243,8 @@ def _event_sources(window: Transform, names: dict[Transform, str]) -> dict[str, 
                 found[names[node]] = timestamps
         elif isinstance(node.spec, StatelessSpec | MergeSpec):
             todo.extend(node.inputs)
+        elif isinstance(node.spec, HashJoinSpec):
+            todo.append(node.inputs[0])  # the primary's items, with their timestamps
         else:
             missing.append(names[node])
     if missing:
@@ -241,6 +340,10 @@ def _shipped(spec: NodeSpec) -> list[tuple[str, Any]]:
             return [*function(key_fn), *operation(op)]
         case AggregateSpec(operation=op):
             return operation(op)
+        case HashJoinSpec(clauses=clauses, map_fn=map_fn):
+            return [*((f"join clause's {part}", getattr(c, part)) for c in clauses
+                      for part in ("left_key", "right_key", "project")),
+                    ("function", map_fn)]
         case _:  # pragma: no cover
             assert_never(spec)
 

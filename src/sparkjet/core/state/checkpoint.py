@@ -120,6 +120,9 @@ class BatchPlan:
     watermarks: dict[str, int] | None = None
     #: The windowed stages that emit early results in this batch.
     early: tuple[str, ...] = ()
+    #: Per hash join stage, the digests of the tables the batch joins against
+    #: (see :mod:`sparkjet.core.engine.tasks.tables`); None: the job has no joins.
+    tables: Mapping[str, tuple[str, ...]] | None = None
 
     def source_ranges(self) -> dict[str, tuple[Any, Any]]:
         """Per source stage, the ``(start, end)`` offsets the batch reads."""
@@ -139,6 +142,8 @@ class BatchPlan:
             data["watermarks"] = dict(self.watermarks)
         if self.early:
             data["early"] = list(self.early)
+        if self.tables is not None:
+            data["tables"] = {stage: list(digests) for stage, digests in self.tables.items()}
         return data
 
     @classmethod
@@ -146,11 +151,14 @@ class BatchPlan:
         """The record ``offsets/<batch>.json`` holds (those of older versions too)."""
         tasks = data.get("tasks")
         watermarks = data.get("watermarks")
+        tables = data.get("tables")
         return cls(int(data["batch"]), dict(data.get("starts", {})), dict(data.get("ends", {})),
                    int(data.get("time", 0)), None if tasks is None else int(tasks),
                    None if watermarks is None else {str(k): int(v) for k, v in
                                                     dict(watermarks).items()},
-                   tuple(str(s) for s in data.get("early", ())))
+                   tuple(str(s) for s in data.get("early", ())),
+                   None if tables is None else {str(stage): tuple(str(d) for d in digests)
+                                                for stage, digests in dict(tables).items()})
 
 
 @dataclass(frozen=True)

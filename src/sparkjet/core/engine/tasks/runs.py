@@ -36,6 +36,7 @@ from sparkjet.core.engine.tasks.passes import PassTask, ReduceTask, SinkTask, So
 from sparkjet.core.engine.tasks.read import ReadTask
 from sparkjet.core.engine.tasks.reports import RangeReport, Reports
 from sparkjet.core.engine.tasks.state import StateTask
+from sparkjet.core.engine.tasks.tables import TableRef, TableSet, load_tables, make_table
 from sparkjet.core.errors import JobFailedError
 from sparkjet.core.host.contracts import JobContext, TaskContext
 from sparkjet.core.model import StageCount
@@ -53,8 +54,10 @@ from sparkjet.core.pipeline.fusion import (
 )
 from sparkjet.core.pipeline.graph import (
     AggregateSpec,
+    HashJoinSpec,
     KeyedSpec,
     MergeSpec,
+    OpKind,
     SinkSpec,
     SortSpec,
     SourceSpec,
@@ -63,6 +66,7 @@ from sparkjet.core.pipeline.graph import (
     WindowSpec,
     state_ttl_ms,
 )
+from sparkjet.core.pipeline.joins import Joiner
 from sparkjet.core.pipeline.keyed import KeyedFold
 from sparkjet.core.pipeline.planner import Plan
 from sparkjet.core.pipeline.window_fold import stage_fold
@@ -208,6 +212,11 @@ class PlanRun:
             dead_letters=self.dead_letters is not None, state_ranges=self._streaming)
         self._started_ms = int(time.time() * 1000)
         self._written: list[tuple[Transform, Any, Any, list[Any]]] = []
+        #: Only the hash joins' tables are built (see ``JobRun.tables_only``).
+        self.tables_only = job.tables_only
+        self.table_max_bytes = job.join_table_max_bytes
+        #: Per hash join stage, the tables it joins against (built or given).
+        self._tables: dict[str, tuple[TableRef, ...]] = {}
 
     @property
     def parallelism(self) -> int:
@@ -222,7 +231,7 @@ class PlanRun:
         """Run the plan, commit its sinks and say what it did; raises JobFailedError."""
         flows: dict[Transform, Flow] = {}
         try:
-            for node in self.plan.nodes:
+            for node in self._walked():
                 if self.cancelled():
                     raise JobFailedError("cancelled")
                 flow = self._node(node, flows)
@@ -255,7 +264,17 @@ class PlanRun:
 
     def _result(self) -> BatchResult:
         """What the run did, once its work has ended."""
-        return BatchResult(items=self.stage_counts())
+        return BatchResult(items=self.stage_counts(), tables=self._digests())
+
+    def _digests(self) -> dict[str, tuple[str, ...]]:
+        return {stage: tuple(ref.digest for ref in refs) for stage, refs in self._tables.items()}
+
+    def _walked(self) -> list[Transform]:
+        """The nodes this run walks: all; for a tables-only run, the build sides and joins."""
+        if not self.tables_only:
+            return self.plan.nodes
+        return [n for n in self.plan.nodes
+                if n in self.plan.build_nodes or isinstance(n.spec, HashJoinSpec)]
 
     # --- per node ------------------------------------------------------------
 
@@ -284,7 +303,46 @@ class PlanRun:
             return self._global_aggregate(spec, name, flows[node.inputs[0]])
         if isinstance(spec, SortSpec):
             return self._sort(spec, name, flows[node.inputs[0]])
+        if isinstance(spec, HashJoinSpec):
+            return self._hash_join(node, spec, name, flows)
         assert_never(spec)
+
+    def _hash_join(
+        self, node: Transform, spec: HashJoinSpec, name: str, flows: dict[Transform, Flow]
+    ) -> Flow | None:
+        """The join as one more stateless op on its primary flow, probing its stage's tables."""
+        refs = self._tables.get(name)
+        if refs is None:
+            refs = self._tables[name] = self._join_tables(node, spec, name, flows)
+        if self.tables_only:
+            return None
+        upstream = flows[node.inputs[0]]
+        joiner = Joiner([clause.left_key for clause in spec.clauses], TableSet(refs),
+                        spec.map_fn, inner=spec.inner, tagged=spec.tagged)
+        return Flow(upstream.data, [*upstream.ops, Op(OpKind.FLAT_MAP, name, joiner)],
+                    upstream.reader, upstream.stamp)
+
+    def _join_tables(
+        self, node: Transform, spec: HashJoinSpec, name: str, flows: dict[Transform, Flow]
+    ) -> tuple[TableRef, ...]:
+        """Read each build side in full and make its table.
+
+        The table is stored unless only this process will probe it (a batch
+        job's work in the driver).
+        """
+        ctx = self.job_context(node)
+        refs = []
+        for side, clause in zip(node.inputs[1:], spec.clauses, strict=True):
+            side_name = self.plan.name(side)
+            items = self.data.collect(self._materialize(flows[side], name, emitter=side_name))
+            refs.append(make_table(
+                items, clause, stage=name, side=side_name, files=ctx.store.files,
+                job_id=ctx.job_id, max_bytes=self.table_max_bytes,
+                write=self.tables_only or not self.on_driver))
+        log.info("stage '%s': %s", name, ", ".join(
+            f"build side '{self.plan.name(side)}' read ({len(ref()):,} keys)"
+            for side, ref in zip(node.inputs[1:], refs, strict=True)))
+        return tuple(refs)
 
     def _source(self, node: Transform, spec: SourceSpec, name: str) -> Flow:
         source = spec.source
@@ -523,6 +581,7 @@ class MicroBatchRun(PlanRun):
         self.cache_owner = job.cache_owner
         self.windows = dict(work.windows)
         self.listed = dict(work.listed)
+        self.given_tables = dict(work.tables)
         #: Per source stage, the partition each engine partition read (for the watermark).
         self._partitions: dict[str, list[str]] = {}
 
@@ -548,6 +607,22 @@ class MicroBatchRun(PlanRun):
             state_files={key: report.file for key, report in reports.items()},
             event_times=seen,
         )
+
+    def _walked(self) -> list[Transform]:
+        """Every node but the build sides': the loop read those once, into its tables."""
+        return [n for n in self.plan.nodes if n not in self.plan.build_nodes]
+
+    def _join_tables(
+        self, node: Transform, spec: HashJoinSpec, name: str, flows: dict[Transform, Flow]
+    ) -> tuple[TableRef, ...]:
+        """The tables the batch's plan names for the join (a replay: its first try's)."""
+        digests = self.given_tables.get(name)
+        if digests is None or len(digests) != len(spec.clauses):
+            raise JobFailedError(
+                f"stage '{name}': micro-batch {self.batch}'s plan names no tables for this hash "
+                f"join (it names {sorted(self.given_tables)})", name)
+        ctx = self.job_context(node)
+        return load_tables(ctx.store.files, ctx.job_id, digests).refs
 
     def _descriptors(self, spec: SourceSpec, name: str, ctx: JobContext) -> Iterable[Any]:
         """The partition descriptors of source stage ``name``'s planned range this batch."""

@@ -38,6 +38,7 @@ from sparkjet.core.pipeline.graph.builder import (
     keyed_spec,
 )
 from sparkjet.core.pipeline.graph.checks import validate_stage_name
+from sparkjet.core.pipeline.graph.join_stages import HashJoinBuilder
 from sparkjet.core.pipeline.graph.specs import (
     AggregateSpec,
     DistinctSpec,
@@ -46,6 +47,7 @@ from sparkjet.core.pipeline.graph.specs import (
     FlatMapSpec,
     GroupAggregateSpec,
     GroupApplySpec,
+    HashJoinSpec,
     KeyedSpec,
     MapSpec,
     MapStatefulSpec,
@@ -70,6 +72,8 @@ __all__ = [
     "GroupAggregateSpec",
     "GroupApplySpec",
     "GroupedStage",
+    "HashJoinBuilder",
+    "HashJoinSpec",
     "KeyedSpec",
     "MapSpec",
     "MapStatefulSpec",

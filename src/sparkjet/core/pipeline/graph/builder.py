@@ -25,6 +25,7 @@ from sparkjet.core.pipeline.graph.checks import (
     ttl_ms,
     validate_stage_name,
 )
+from sparkjet.core.pipeline.graph.join_stages import JoinMethods
 from sparkjet.core.pipeline.graph.specs import (
     AggregateSpec,
     DistinctSpec,
@@ -160,7 +161,7 @@ class _Handle:
         return self
 
 
-class Stage(_Handle):
+class Stage(_Handle, JoinMethods):
     """A stage that emits items; chain further stages or a sink onto it."""
 
     def set_name(self, name: str) -> Stage:
@@ -173,6 +174,9 @@ class Stage(_Handle):
     ) -> Transform:
         return Transform(self._node.pipeline, spec, [self._node, *inputs],
                          default_name=default_name)
+
+    def _wrap(self, node: Transform) -> Self:
+        return Stage(node)  # type: ignore[return-value]  # a grouped stage's join is a Stage
 
     def _fn(self, op: str, fn: Any) -> Callable[..., Any]:
         if not callable(fn):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 from sparkjet.core.pipeline.aggregation import AggregateOperation
+from sparkjet.core.pipeline.joins import JoinClause
 from sparkjet.core.pipeline.windows import Timestamps, WindowDefinition
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ class OpKind(enum.StrEnum):
     FLAT_MAP = "flat_map"
     PEEK = "peek"
     MERGE = "merge"
+    HASH_JOIN = "hash_join"
     SINK = "sink"
     GROUP_AGGREGATE = "group_aggregate"
     GROUP_APPLY = "group_apply"
@@ -101,6 +103,24 @@ class MergeSpec:
     """``merge(other)``: the items of every input (the node's ``inputs``)."""
 
     op: ClassVar[OpKind] = OpKind.MERGE
+
+
+@dataclass(frozen=True, slots=True)
+class HashJoinSpec:
+    """``hash_join(...)``: each item of the first input enriched from the other (build) inputs.
+
+    One clause per build input, in order; ``map_fn(item, *build_items)``
+    (``map_fn(item, ItemsByTag)`` with ``tagged``) makes the output. See
+    :mod:`sparkjet.core.pipeline.joins` for the semantics.
+    """
+
+    op: ClassVar[OpKind] = OpKind.HASH_JOIN
+    clauses: tuple[JoinClause, ...]
+    map_fn: Callable[..., Any]
+    #: Drop an item that a build side has no match for (else: ``None`` for that side).
+    inner: bool = False
+    #: ``map_fn`` takes the item and an ``ItemsByTag`` (the builder's form).
+    tagged: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +214,7 @@ ErrorPolicySpec: TypeAlias = StatelessSpec | WindowSpec
 #: Every kind of node.
 NodeSpec: TypeAlias = (
     SourceSpec | MapSpec | FilterSpec | FlatMapSpec | PeekSpec | MergeSpec | SinkSpec
-    | KeyedSpec | AggregateSpec | SortSpec
+    | KeyedSpec | AggregateSpec | SortSpec | HashJoinSpec
 )
 
 
