@@ -19,7 +19,7 @@ PYTHON = "3.11"
 SPARK_VERSIONS = ["4.0", "4.1", "4.2", "4.3"]
 
 #: The tests of what runs on Spark: batch and streaming semantics, keyed state,
-#: windows, dead letters, checkpoints, compaction, snapshots and upgrades, the job
+#: windows, hash joins, dead letters, checkpoints, compaction, snapshots and upgrades, the job
 #: lifecycle, the state workers keep loaded, the adaptive choice. CI runs them on
 #: the oldest Spark, and on a Spark Connect server.
 ENGINE_TESTS = [
@@ -28,7 +28,7 @@ ENGINE_TESTS = [
     "tests/test_peek.py", "tests/test_checkpoint.py", "tests/test_compaction.py",
     "tests/test_snapshots.py", "tests/test_jobs.py", "tests/test_lifecycle.py",
     "tests/test_upgrade_rules.py", "tests/test_state_cache.py", "tests/test_inprocess.py",
-    "tests/test_adaptive.py",
+    "tests/test_adaptive.py", "tests/test_joins.py",
 ]
 
 

@@ -584,7 +584,7 @@ def test_unknown_engine_key_is_refused_naming_the_known_ones() -> None:
     assert str(info.value) == (
         f"{path}: unknown key 'local_max_item' in [engine] (expected one of: adaptive, "
         "cold_state_bytes, driver_only, driver_state_bytes, idle_poll_max_seconds, "
-        "local_max_bytes, local_max_items, stream_poll_seconds)"
+        "join_table_max_bytes, local_max_bytes, local_max_items, stream_poll_seconds)"
     )
 
 
