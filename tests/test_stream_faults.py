@@ -435,6 +435,7 @@ def test_exactly_once_survives_sigkilled_drivers(
     )
     assert_exactly_once(seqs, counts, log)
     assert_windows_once(StoreLocation(store_url))
+    assert_joined_once(StoreLocation(store_url))
 
 
 def assert_windows_once(location: StoreLocation) -> None:
@@ -453,6 +454,20 @@ def assert_windows_once(location: StoreLocation) -> None:
     got = Counter((w.start, w.end, w.result, w.is_early) for w in windows.get_all())
     want = Counter((i * WINDOW, (i + 1) * WINDOW, WINDOW, False) for i in range(due))
     assert got == want, (f"windows not each once: extra {got - want}, missing {want - got}")
+
+
+def assert_joined_once(location: StoreLocation) -> None:
+    """Every item once in list ``joined``, with the label of its key (None past ``LABELLED``)."""
+    from tests.faults.stream_driver import LABELLED
+
+    client = sparkjet.connect(store=location.connect_overrides())
+    joined = client.get_list("joined")
+    wait_until(lambda: joined.size() >= N_ITEMS, 60, f"{N_ITEMS} joined items")
+    got = Counter(tuple(pair) for pair in joined.get_all())
+    labels = {f"k{i}": f"label-{i}" for i in range(LABELLED)}
+    want = Counter((i, labels.get(item(i)["key"])) for i in range(N_ITEMS))
+    extra, missing = list((got - want).items())[:5], list((want - got).items())[:5]
+    assert got == want, f"the hash join's output is not each item once: {extra=} {missing=}"
 
 
 def assert_exactly_once(seqs: list[int], counts: dict[str, int], log: str) -> None:
@@ -484,6 +499,7 @@ def test_exactly_once_survives_sigkilled_drivers_on_s3(
     )
     assert_exactly_once(seqs, counts, log)
     assert_windows_once(location)
+    assert_joined_once(location)
 
 
 @pytest.mark.slow

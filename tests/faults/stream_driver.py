@@ -8,7 +8,9 @@ The first run submits the job (``events`` stream -> counts per key into map
 ``counts``, every raw item into list ``seen`` but every 97th, which the stage
 ``checked`` rejects into the dead-letter stream ``<name>.dead-letters``, and a
 count per tumbling window
-of event time, the item's ``seq``, into list ``windows``); a later run finds the job by
+of event time, the item's ``seq``, into list ``windows``, and each item's
+``(seq, label)`` from a hash join against the bounded list ``labels`` into
+list ``joined``); a later run finds the job by
 name and resumes it (its previous driver died, so the job reads SUSPENDED and
 ``resume()`` takes it over). Then it joins until killed.
 
@@ -64,6 +66,14 @@ WINDOW = 1000
 WINDOW_LAG = 100
 #: Items whose seq is a multiple of this fail the "checked" stage: dead letters.
 REJECT_EVERY = 97
+#: The keys the bounded list ``labels`` gives a label (``k0`` .. ``k49``); the
+#: hash join ``labelled`` gives the others None (a left outer join).
+LABELLED = 50
+
+
+def labels() -> list[tuple[str, str]]:
+    """The build side of the hash join ``labelled``: list ``labels``."""
+    return [(f"k{i}", f"label-{i}") for i in range(LABELLED)]
 
 
 def check(event):  # type: ignore[no-untyped-def]
@@ -75,7 +85,7 @@ def check(event):  # type: ignore[no-untyped-def]
 
 def build_pipeline():  # type: ignore[no-untyped-def]
     from sparkjet.aggregate import counting
-    from sparkjet.pipeline import Pipeline, StreamSource, WindowDefinition
+    from sparkjet.pipeline import JoinClause, Pipeline, StreamSource, WindowDefinition
 
     p = Pipeline.create()
     # Event time is the sequence number: each window of 1000 holds 1000 items.
@@ -93,6 +103,13 @@ def build_pipeline():  # type: ignore[no-untyped-def]
     (
         events.window(WindowDefinition.tumbling(WINDOW)).aggregate(counting())
         .set_name("count-per-window").write_to(Pipeline.to_list("windows"))
+    )
+    # Each item labelled from a bounded table, read when the job starts or resumes.
+    table = p.read_from(Pipeline.from_list("labels")).set_name("labels")
+    (
+        events.hash_join(table, JoinClause.on_keys(lambda e: e["key"], lambda kv: kv[0])
+                         .projecting(lambda kv: kv[1]), lambda e, label: (e["seq"], label))
+        .set_name("labelled").write_to(Pipeline.to_list("joined"))
     )
     return p
 
@@ -155,6 +172,8 @@ def main() -> int:
     jet = client.get_jet()
     job = jet.get_job_by_name(args.name)
     if job is None or job.is_terminal():
+        if not client.get_list("labels").size():
+            client.get_list("labels").add_all(labels())
         job = jet.submit(build_pipeline(), JobConfig(
             name=args.name,
             processing_guarantee=ProcessingGuarantee[args.guarantee],
