@@ -374,3 +374,19 @@ def test_a_table_is_loaded_once_per_process(tmp_path: Any, monkeypatch: Any) -> 
     monkeypatch.setattr(tables, "_CACHE", type(tables._CACHE)())
     with pytest.raises(JobFailedError, match="does not match its digest"):
         tables.load_tables(files, "job", [ref.digest])()
+
+
+def test_check_upgrade_says_a_join_is_rebuilt_from_its_build_sides(
+        client: sparkjet.Client) -> None:
+    client.get_map("customers").put_all({1: "ada"})
+    client.get_stream("orders", partitions=2)
+    job = client.get_jet().submit(enrich_pipeline(), JobConfig(
+        name="v1", processing_guarantee=EXACTLY_ONCE))
+    wait_until(lambda: job.status is JobStatus.RUNNING, what="v1 to run")
+    job.export_snapshot("v1", cancel_job=True)
+    found = {(r.kind, r.stage): r for r in client.get_jet().check_upgrade(enrich_pipeline(), "v1")}
+    row = found["join", "enrich"]
+    assert row.status == "rebuilt" and not row.refusal and not row.carried
+    assert "'customers' are read anew" in row.note
+    # The table's source has no offsets to carry: it is no source row of the upgrade.
+    assert ("source", "customers") not in found and found["source", "orders"].carried

@@ -19,6 +19,7 @@ from sparkjet.core.host.manager import PluginHost
 from sparkjet.core.host.plugin_info import Category
 from sparkjet.core.pipeline import graph
 from sparkjet.core.pipeline.graph import (
+    AggregateBuilder,
     GroupedStage,
     HashJoinBuilder,
     SinkStage,
@@ -34,6 +35,7 @@ from sparkjet.plugins.maps import MapSink, MapSource
 from sparkjet.plugins.streams import StreamSink, StreamSource
 
 __all__ = [
+    "AggregateBuilder",
     "GroupedStage",
     "HashJoinBuilder",
     "ItemsByTag",

@@ -180,3 +180,71 @@ def _union(left: set[Hashable], right: set[Hashable]) -> set[Hashable]:
 def to_set() -> AggregateOperation:
     """The set of items (items must be hashable)."""
     return AggregateOperation(create=set, accumulate=_add, combine=_union, name="to_set")
+
+
+# --- co-groups: one accumulator per input, items tagged by their input ----------------------
+
+
+@dataclass(frozen=True)
+class _CoCreate:
+    ops: tuple[AggregateOperation, ...]
+
+    def __call__(self) -> list[Any]:
+        return [op.create() for op in self.ops]
+
+
+@dataclass(frozen=True)
+class CoAccumulate:
+    """A co-group's ``accumulate``: each tagged item into its input's accumulator."""
+
+    ops: tuple[AggregateOperation, ...]
+
+    def __call__(self, acc: list[Any], tagged: tuple[int, Any, Any]) -> list[Any]:
+        tag, _key, item = tagged
+        acc[tag] = self.ops[tag].accumulate(acc[tag], item)
+        return acc
+
+
+@dataclass(frozen=True)
+class _CoPairwise:
+    """``combine`` or ``deduct`` of every input's accumulator with its counterpart."""
+
+    fns: tuple[Callable[[Any, Any], Any], ...]
+
+    def __call__(self, left: list[Any], right: list[Any]) -> list[Any]:
+        return [fn(a, b) for fn, a, b in zip(self.fns, left, right, strict=True)]
+
+
+@dataclass(frozen=True)
+class _CoFinish:
+    ops: tuple[AggregateOperation, ...]
+    wrap: Callable[[tuple[Any, ...]], Any]
+
+    def __call__(self, acc: list[Any]) -> Any:
+        return self.wrap(tuple(op.finish(a) for op, a in zip(self.ops, acc, strict=True)))
+
+
+def cogroup_key(tagged: tuple[int, Any, Any]) -> Any:
+    """The key of a co-group's tagged item ``(input, key, item)``."""
+    return tagged[1]
+
+
+def co_aggregate(
+    operations: tuple[AggregateOperation, ...],
+    wrap: Callable[[tuple[Any, ...]], Any] = tuple,
+) -> AggregateOperation:
+    """One operation over items tagged ``(input, key, item)``: each input's ``operations[input]``.
+
+    Its result is ``wrap((result0, result1, ...))``. It combines (and
+    deducts) when every input's operation does.
+    """
+    combines = [op.combine for op in operations]
+    deducts = [op.deduct for op in operations]
+    return AggregateOperation(
+        create=_CoCreate(operations),
+        accumulate=CoAccumulate(operations),
+        combine=_CoPairwise(tuple(combines)) if all(c is not None for c in combines) else None,  # type: ignore[arg-type]
+        finish=_CoFinish(operations, wrap),
+        name="co_aggregate(" + ", ".join(op.name for op in operations) + ")",
+        deduct=_CoPairwise(tuple(deducts)) if all(d is not None for d in deducts) else None,  # type: ignore[arg-type]
+    )

@@ -38,6 +38,7 @@ from sparkjet.core.pipeline.graph.builder import (
     keyed_spec,
 )
 from sparkjet.core.pipeline.graph.checks import validate_stage_name
+from sparkjet.core.pipeline.graph.cogroup_stages import AggregateBuilder
 from sparkjet.core.pipeline.graph.join_stages import HashJoinBuilder
 from sparkjet.core.pipeline.graph.specs import (
     AggregateSpec,
@@ -64,6 +65,7 @@ from sparkjet.core.pipeline.graph.specs import (
 )
 
 __all__ = [
+    "AggregateBuilder",
     "AggregateSpec",
     "DistinctSpec",
     "ErrorPolicySpec",

@@ -12,12 +12,12 @@ its spec (:mod:`.specs`). Nothing here touches Spark.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
 from sparkjet.core.errors import PipelineDefinitionError
 from sparkjet.core.model import ERROR_POLICIES
-from sparkjet.core.pipeline.aggregation import AggregateOperation
+from sparkjet.core.pipeline.aggregation import AggregateOperation, co_aggregate, cogroup_key
 from sparkjet.core.pipeline.graph.checks import (
     idle_ms,
     lag_ms,
@@ -25,6 +25,7 @@ from sparkjet.core.pipeline.graph.checks import (
     ttl_ms,
     validate_stage_name,
 )
+from sparkjet.core.pipeline.graph.cogroup_stages import CoGroupMethods, cogroup_merge
 from sparkjet.core.pipeline.graph.join_stages import JoinMethods
 from sparkjet.core.pipeline.graph.specs import (
     AggregateSpec,
@@ -375,7 +376,7 @@ class Stage(_Handle, JoinMethods):
         return SinkStage(node)
 
 
-class GroupedStage(Stage):
+class GroupedStage(Stage, CoGroupMethods):
     """Items grouped by key: ``aggregate()``, ``apply()``, or a stage of ``(key, [items])``."""
 
     def __init__(self, upstream: Stage, key_fn: Callable[[Any], Any]) -> None:
@@ -516,7 +517,7 @@ class WindowedStage:
         return node
 
 
-class WindowedGroupedStage:
+class WindowedGroupedStage(CoGroupMethods):
     """Windowed items grouped by key: ``aggregate(op)`` emits ``KeyedWindowResult``."""
 
     def __init__(self, windowed: WindowedStage, key_fn: Callable[[Any], Any]) -> None:
@@ -545,6 +546,22 @@ class WindowedGroupedStage:
         upstream = self._windowed._upstream
         op = operation_of(upstream.name, operation, accumulator, initial, combiner, finisher)
         return Stage(self._windowed._node(self._key_fn, op, self._name))
+
+    def _cogroup(
+        self,
+        method: str,
+        others: Sequence[CoGroupMethods],
+        ops: Sequence[AggregateOperation],
+        wrap: Callable[[tuple[Any, ...]], Any],
+    ) -> Stage:
+        """A co-group per window: emits ``KeyedWindowResult`` whose result is ``wrap(results)``."""
+        merged = cogroup_merge(method, GroupedStage(self._windowed._upstream, self._key_fn),
+                               others, ops)
+        spec = WindowSpec(cogroup_key, co_aggregate(tuple(ops), wrap), self._windowed.definition)
+        node = merged._add(spec, default_name=f"{self._windowed.definition.kind}-window")
+        if self._name is not None:
+            node.explicit_name = self._name
+        return Stage(node)
 
 
 class SinkStage(_Handle):

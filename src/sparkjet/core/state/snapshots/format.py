@@ -19,16 +19,18 @@ import types
 from typing import Any, assert_never
 
 from sparkjet.core.host.contracts import Source
-from sparkjet.core.pipeline.aggregation import AggregateOperation
+from sparkjet.core.pipeline.aggregation import AggregateOperation, CoAccumulate, cogroup_key
 from sparkjet.core.pipeline.graph import (
     DistinctSpec,
     GroupAggregateSpec,
     GroupApplySpec,
+    MapSpec,
     MapStatefulSpec,
     Transform,
     WindowSpec,
     keyed_spec,
 )
+from sparkjet.core.pipeline.graph.cogroup_stages import CoGroupTagger
 from sparkjet.core.pipeline.planner import Plan
 from sparkjet.core.store.naming import encode_name as encode_store_name
 
@@ -142,7 +144,26 @@ def operation_identity(operation: AggregateOperation) -> str:
     if operation.inline is not None:
         kind, get = operation.inline
         return kind if get is None else f"{kind}({code_identity(get)})"
+    if isinstance(operation.accumulate, CoAccumulate):  # a co-group: each input's own
+        return "co_aggregate(" + ", ".join(operation_identity(op)
+                                           for op in operation.accumulate.ops) + ")"
     return f"{operation.name}({code_identity(operation.accumulate)})"
+
+
+def _key_identity(node: Transform, key: Any) -> str:
+    """The key function's identity; a co-group's names each input's stage and key, in order.
+
+    So a co-group whose inputs were swapped, or one of whose inputs is keyed
+    another way, keeps the shape of its state but not its meaning.
+    """
+    if key is not cogroup_key:
+        return code_identity(key)
+    names = node.pipeline.stage_names()
+    taggers = sorted(((n.spec.fn, names[n.inputs[0]]) for n in node.inputs[0].inputs
+                      if isinstance(n.spec, MapSpec) and isinstance(n.spec.fn, CoGroupTagger)),
+                     key=lambda found: found[0].tag)
+    return "co_group(" + ", ".join(f"{stage}:{code_identity(tagger.key_fn)}"
+                                   for tagger, stage in taggers) + ")"
 
 
 def state_signature(node: Transform) -> dict[str, Any]:
@@ -162,7 +183,7 @@ def state_signature(node: Transform) -> dict[str, Any]:
     """
     spec = keyed_spec(node)
     key = getattr(spec, "key_fn", None)
-    keyed = {"key": code_identity(key)} if key is not None else {}
+    keyed = {"key": _key_identity(node, key)} if key is not None else {}
     keyed["upstream"] = upstream_identity(node)
     match spec:
         case WindowSpec(operation=operation, window=definition):

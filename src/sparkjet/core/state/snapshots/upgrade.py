@@ -83,7 +83,8 @@ class UpgradeRow:
     #: ``restored``; ``new`` (state starts empty, a source where ``source_starts``
     #: says); ``changed`` (same state shape, but another key function or
     #: operation, or a source reading something else); ``dropped`` (in the snapshot
-    #: only); ``incompatible`` (another shape of state: never restored).
+    #: only); ``incompatible`` (another shape of state: never restored);
+    #: ``rebuilt`` (a hash join: no state, its tables read anew at the start).
     status: str
     #: The keys of state the snapshot holds for the stage (0 for a new one and sources).
     keys: int
@@ -93,7 +94,7 @@ class UpgradeRow:
     #: What the restore does beyond copying (a window's new definition, where a
     #: source starts, what changed); "" for nothing.
     note: str = ""
-    #: ``state`` (a stateful stage) or ``source``.
+    #: ``state`` (a stateful stage), ``source`` or ``join`` (a hash join).
     kind: str = "state"
     #: The name in the snapshot, when ``stage_renames`` carries it to ``stage``.
     renamed_from: str | None = None
@@ -293,6 +294,10 @@ def check_upgrade(
             rows.append(_dropped(UpgradeRow(
                 source_name, "dropped", 0, manifest.source_identities.get(source_name), None,
                 kind="source"), options))
+    for node in plan.joins():
+        sides = ", ".join(f"'{plan.name(side)}'" for side in node.inputs[1:])
+        rows.append(UpgradeRow(plan.name(node), "rebuilt", 0, kind="join", note=(
+            f"keeps no state: its build side(s) {sides} are read anew when the job starts")))
     return rows
 
 
