@@ -165,8 +165,10 @@ def test_stream_hash_join_enriches_every_item_once(client: sparkjet.Client) -> N
             want = sorted((e["id"], names[e["c"]]) for e in events[:events.index(chunk[-1]) + 1])
             wait_until(lambda want=want: sorted(client.get_list("out").get_all()) == want,
                        what="every order enriched once")
-        metrics = job.get_metrics()["stages"]
-        assert metrics["enrich"]["receivedCount"] == 200
+        # The sink commits before the batch's commit record and metrics: await them.
+        metrics = wait_until(
+            lambda: (m := job.get_metrics()["stages"])["enrich"]["receivedCount"] == 200 and m,
+            what="the join's counts")
         assert metrics["enrich"]["emittedCount"] == 200
     finally:
         job.cancel()
