@@ -392,3 +392,41 @@ def test_check_upgrade_says_a_join_is_rebuilt_from_its_build_sides(
     assert "'customers' are read anew" in row.note
     # The table's source has no offsets to carry: it is no source row of the upgrade.
     assert ("source", "customers") not in found and found["source", "orders"].carried
+
+
+def test_map_using_map_looks_items_up_in_a_map(client: sparkjet.Client) -> None:
+    client.get_map("names").put_all({1: "ada", 2: "bob", None: "nobody"})
+    p = Pipeline.create()
+    (p.read_from(Pipeline.from_list("ids", [1, 2, 3, True, None, 1.0]))
+     .map_using_map("names", lambda x: x, lambda x, name: None if name is None else (x, name))
+     .set_name("named").write_to(Pipeline.to_list("out")))
+    run_pipeline(client, p)
+    assert client.get_list("out").get_all() == [
+        (1, "ada"), (2, "bob"), (True, "ada"), (None, "nobody"), (1.0, "ada")]
+    stage = Pipeline.create().read_from(Pipeline.from_list("x", [1])).set_name("x")
+    with pytest.raises(PipelineDefinitionError, match=r"'x' takes a map's name"):
+        stage.map_using_map("", by_key, lambda a, b: a)
+    with pytest.raises(PipelineDefinitionError, match=r"'x' takes a key function"):
+        stage.map_using_map("names", "k", lambda a, b: a)  # type: ignore[arg-type]
+
+
+def test_map_using_map_in_a_stream_reads_the_map_anew_on_restart(
+        client: sparkjet.Client) -> None:
+    client.get_map("names").put_all({1: "ada"})
+    stream = client.get_stream("ids", partitions=1)
+    p = Pipeline.create()
+    (p.read_from(StreamSource("ids")).map_using_map("names", lambda x: x, lambda x, n: (x, n))
+     .write_to(Pipeline.to_list("out")))
+    job = client.get_jet().submit(p, JobConfig(name="lookup", processing_guarantee=EXACTLY_ONCE,
+                                               snapshot_interval_millis=50))
+    try:
+        stream.publish_all([1])
+        wait_until(lambda: client.get_list("out").get_all() == [(1, "ada")], what="1 named")
+        client.get_map("names").put(1, "ada lovelace")
+        job.restart()
+        wait_until(lambda: job.status is JobStatus.RUNNING, what="the restart")
+        stream.publish_all([1])
+        wait_until(lambda: len(client.get_list("out").get_all()) == 2, what="1 named again")
+        assert client.get_list("out").get_all() == [(1, "ada"), (1, "ada lovelace")]
+    finally:
+        job.cancel()

@@ -81,6 +81,34 @@ class JoinMethods:
         return self._join("inner_hash_join2", [(other1, clause1), (other2, clause2)], map_fn,
                           inner=True)
 
+    def map_using_map(
+        self, map_name: str, key_fn: Callable[[Any], Any], map_fn: Callable[[Any, Any], Any]
+    ) -> Self:
+        """Look each item up in the store's map ``map_name``: Jet's ``mapUsingIMap``.
+
+        Emits ``map_fn(item, value)``, ``value`` being the map's value for
+        ``key_fn(item)`` (``None`` if the map has none); a ``None`` output is
+        dropped. The map is read as the job starts (and anew when it resumes
+        or restarts), as a hash join's build side is: a hash join against
+        ``Pipeline.from_map(map_name)`` with ``JoinClause.join_map_entries``.
+        """
+        from sparkjet.core.host.manager import PluginHost
+        from sparkjet.core.host.plugin_info import Category
+
+        if not isinstance(map_name, str) or not map_name:
+            raise PipelineDefinitionError(
+                f"map_using_map() after stage '{self.name}' takes a map's name, got "
+                f"{map_name!r}", self.name)
+        candidate: object = key_fn
+        if not callable(candidate):
+            raise PipelineDefinitionError(
+                f"map_using_map() after stage '{self.name}' takes a key function, got "
+                f"{key_fn!r}", self.name)
+        source = PluginHost().lookup_kind(Category.SOURCE, "map").cls(map_name)
+        table = self._wrap(self._node.pipeline.read_from(source)._node)
+        return self._join("map_using_map", [(table, JoinClause.join_map_entries(key_fn))],
+                          map_fn, inner=False)
+
     def hash_join_builder(self) -> HashJoinBuilder[Self]:
         """A join against any number of bounded stages: ``add()`` each, then ``build()``."""
         return HashJoinBuilder(self)
