@@ -49,6 +49,13 @@ RUNS = {
         ["sparkjet dead-letter, bad input", "pyspark rdd by hand", "plain python",
          "vs the hand-written"],
     ),
+    # --toy: 20,000 events against a 2,000-row table, batch and stream.
+    "joins": (
+        ["--toy"],
+        ["sparkjet driver_only", "spark sql broadcast join", "spark sql, inputs cached",
+         "sparkjet EXACTLY_ONCE", "native structured streaming", "checked: each sink",
+         "goals:"],
+    ),
     "kafka": (
         ["-n", "2000", "--keys", "20", "--chunks", "2", "--sink-rounds", "3"],
         ["sparkjet Kafka EXACTLY_ONCE", "plain confluent-kafka loop", "sparkjet stream", "vs it",
