@@ -72,9 +72,13 @@ class ConnectEngine:
                 return max(1, int(value))
         from pyspark.sql import functions as F
 
-        # A range without a partition count gets the server's default parallelism.
-        row = spark.range(0, 1 << 16).agg(F.max(F.spark_partition_id()).alias("p")).collect()[0]
-        return max(1, int(row["p"]) + 1)
+        # A range without a partition count gets the server's default parallelism, and its
+        # last partition holds rows: the last row's partition id is that count less one.
+        # The id is a column before it is read (Spark's analyzer refuses it inside an
+        # aggregate's arguments, a max: AGGREGATE_FUNCTION_WITH_NONDETERMINISTIC_EXPRESSION),
+        # and tail(1) reads the last partition alone: one task, no shuffle.
+        ids = spark.range(0, 1 << 16).select(F.spark_partition_id().alias("p"))
+        return max(1, int(ids.tail(1)[0]["p"]) + 1)
 
     def version(self) -> str:
         return str(self._spark.version)
