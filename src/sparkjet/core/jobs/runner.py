@@ -57,6 +57,7 @@ from sparkjet.core.microbatch.loop import StopReason
 from sparkjet.core.model import JobConfig, JobStatus, ProcessingGuarantee
 from sparkjet.core.pipeline.graph import Transform
 from sparkjet.core.pipeline.planner import Plan
+from sparkjet.core.pipeline.services import release_services
 from sparkjet.core.state.checkpoint import Checkpoint
 from sparkjet.core.state.snapshots import Manifest, Snapshot, SnapshotStore
 from sparkjet.core.state.snapshots.upgrade import CheckedUpgrade
@@ -332,6 +333,7 @@ class JobRunner:
             execution.run()
         finally:
             self.plan.close_sources(contexts)
+            release_services(self.job.id)  # those its work made in this process
 
     def _checkpoint(self, record_now: bool = True) -> Checkpoint:
         """The job's checkpoint (see :meth:`.CheckpointFolder.open`)."""
@@ -417,6 +419,7 @@ class JobRunner:
                 reason = self.stream.run(self._checkpoint())  # raises JobCancelledError
             finally:
                 self.plan.close_sources(self.context_factory())
+                release_services(self.job.id)  # made again by the next run's first items
             if reason is not StopReason.RESTART:
                 return reason
             log.info("job %s: restarting", self.job.label)
