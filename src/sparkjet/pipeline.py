@@ -28,6 +28,7 @@ from sparkjet.core.pipeline.graph import (
     WindowedStage,
 )
 from sparkjet.core.pipeline.joins import ItemsByTag, JoinClause, Tag
+from sparkjet.core.pipeline.services import ServiceFactory
 from sparkjet.core.pipeline.windows import KeyedWindowResult, WindowDefinition, WindowResult
 from sparkjet.plugins.lists import ListSink, ListSource
 from sparkjet.plugins.logger import LoggerSink
@@ -47,6 +48,7 @@ __all__ = [
     "MapSink",
     "MapSource",
     "Pipeline",
+    "ServiceFactory",
     "SinkStage",
     "Stage",
     "StreamSink",
