@@ -29,6 +29,7 @@ ENGINE_TESTS = [
     "tests/test_snapshots.py", "tests/test_jobs.py", "tests/test_lifecycle.py",
     "tests/test_upgrade_rules.py", "tests/test_state_cache.py", "tests/test_inprocess.py",
     "tests/test_adaptive.py", "tests/test_joins.py", "tests/test_cogroup.py",
+    "tests/test_interval_join.py", "tests/test_services.py",
 ]
 
 

@@ -39,6 +39,8 @@ from tests.test_stream_faults import (  # noqa: F401 - the fixtures of the crash
     Driver,
     Producer,
     assert_exactly_once,
+    assert_joined_once,
+    assert_pairs_once,
     assert_windows_once,
     drivers,
     producers,
@@ -417,6 +419,8 @@ def test_exactly_once_survives_sigkilled_clients_while_the_server_runs(
     )
     assert_exactly_once(seqs, counts, log)
     assert_windows_once(StoreLocation(store_url))
+    assert_joined_once(StoreLocation(store_url))
+    assert_pairs_once(StoreLocation(store_url))
 
 
 def test_no_pyspark_or_only_the_connect_client_is_named_at_the_first_job(

@@ -436,6 +436,7 @@ def test_exactly_once_survives_sigkilled_drivers(
     assert_exactly_once(seqs, counts, log)
     assert_windows_once(StoreLocation(store_url))
     assert_joined_once(StoreLocation(store_url))
+    assert_pairs_once(StoreLocation(store_url))
 
 
 def assert_windows_once(location: StoreLocation) -> None:
@@ -470,6 +471,31 @@ def assert_joined_once(location: StoreLocation) -> None:
     assert got == want, f"the hash join's output is not each item once: {extra=} {missing=}"
 
 
+def assert_pairs_once(location: StoreLocation) -> None:
+    """The interval join's pairs and outer rows once each, none missing below the watermark.
+
+    Even item ``i`` pairs with ``i + 1``, except where ``i + 1`` ends in 1 (left
+    out): there ``(i, None)`` once the watermark passed ``i + 1``. Every row
+    seen is once; all those of items well below the last watermark are there.
+    """
+    from tests.faults.stream_driver import WINDOW_LAG
+
+    client = sparkjet.connect(store=location.connect_overrides())
+    settled = N_ITEMS - 2 - WINDOW_LAG - 10
+
+    def expected(i: int) -> tuple[int, int | None]:
+        return (i, None) if (i + 1) % 10 == 1 else (i, i + 1)
+
+    want = Counter(expected(i) for i in range(0, settled, 2))
+    rows = client.get_list("pairs")
+    wait_until(lambda: len(want - Counter(tuple(r) for r in rows.get_all())) == 0, 60,
+               "the interval join's rows")
+    got = Counter(tuple(r) for r in rows.get_all())
+    twice = [row for row, n in got.items() if n > 1]
+    wrong = [row for row in got if row != expected(row[0])]
+    assert not twice and not wrong, f"interval join rows twice {twice[:5]}, wrong {wrong[:5]}"
+
+
 def assert_exactly_once(seqs: list[int], counts: dict[str, int], log: str) -> None:
     """Every item once in the list, and the keyed counts equal to the plain-Python oracle."""
     print(log)
@@ -500,6 +526,7 @@ def test_exactly_once_survives_sigkilled_drivers_on_s3(
     assert_exactly_once(seqs, counts, log)
     assert_windows_once(location)
     assert_joined_once(location)
+    assert_pairs_once(location)
 
 
 @pytest.mark.slow

@@ -10,7 +10,8 @@ The first run submits the job (``events`` stream -> counts per key into map
 count per tumbling window
 of event time, the item's ``seq``, into list ``windows``, and each item's
 ``(seq, label)`` from a hash join against the bounded list ``labels`` into
-list ``joined``); a later run finds the job by
+list ``joined``, and a left-outer interval join of even items with the next
+odd ones, some left out, into list ``pairs``); a later run finds the job by
 name and resumes it (its previous driver died, so the job reads SUSPENDED and
 ``resume()`` takes it over). Then it joins until killed.
 
@@ -103,6 +104,18 @@ def build_pipeline():  # type: ignore[no-untyped-def]
     (
         events.window(WindowDefinition.tumbling(WINDOW)).aggregate(counting())
         .set_name("count-per-window").write_to(Pipeline.to_list("windows"))
+    )
+    # A left-outer interval join of the even items with the odd ones a step later,
+    # keyed by seq // 2; odd items whose seq ends in 1 are left out, so their even
+    # partners become outer rows once the watermark passes them.
+    evens = events.filter(lambda e: e["seq"] % 2 == 0).set_name("evens")
+    odds = events.filter(lambda e: e["seq"] % 2 == 1 and e["seq"] % 10 != 1).set_name("odds")
+    (
+        evens.group_by(lambda e: e["seq"] // 2)
+        .interval_join(odds.group_by(lambda e: e["seq"] // 2), 0, 1,
+                       lambda even, odd: (even["seq"], None if odd is None else odd["seq"]),
+                       how="left")
+        .set_name("paired").write_to(Pipeline.to_list("pairs"))
     )
     # Each item labelled from a bounded table, read when the job starts or resumes.
     table = p.read_from(Pipeline.from_list("labels")).set_name("labels")

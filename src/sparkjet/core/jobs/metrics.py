@@ -17,7 +17,7 @@ from sparkjet.core.jobs.record import JobRecord
 from sparkjet.core.microbatch.loop import StreamProgress
 from sparkjet.core.model import StageCount
 from sparkjet.core.pipeline.event_time import NO_WATERMARK
-from sparkjet.core.pipeline.graph import SinkSpec, WindowSpec
+from sparkjet.core.pipeline.graph import SinkSpec, TimedSpec
 from sparkjet.core.pipeline.planner import Plan
 from sparkjet.core.store import requests
 
@@ -47,7 +47,7 @@ def stage_metrics(
             stage["sourceLag"] = progress.lag[name]
         if dead is not None and name in dead.stages:
             stage["deadLetters"] = counts.get(StageCount(name, "dead"), 0)
-        if isinstance(node.spec, WindowSpec):
+        if isinstance(node.spec, TimedSpec):
             stage["lateEventsDropped"] = counts.get(StageCount(name, "late"), 0)
             if progress is not None:
                 stage["watermark"] = progress.watermarks.get(name, NO_WATERMARK)

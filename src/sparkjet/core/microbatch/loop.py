@@ -33,7 +33,7 @@ from sparkjet.core.host.contracts import source_lag as source_lag  # moved; stil
 from sparkjet.core.microbatch.commit import BatchCommit
 from sparkjet.core.model import DEFAULT_KEY_GROUPS, StageCount
 from sparkjet.core.pipeline.event_time import NO_WATERMARK, EventTime, WindowClock, stage_watermark
-from sparkjet.core.pipeline.graph import KeyedSpec, Transform, WindowSpec
+from sparkjet.core.pipeline.graph import KeyedSpec, TimedSpec, Transform, WindowSpec
 from sparkjet.core.pipeline.planner import Plan
 from sparkjet.core.state.cache import CacheOwner
 from sparkjet.core.state.checkpoint import BatchPlan, Checkpoint, CommitRecord
@@ -246,6 +246,8 @@ class StreamLoop:
         #: The windowed stages' definitions, by name.
         self.windows = {plan.name(n): n.spec.window for n in plan.nodes
                         if isinstance(n.spec, WindowSpec)}
+        #: The stages that follow event time (windows, interval joins): a watermark each.
+        self.timed = [plan.name(n) for n in plan.nodes if isinstance(n.spec, TimedSpec)]
         #: Event time as of the last committed batch.
         self.event_time = EventTime()
         #: Set by :meth:`wake`: ends a pause between batches early.
@@ -330,7 +332,7 @@ class StreamLoop:
 
     def _know_partitions(self, latest: dict[str, Any], now_ms: int) -> None:
         """Add the timestamped sources' partitions at ``latest`` to the event-time record."""
-        if not self.windows:
+        if not self.timed:
             return
         known = {self.plan.name(n): list(spec.source.watermark_partitions(
             latest[self.plan.name(n)])) for n, spec in self.sources.items()
@@ -340,7 +342,7 @@ class StreamLoop:
     def _watermarks(self, now_ms: int) -> dict[str, int]:
         """Each windowed stage's watermark for a batch planned at ``now_ms``."""
         return {stage: stage_watermark(self.event_time, stage, self.plan.event_sources[stage],
-                                       now_ms) for stage in self.windows}
+                                       now_ms) for stage in self.timed}
 
     def _early(self, now_ms: int) -> tuple[str, ...]:
         """The windowed stages whose early-results period turned since the last batch."""
@@ -351,7 +353,7 @@ class StreamLoop:
 
     def _time_due(self, now_ms: int) -> bool:
         """Whether a batch without input has work: a watermark moved, or early results are due."""
-        if not self.windows:
+        if not self.timed:
             return False
         had = self.event_time.watermarks
         moved = any(w > had.get(stage, NO_WATERMARK) for stage, w in
@@ -359,8 +361,8 @@ class StreamLoop:
         return moved or bool(self._early(now_ms))
 
     def _clocks(self, planned: BatchPlan) -> dict[str, WindowClock]:
-        """Each windowed stage's event time in the batch of ``planned``."""
-        if not self.windows:
+        """Each timed stage's event time in the batch of ``planned``."""
+        if not self.timed:
             return {}
         watermarks = planned.watermarks
         if watermarks is None:  # planned by a version without windows
@@ -369,7 +371,7 @@ class StreamLoop:
         return {stage: WindowClock(had.get(stage, NO_WATERMARK),
                                    watermarks.get(stage, had.get(stage, NO_WATERMARK)),
                                    stage in planned.early)
-                for stage in self.windows}
+                for stage in self.timed}
 
     def _stop_asked(self) -> StopReason | None:
         self.host.between_batches()
@@ -459,7 +461,7 @@ class StreamLoop:
                     # per key group; the plan fixes it so a replay runs the same.
                     planned = BatchPlan(batch, ends, latest, now_ms,
                                         max(1, min(self.engine.parallelism(), groups)),
-                                        self._watermarks(now_ms) if self.windows else None,
+                                        self._watermarks(now_ms) if self.timed else None,
                                         self._early(now_ms), tables or None)
                     planned = commits.plan(planned)
                 else:

@@ -69,11 +69,12 @@ class TerminalKind(enum.StrEnum):
     DISTINCT = "distinct"
     FRAMES = "frames"
     SESSIONS = "sessions"
+    EVENTS = "events"
 
 
 #: Terminals that fold the partition into ``state`` and yield nothing themselves.
 FOLDING = frozenset({TerminalKind.GROUP, TerminalKind.FOLD, TerminalKind.DISTINCT,
-                     TerminalKind.FRAMES, TerminalKind.SESSIONS})
+                     TerminalKind.FRAMES, TerminalKind.SESSIONS, TerminalKind.EVENTS})
 
 
 class StampKind(enum.StrEnum):
@@ -121,7 +122,9 @@ class Terminal:
       end)`` accumulators in ``state["accs"]`` (first positions in
       ``state["firsts"]``); ``fn`` is the key function (None: one key, 0);
     - ``sessions``: drop late items (timestamp below ``state["wm"]``), gather
-      the rest as ``(t, item)`` per key in ``state["accs"]``.
+      the rest as ``(t, item)`` per key in ``state["accs"]``;
+    - ``events``: the same, gathering ``(t, item, position)`` per key (an
+      interval join's map side).
 
     Positions are the item's index in this partition's terminal input; the
     partition index comes from ``state["pidx"]``.
@@ -193,7 +196,7 @@ class FusedPass:
             env.update(_key=t.fn)
         elif t.kind == TerminalKind.SORTKEY:
             env.update(_key=t.fn, _SK=SortKey, _rev=bool(t.reverse))
-        elif t.kind in (TerminalKind.FRAMES, TerminalKind.SESSIONS):
+        elif t.kind in (TerminalKind.FRAMES, TerminalKind.SESSIONS, TerminalKind.EVENTS):
             env.update(_key=t.fn, _create=t.create, _acc=t.accumulate, _span=t.span)
             if t.inline is not None:
                 env["_get"] = t.inline[1]
@@ -307,6 +310,16 @@ class FusedPass:
             emit("except TypeError:", None)
             emit("    k = _freeze(k); new = k not in seen", stage)
             emit("if new: seen[k] = (pos, x)", stage)
+        elif t.kind == TerminalKind.EVENTS:
+            emit("if t < wm:", None)
+            if t.late_letters:
+                emit(f"    _late(state, {stage!r}, x, t, wm, n_in - 1)", None)
+            emit("    late += 1; continue", None)
+            emit("k = _key(x)", stage)
+            emit("evs = get(k)", stage)
+            emit("if evs is None:", None)
+            emit("    firsts[k] = pos; accs[k] = evs = []", None)
+            emit("evs.append((t, x, pos))", None)
         elif t.kind == TerminalKind.SESSIONS:
             emit("if t < wm:", None)
             if t.late_letters:
@@ -323,7 +336,7 @@ class FusedPass:
         if computes:
             lines.append("        state['hi'] = hi if state.get('hi') is None or (")
             lines.append("            hi is not None and hi > state['hi']) else state['hi']")
-        if t.kind in (TerminalKind.FRAMES, TerminalKind.SESSIONS):
+        if t.kind in (TerminalKind.FRAMES, TerminalKind.SESSIONS, TerminalKind.EVENTS):
             lines.append("        state['late'] = state.get('late', 0) + late")
         if t.kind == TerminalKind.FOLD:
             lines.append("        state['acc'] = acc")
@@ -391,6 +404,8 @@ class FusedPass:
 
 def _dead(state: dict[str, Any], stage: str, item: Any, exc: Exception, index: int) -> None:
     """Set ``item`` aside as a dead letter of ``stage`` (generated code calls this)."""
+    if isinstance(exc, StageFailure):  # fatal whatever the policy (a service not made)
+        raise exc
     state.setdefault("dead", []).append(dead_letter(stage, item, exc, index))
 
 

@@ -375,6 +375,12 @@ def folded_records(
         for key, events in state.pop("accs").items():
             sessions = sessions_of(events, terminal.span, terminal.create, terminal.accumulate)
             yield (key, (pidx, firsts[key], key, sessions))  # PARTIAL of sessions
+    elif kind == TerminalKind.EVENTS:
+        state.update(accs={}, firsts={})
+        fused.consume(items, counts, state)
+        firsts = state.pop("firsts")
+        for key, events in state.pop("accs").items():
+            yield (key, (pidx, firsts[key], key, events))  # PARTIAL of timed events
     else:  # pragma: no cover - callers run other terminals themselves
         raise AssertionError(f"{kind} is not a folding terminal")
 

@@ -26,16 +26,19 @@ from sparkjet.core.pipeline.graph import (
     GroupAggregateSpec,
     GroupApplySpec,
     HashJoinSpec,
+    IntervalJoinSpec,
     KeyedSpec,
     MapStatefulSpec,
     MergeSpec,
     NodeSpec,
     OpKind,
     PipelineGraph,
+    ServiceSpec,
     SinkSpec,
     SortSpec,
     SourceSpec,
     StatelessSpec,
+    TimedSpec,
     Transform,
     WindowSpec,
 )
@@ -63,7 +66,8 @@ class Plan:
     streaming: bool
     #: The registration of each source, sink and stateful-transform node.
     participants: dict[Transform, Registered]
-    #: Per windowed stage, the source stages its items come from and their timestamps.
+    #: Per timed stage (a window, an interval join), the source stages its items come
+    #: from and their timestamps.
     event_sources: dict[str, dict[str, Timestamps]] = field(default_factory=dict)
     #: Where dead letters go and which stages make them (None: errors fail the job);
     #: set for a job by :meth:`for_job`.
@@ -140,7 +144,7 @@ def plan(pipeline: Any, host: PluginHost, guarantee: ProcessingGuarantee) -> Pla
     for node in nodes:
         _check_picklable(node.spec, names[node])
     event_sources = {names[n]: _event_sources(n, names) for n in nodes
-                     if isinstance(n.spec, WindowSpec)}
+                     if isinstance(n.spec, TimedSpec)}
     if streaming:
         _check_bounded_sources(nodes, names, build_nodes)
         _check_streaming_sources(nodes, names)
@@ -241,7 +245,7 @@ def _event_sources(window: Transform, names: dict[Transform, str]) -> dict[str, 
                 missing.append(names[node])
             else:
                 found[names[node]] = timestamps
-        elif isinstance(node.spec, StatelessSpec | MergeSpec):
+        elif isinstance(node.spec, StatelessSpec | MergeSpec | ServiceSpec):
             todo.extend(node.inputs)
         elif isinstance(node.spec, HashJoinSpec):
             todo.append(node.inputs[0])  # the primary's items, with their timestamps
@@ -338,8 +342,15 @@ def _shipped(spec: NodeSpec) -> list[tuple[str, Any]]:
             return function(key_fn)
         case WindowSpec(key_fn=key_fn, operation=op):
             return [*function(key_fn), *operation(op)]
+        case IntervalJoinSpec(key_fn=key_fn, map_fn=map_fn):
+            return [*function(key_fn), ("function", map_fn)]
         case AggregateSpec(operation=op):
             return operation(op)
+        case ServiceSpec(factory=factory, fn=fn):
+            destroy = [] if factory.destroy_fn is None else [
+                ("service factory's destroy_fn", factory.destroy_fn)]
+            return [("service factory's create_fn", factory.create_fn), *destroy,
+                    ("function", fn)]
         case HashJoinSpec(clauses=clauses, map_fn=map_fn):
             return [*((f"join clause's {part}", getattr(c, part)) for c in clauses
                       for part in ("left_key", "right_key", "project")),

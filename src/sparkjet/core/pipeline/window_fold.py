@@ -49,7 +49,8 @@ from typing import Any, NamedTuple
 from sparkjet.core.pipeline.aggregation import AggregateOperation, to_list
 from sparkjet.core.pipeline.event_time import WindowClock
 from sparkjet.core.pipeline.fusion import Terminal, TerminalKind
-from sparkjet.core.pipeline.graph import AggregateSpec, KeyedSpec, WindowSpec
+from sparkjet.core.pipeline.graph import AggregateSpec, IntervalJoinSpec, KeyedSpec, WindowSpec
+from sparkjet.core.pipeline.interval_fold import IntervalJoinFold
 from sparkjet.core.pipeline.keyed import MISSING, KeyedFold, keyed_fold
 from sparkjet.core.pipeline.timers import DueIndex
 from sparkjet.core.pipeline.windows import KeyedWindowResult, WindowDefinition, WindowResult
@@ -390,8 +391,14 @@ def _window_ends(ends: list[int], size: int, slide: int, lo: int, hi: int) -> li
 
 
 def stage_fold(spec: KeyedSpec | AggregateSpec, clock: WindowClock | None = None) -> KeyedFold:
-    """The fold of a stateful node: :func:`keyed.keyed_fold`'s, or a window's under ``clock``."""
+    """The fold of a stateful node: :func:`keyed.keyed_fold`'s, or a timed one's under ``clock``.
+
+    Timed: a window's, an interval join's (:mod:`sparkjet.core.pipeline.interval_fold`).
+    """
     if isinstance(spec, WindowSpec):
         return WindowFold(spec.window, spec.operation, spec.keyed,
                           clock or WindowClock.batch_job())
+    if isinstance(spec, IntervalJoinSpec):
+        return IntervalJoinFold(spec.lower, spec.upper, spec.map_fn, spec.how,
+                                clock or WindowClock.batch_job())
     return keyed_fold(spec)

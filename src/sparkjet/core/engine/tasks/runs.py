@@ -35,6 +35,7 @@ from sparkjet.core.engine.boundary import BatchResult, BatchWork, JobRun, RunHoo
 from sparkjet.core.engine.tasks.passes import PassTask, ReduceTask, SinkTask, SortTask
 from sparkjet.core.engine.tasks.read import ReadTask
 from sparkjet.core.engine.tasks.reports import RangeReport, Reports
+from sparkjet.core.engine.tasks.services import AsyncCalls, AsyncServiceTask, ServiceRef
 from sparkjet.core.engine.tasks.state import StateTask
 from sparkjet.core.engine.tasks.tables import TableRef, TableSet, load_tables, make_table
 from sparkjet.core.errors import JobFailedError
@@ -54,14 +55,17 @@ from sparkjet.core.pipeline.fusion import (
 )
 from sparkjet.core.pipeline.graph import (
     AggregateSpec,
+    AsyncServiceSpec,
     HashJoinSpec,
     KeyedSpec,
     MergeSpec,
     OpKind,
+    ServiceSpec,
     SinkSpec,
     SortSpec,
     SourceSpec,
     StatelessSpec,
+    TimedSpec,
     Transform,
     WindowSpec,
     state_ttl_ms,
@@ -69,6 +73,7 @@ from sparkjet.core.pipeline.graph import (
 from sparkjet.core.pipeline.joins import Joiner
 from sparkjet.core.pipeline.keyed import KeyedFold
 from sparkjet.core.pipeline.planner import Plan
+from sparkjet.core.pipeline.services import ServiceCall
 from sparkjet.core.pipeline.window_fold import stage_fold
 from sparkjet.core.state.versions import StateRange
 
@@ -305,7 +310,30 @@ class PlanRun:
             return self._sort(spec, name, flows[node.inputs[0]])
         if isinstance(spec, HashJoinSpec):
             return self._hash_join(node, spec, name, flows)
+        if isinstance(spec, ServiceSpec):
+            return self._service(node, spec, name, flows[node.inputs[0]])
         assert_never(spec)
+
+    def _service(self, node: Transform, spec: ServiceSpec, name: str, upstream: Flow) -> Flow:
+        """Service calls: one more op of the flow's pass, or (async) a task of their own after it.
+
+        The task runs the pass of the stateless stages before it, then keeps
+        up to ``max_concurrent_ops`` calls in flight; the stages after it fuse
+        into a pass of their own.
+        """
+        ctx = self.job_context(node)
+        dead = self.dead_letters is not None and name in self.dead_letters.stages
+        ref = ServiceRef(ctx.store.files, ctx.job_id, name, spec.factory,
+                         on_loop=isinstance(spec, AsyncServiceSpec), swept=not self.on_driver)
+        if not isinstance(spec, AsyncServiceSpec):
+            op = Op(OpKind.FLAT_MAP, name, ServiceCall(ref, spec.fn), dead)
+            return Flow(upstream.data, [*upstream.ops, op], upstream.reader, upstream.stamp)
+        calls = AsyncCalls(name, ref, spec.fn, spec.max_concurrent_ops, spec.preserve_order,
+                           spec.timeout_ms, dead)
+        task = AsyncServiceTask(self._pass(upstream, name, pairs_out=True), calls, self.reports,
+                                upstream.reader)
+        return Flow(self.data.map_partitions(upstream.data, task, name),
+                    stamp=None if upstream.stamp is None else Stamp(StampKind.PAIRED))
 
     def _hash_join(
         self, node: Transform, spec: HashJoinSpec, name: str, flows: dict[Transform, Flow]
@@ -419,8 +447,8 @@ class PlanRun:
         stateful transforms).
         """
         terminal = fold.terminal(name, None if isinstance(spec, AggregateSpec) else spec.key_fn)
-        if isinstance(spec, WindowSpec) and self.dead_letters is not None:
-            # A window whose policy is dead-letter sets its late items aside.
+        if isinstance(spec, TimedSpec) and self.dead_letters is not None:
+            # A timed stage whose policy is dead-letter sets its late items aside.
             terminal.late_letters = name in self.dead_letters.stages
         clock = getattr(fold, "clock", None)
         task = PassTask(self._pass(flow, name, terminal), name, self.reports, flow.reader,

@@ -27,6 +27,7 @@ from sparkjet.core.pipeline.graph.checks import (
 )
 from sparkjet.core.pipeline.graph.cogroup_stages import CoGroupMethods, cogroup_merge
 from sparkjet.core.pipeline.graph.join_stages import JoinMethods
+from sparkjet.core.pipeline.graph.service_stages import ServiceMethods
 from sparkjet.core.pipeline.graph.specs import (
     AggregateSpec,
     DistinctSpec,
@@ -162,7 +163,7 @@ class _Handle:
         return self
 
 
-class Stage(_Handle, JoinMethods):
+class Stage(_Handle, JoinMethods, ServiceMethods):
     """A stage that emits items; chain further stages or a sink onto it."""
 
     def set_name(self, name: str) -> Stage:
@@ -211,10 +212,12 @@ class Stage(_Handle, JoinMethods):
         traceback and where the item came from, goes to the job's dead-letter
         stream (``JobConfig.dead_letter_stream``), counted in the stage's
         ``deadLetters`` metric, and the job goes on without it. Applies to
-        map, filter, flat_map and peek stages, and to windowed aggregations:
-        there it sets the late items aside (behind the watermark, which the
-        window drops and counts in ``lateEventsDropped`` either way); their
-        key and aggregate functions still fail the job.
+        map, filter, flat_map and peek stages, to service calls
+        (``map_using_service``, ``map_using_service_async``: a call that
+        raises or times out), and to windowed aggregations: there it sets
+        the late items aside (behind the watermark, which the window drops
+        and counts in ``lateEventsDropped`` either way); their key and
+        aggregate functions still fail the job.
         """
         node = self._node
         if policy not in ERROR_POLICIES:
@@ -226,7 +229,8 @@ class Stage(_Handle, JoinMethods):
         if not isinstance(node.spec, ErrorPolicySpec):
             raise PipelineDefinitionError(
                 f"on_error() on stage '{self.name}': error policies apply to map, filter, "
-                f"flat_map and peek stages and windowed aggregations (their late items), and "
+                f"flat_map and peek stages, windowed aggregations and interval joins (their "
+                f"late items), and "
                 f"'{self.name}' is a {node.op} stage (its functions fail the job: skipping an "
                 "item there would change results silently)",
                 self.name,

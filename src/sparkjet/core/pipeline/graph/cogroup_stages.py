@@ -25,7 +25,13 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from sparkjet.core.errors import PipelineDefinitionError
 from sparkjet.core.pipeline.aggregation import AggregateOperation, co_aggregate, cogroup_key
-from sparkjet.core.pipeline.graph.specs import GroupAggregateSpec, MapSpec, MergeSpec
+from sparkjet.core.pipeline.graph.specs import (
+    JOIN_HOWS,
+    GroupAggregateSpec,
+    IntervalJoinSpec,
+    MapSpec,
+    MergeSpec,
+)
 from sparkjet.core.pipeline.joins import ItemsByTag, Tag
 
 __all__ = ["AggregateBuilder", "CoGroupMethods", "CoGroupTagger", "cogroup_merge"]
@@ -79,6 +85,54 @@ class CoGroupMethods:
     ) -> Any:
         """Co-group with two other grouped stages: emits ``(key, (result0, result1, result2))``."""
         return self._cogroup("aggregate3", [other1, other2], [op0, op1, op2], tuple)
+
+    def interval_join(
+        self,
+        other: CoGroupMethods,
+        lower: int,
+        upper: int,
+        map_fn: Callable[[Any, Any], Any],
+        *,
+        how: str = "inner",
+    ) -> Any:
+        """Pair this stage's items with ``other``'s of the same key, close in event time.
+
+        A pair is an item of this stage at ``t`` and one of ``other`` at
+        ``t2`` with ``t + lower <= t2 <= t + upper`` (milliseconds, both
+        bounds inclusive); it emits ``map_fn(item, other_item)`` once, in the
+        micro-batch where the later of the two arrives. Both inputs need
+        timestamps; the stage's watermark is the lower of theirs. ``how``:
+        ``"inner"`` (pairs only), ``"left"``, ``"right"`` or ``"full"``
+        (also ``map_fn(item, None)`` / ``map_fn(None, other_item)`` once for
+        an item that matched nothing, when the watermark passes its bound).
+        Late items are dropped and counted (``on_error("dead-letter")`` sets
+        them aside); each key's buffered items are evicted as the
+        watermark passes their bound. A ``None`` output is dropped.
+        """
+        where = self._upstream.name
+        for label, bound in (("lower", lower), ("upper", upper)):
+            if isinstance(bound, bool) or not isinstance(bound, int):
+                raise PipelineDefinitionError(
+                    f"interval_join() after stage '{where}': {label} must be a whole number "
+                    f"of milliseconds, got {bound!r}", where)
+        if lower > upper:
+            raise PipelineDefinitionError(
+                f"interval_join() after stage '{where}': the bounds are the wrong way round "
+                f"(lower {lower} > upper {upper}); pairs have t + lower <= t2 <= t + upper",
+                where)
+        if how not in JOIN_HOWS:
+            raise PipelineDefinitionError(
+                f"interval_join() after stage '{where}': how is one of "
+                f"{', '.join(repr(h) for h in JOIN_HOWS)}, got {how!r}", where)
+        candidate: object = map_fn
+        if not callable(candidate):
+            raise PipelineDefinitionError(
+                f"interval_join() after stage '{where}' takes a function making the output, "
+                f"got {map_fn!r}", where)
+        merged = cogroup_merge("interval_join", self, [other], [])
+        node = merged._add(IntervalJoinSpec(cogroup_key, lower, upper, map_fn, how),
+                           default_name="interval-join")
+        return merged._wrap(self._named(node))
 
     def aggregate_builder(self, op0: AggregateOperation) -> AggregateBuilder[Any]:
         """A co-group of any number of grouped stages; this one's items go through ``op0``."""

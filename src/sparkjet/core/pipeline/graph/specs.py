@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 from sparkjet.core.pipeline.aggregation import AggregateOperation
 from sparkjet.core.pipeline.joins import JoinClause
+from sparkjet.core.pipeline.services import ServiceFactory
 from sparkjet.core.pipeline.windows import Timestamps, WindowDefinition
 
 if TYPE_CHECKING:
@@ -37,6 +38,8 @@ class OpKind(enum.StrEnum):
     PEEK = "peek"
     MERGE = "merge"
     HASH_JOIN = "hash_join"
+    MAP_USING_SERVICE = "map_using_service"
+    MAP_USING_SERVICE_ASYNC = "map_using_service_async"
     SINK = "sink"
     GROUP_AGGREGATE = "group_aggregate"
     GROUP_APPLY = "group_apply"
@@ -45,6 +48,7 @@ class OpKind(enum.StrEnum):
     AGGREGATE = "aggregate"
     SORT = "sort"
     WINDOW = "window_aggregate"
+    INTERVAL_JOIN = "interval_join"
 
 
 # --- node specs: what each kind of node does ----------------------------------------------
@@ -124,6 +128,36 @@ class HashJoinSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class ServiceSpec:
+    """``map_using_service(factory, fn)``: emits ``fn(service, item)`` (``None``: nothing).
+
+    The service is made by ``factory`` once per process, job and stage; see
+    :mod:`sparkjet.core.pipeline.services`.
+    """
+
+    op: ClassVar[OpKind] = OpKind.MAP_USING_SERVICE
+    factory: ServiceFactory
+    fn: Callable[[Any, Any], Any]
+    #: The stage's own error policy (``on_error()``); None: the job's.
+    on_error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AsyncServiceSpec(ServiceSpec):
+    """``map_using_service_async(...)``: ``fn(service, item)`` returns an awaitable or a Future.
+
+    At most ``max_concurrent_ops`` calls in flight per task; outputs in input
+    order with ``preserve_order``, else as calls finish; a call taking longer
+    than ``timeout_ms`` (None: no limit) fails as the stage's error.
+    """
+
+    op: ClassVar[OpKind] = OpKind.MAP_USING_SERVICE_ASYNC
+    max_concurrent_ops: int = 4
+    preserve_order: bool = True
+    timeout_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class SinkSpec:
     """``write_to(sink)``: the end of a branch."""
 
@@ -186,6 +220,31 @@ class WindowSpec:
         return self.key_fn is not None
 
 
+#: How an interval join treats an item the other input has no match for.
+JOIN_HOWS = ("inner", "left", "right", "full")
+
+
+@dataclass(frozen=True, slots=True)
+class IntervalJoinSpec:
+    """``a.group_by(k).interval_join(b.group_by(k2), lower, upper, map_fn, how=...)``.
+
+    Its input is the co-group's merge of both inputs' items tagged ``(input,
+    key, item)``; a pair is a left item at ``t`` and a right one at ``t2``
+    with ``t + lower <= t2 <= t + upper``. ``how`` says which unmatched items
+    are emitted, with ``None`` for the other side, once the watermark passes
+    their bound.
+    """
+
+    op: ClassVar[OpKind] = OpKind.INTERVAL_JOIN
+    key_fn: Callable[[Any], Any]
+    lower: int
+    upper: int
+    map_fn: Callable[[Any, Any], Any]
+    how: str = "inner"
+    #: The stage's own policy for late items (``on_error()``); None: the job's.
+    on_error: str | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class AggregateSpec:
     """``aggregate(operation)`` over all items (batch jobs only)."""
@@ -207,14 +266,18 @@ class SortSpec:
 #: their state per key (they are a snapshot's stateful stages).
 KeyedSpec: TypeAlias = (
     GroupAggregateSpec | GroupApplySpec | MapStatefulSpec | DistinctSpec | WindowSpec
+    | IntervalJoinSpec
 )
 #: The stages an error policy (``on_error()``) applies to: the stateless ones (an item
-#: their function raises on) and windows (an item behind the watermark).
-ErrorPolicySpec: TypeAlias = StatelessSpec | WindowSpec
+#: their function raises on), service calls (a call that fails or times out) and windows
+#: (an item behind the watermark).
+ErrorPolicySpec: TypeAlias = StatelessSpec | WindowSpec | IntervalJoinSpec | ServiceSpec
+#: The stages whose work follows event time: a watermark per batch, late items, timers.
+TimedSpec: TypeAlias = WindowSpec | IntervalJoinSpec
 #: Every kind of node.
 NodeSpec: TypeAlias = (
     SourceSpec | MapSpec | FilterSpec | FlatMapSpec | PeekSpec | MergeSpec | SinkSpec
-    | KeyedSpec | AggregateSpec | SortSpec | HashJoinSpec
+    | KeyedSpec | AggregateSpec | SortSpec | HashJoinSpec | ServiceSpec
 )
 
 

@@ -24,6 +24,7 @@ from sparkjet.core.pipeline.graph import (
     DistinctSpec,
     GroupAggregateSpec,
     GroupApplySpec,
+    IntervalJoinSpec,
     MapSpec,
     MapStatefulSpec,
     Transform,
@@ -206,6 +207,11 @@ def state_signature(node: Transform) -> dict[str, Any]:
         case GroupApplySpec(transform=transform):
             return {"op": "apply", "transform": transform.kind,
                     "state": transform.state_signature(), **keyed}
+        case IntervalJoinSpec(lower=lower, upper=upper, map_fn=map_fn, how=how):
+            # Bounds and how may change the meaning of the buffers, not their shape.
+            return {"op": "interval_join", "state": "buffers", **keyed,
+                    "operation": f"interval_join(how={how}, lower={lower}, upper={upper}, "
+                                 f"{code_identity(map_fn)})"}
         case None:
             raise AssertionError(f"stage '{node.name}' ({node.op}) keeps no state")
         case _:  # pragma: no cover
