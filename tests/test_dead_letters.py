@@ -137,8 +137,8 @@ def test_bad_policies_are_refused_naming_the_stage() -> None:
         source.map(parse).set_name("parse").on_error("skip")
     grouped = source.group_by(len).aggregate(counting()).set_name("per-len")
     with pytest.raises(PipelineDefinitionError, match=r"apply to map, filter, flat_map and peek "
-                       r"stages.* windowed aggregations and interval joins .*'per-len' is a "
-                       r"group_aggregate stage"):
+                       r"stages, service calls, windowed aggregations and interval .*'per-len' "
+                       r"is a group_aggregate stage"):
         grouped.on_error("dead-letter")
     with pytest.raises(PipelineDefinitionError, match="'from-list\\(raw\\)' is a source stage"):
         source.on_error("dead-letter")

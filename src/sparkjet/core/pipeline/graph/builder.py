@@ -229,10 +229,9 @@ class Stage(_Handle, JoinMethods, ServiceMethods):
         if not isinstance(node.spec, ErrorPolicySpec):
             raise PipelineDefinitionError(
                 f"on_error() on stage '{self.name}': error policies apply to map, filter, "
-                f"flat_map and peek stages, windowed aggregations and interval joins (their "
-                f"late items), and "
-                f"'{self.name}' is a {node.op} stage (its functions fail the job: skipping an "
-                "item there would change results silently)",
+                f"flat_map and peek stages, service calls, windowed aggregations and interval "
+                f"joins (their late items), and '{self.name}' is a {node.op} stage (its "
+                "functions fail the job: skipping an item there would change results silently)",
                 self.name,
             )
         node.spec = dataclasses.replace(node.spec, on_error=policy)
