@@ -310,17 +310,9 @@ class FusedPass:
             emit("except TypeError:", None)
             emit("    k = _freeze(k); new = k not in seen", stage)
             emit("if new: seen[k] = (pos, x)", stage)
-        elif t.kind == TerminalKind.EVENTS:
-            emit("if t < wm:", None)
-            if t.late_letters:
-                emit(f"    _late(state, {stage!r}, x, t, wm, n_in - 1)", None)
-            emit("    late += 1; continue", None)
-            emit("k = _key(x)", stage)
-            emit("evs = get(k)", stage)
-            emit("if evs is None:", None)
-            emit("    firsts[k] = pos; accs[k] = evs = []", None)
-            emit("evs.append((t, x, pos))", None)
-        elif t.kind == TerminalKind.SESSIONS:
+        elif t.kind in (TerminalKind.SESSIONS, TerminalKind.EVENTS):
+            # Late items dropped (timestamp below the watermark), the rest gathered per key:
+            # (t, item) for sessions, (t, item, position) for an interval join.
             emit("if t < wm:", None)
             if t.late_letters:
                 emit(f"    _late(state, {stage!r}, x, t, wm, n_in - 1)", None)
@@ -329,7 +321,8 @@ class FusedPass:
             emit("evs = get(k)", stage)
             emit("if evs is None:", None)
             emit("    firsts[k] = pos; accs[k] = evs = []", None)
-            emit("evs.append((t, x))", None)
+            emit("evs.append((t, x, pos))" if t.kind == TerminalKind.EVENTS
+                 else "evs.append((t, x))", None)
         else:  # pragma: no cover
             raise ValueError(t.kind)
         lines.append("    finally:")

@@ -31,7 +31,7 @@ from typing import Any
 from sparkjet.core.pipeline.event_time import WindowClock
 from sparkjet.core.pipeline.fusion import Terminal, TerminalKind
 from sparkjet.core.pipeline.keyed import MISSING, KeyedFold
-from sparkjet.core.pipeline.timers import DueIndex
+from sparkjet.core.pipeline.timers import DueIndex, ready_index
 
 __all__ = ["INTERVAL_TIMERS", "IntervalJoinFold"]
 
@@ -112,17 +112,7 @@ class IntervalJoinFold(KeyedFold):
 
     def due_index(self, values: dict[Any, Any], timers: dict[str, DueIndex]) -> DueIndex:
         """The range's index of keys by next eviction, rebuilt where missing or for other bounds."""
-        index = timers.get(INTERVAL_TIMERS)
-        if index is None or index.of != self.timers_for:
-            index = DueIndex(self.timers_for)
-            for group_key, (_key, state) in values.items():
-                due = self._due(state)
-                if due is not None:
-                    index.add(group_key, due)
-            index.changes()  # a reader without this index rebuilds it just the same
-            timers[INTERVAL_TIMERS] = index
-        index.synced = True
-        return index
+        return ready_index(timers, INTERVAL_TIMERS, self.timers_for, values, self._due)
 
     def advance(
         self, values: dict[Any, Any], out: list[tuple[Any, Any]], changed: list[Any],

@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import heapq
 import sys
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
-__all__ = ["DueIndex"]
+__all__ = ["DueIndex", "ready_index"]
 
 
 class DueIndex:
@@ -121,3 +121,28 @@ class DueIndex:
         for key, due in changes["due"].items():
             self.add(key, due)
         self._recent, self._upto = {}, None
+
+
+def ready_index(
+    timers: dict[str, DueIndex],
+    name: str,
+    of: str,
+    values: dict[Any, Any],
+    due_of: Callable[[Any], int | None],
+) -> DueIndex:
+    """``timers[name]`` ready for a batch: rebuilt where missing or kept for another ``of``.
+
+    A rebuild files every key of ``values`` (``group key -> (key, state)``)
+    at ``due_of(state)`` (None: not at all); O(keys), once.
+    """
+    index = timers.get(name)
+    if index is None or index.of != of:
+        index = DueIndex(of)
+        for group_key, (_key, state) in values.items():
+            due = due_of(state)
+            if due is not None:
+                index.add(group_key, due)
+        index.changes()  # a reader without this index rebuilds it just the same
+        timers[name] = index
+    index.synced = True
+    return index

@@ -52,7 +52,7 @@ from sparkjet.core.pipeline.fusion import Terminal, TerminalKind
 from sparkjet.core.pipeline.graph import AggregateSpec, IntervalJoinSpec, KeyedSpec, WindowSpec
 from sparkjet.core.pipeline.interval_fold import IntervalJoinFold
 from sparkjet.core.pipeline.keyed import MISSING, KeyedFold, keyed_fold
-from sparkjet.core.pipeline.timers import DueIndex
+from sparkjet.core.pipeline.timers import DueIndex, ready_index
 from sparkjet.core.pipeline.windows import KeyedWindowResult, WindowDefinition, WindowResult
 
 __all__ = ["WINDOW_TIMERS", "Frames", "Sessions", "WindowFold", "listing", "reshaped",
@@ -233,18 +233,9 @@ class WindowFold(KeyedFold):
         Rebuilt from ``values`` (O(keys), once) where it was kept for another
         window definition or not kept at all.
         """
-        index = timers.get(WINDOW_TIMERS)
-        if index is None or index.of != self.timers_for:
-            index = DueIndex(self.timers_for)
-            after, definition, operation = self.clock.previous, self.definition, self.operation
-            for group_key, (_key, stored) in values.items():
-                due = self._due(reshaped(stored, definition, operation), after)
-                if due is not None:
-                    index.add(group_key, due)
-            index.changes()  # a reader without this index rebuilds it just the same
-            timers[WINDOW_TIMERS] = index
-        index.synced = True
-        return index
+        after, definition, operation = self.clock.previous, self.definition, self.operation
+        return ready_index(timers, WINDOW_TIMERS, self.timers_for, values, lambda stored: self._due(
+            reshaped(stored, definition, operation), after))
 
     def advance(
         self, values: dict[Any, Any], out: list[tuple[Any, Any]], changed: list[Any],
