@@ -56,6 +56,13 @@ RUNS = {
          "sparkjet EXACTLY_ONCE", "native structured streaming", "checked: each sink",
          "goals:"],
     ),
+    # --toy: 5,000 events per input, the inner join alone, no warm-up (Structured
+    # Streaming's first micro-batch takes seconds by itself): about 20-30 s.
+    "interval_join": (
+        ["--toy"],
+        ["sparkjet EXACTLY_ONCE", "native structured streaming", "vs native",
+         "after the closing watermark 1 keys", "checked: each contender's pairs", "goal:"],
+    ),
     "kafka": (
         ["-n", "2000", "--keys", "20", "--chunks", "2", "--sink-rounds", "3"],
         ["sparkjet Kafka EXACTLY_ONCE", "plain confluent-kafka loop", "sparkjet stream", "vs it",
@@ -78,6 +85,12 @@ RUNS = {
     "engines": (
         ["--sizes", "100,2000", "--repeat", "1", "--keys", "20"],
         ["spark/driver", "driver/python", "checked: each job's counts match"],
+    ),
+    # In process only (no --spark, no --http): 200 calls of 5 ms per run.
+    "services": (
+        ["-n", "200", "--sync-n", "40"],
+        ["max_concurrent_ops 16", "plain asyncio", "sparkjet map_using_service",
+         "plain python loop", "checked: every contender", "goals:"],
     ),
     "liveness": (["--checks", "20", "--s3"], ["heartbeat vs", "store's clock", "vs heartbeat"]),
     "files": (
