@@ -38,6 +38,7 @@ from tests.conftest import TEST_REMOTE
 from tests.test_stream_faults import (  # noqa: F401 - the fixtures of the crash scenario
     Driver,
     Producer,
+    assert_enriched_once,
     assert_exactly_once,
     assert_joined_once,
     assert_pairs_once,
@@ -421,6 +422,7 @@ def test_exactly_once_survives_sigkilled_clients_while_the_server_runs(
     assert_windows_once(StoreLocation(store_url))
     assert_joined_once(StoreLocation(store_url))
     assert_pairs_once(StoreLocation(store_url))
+    assert_enriched_once(StoreLocation(store_url))
 
 
 def test_no_pyspark_or_only_the_connect_client_is_named_at_the_first_job(

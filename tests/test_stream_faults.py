@@ -437,6 +437,7 @@ def test_exactly_once_survives_sigkilled_drivers(
     assert_windows_once(StoreLocation(store_url))
     assert_joined_once(StoreLocation(store_url))
     assert_pairs_once(StoreLocation(store_url))
+    assert_enriched_once(StoreLocation(store_url))
 
 
 def assert_windows_once(location: StoreLocation) -> None:
@@ -469,6 +470,17 @@ def assert_joined_once(location: StoreLocation) -> None:
     want = Counter((i, labels.get(item(i)["key"])) for i in range(N_ITEMS))
     extra, missing = list((got - want).items())[:5], list((want - got).items())[:5]
     assert got == want, f"the hash join's output is not each item once: {extra=} {missing=}"
+
+
+def assert_enriched_once(location: StoreLocation) -> None:
+    """Every item once in list ``enriched``, with the service's answer ``seq * 3``."""
+    client = sparkjet.connect(store=location.connect_overrides())
+    enriched = client.get_list("enriched")
+    wait_until(lambda: enriched.size() >= N_ITEMS, 60, f"{N_ITEMS} enriched items")
+    got = Counter(tuple(pair) for pair in enriched.get_all())
+    want = Counter((i, i * 3) for i in range(N_ITEMS))
+    extra, missing = list((got - want).items())[:5], list((want - got).items())[:5]
+    assert got == want, f"the async enrichment is not each item once: {extra=} {missing=}"
 
 
 def assert_pairs_once(location: StoreLocation) -> None:
@@ -527,6 +539,7 @@ def test_exactly_once_survives_sigkilled_drivers_on_s3(
     assert_windows_once(location)
     assert_joined_once(location)
     assert_pairs_once(location)
+    assert_enriched_once(location)
 
 
 @pytest.mark.slow

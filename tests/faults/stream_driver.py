@@ -10,8 +10,10 @@ The first run submits the job (``events`` stream -> counts per key into map
 count per tumbling window
 of event time, the item's ``seq``, into list ``windows``, and each item's
 ``(seq, label)`` from a hash join against the bounded list ``labels`` into
-list ``joined``, and a left-outer interval join of even items with the next
-odd ones, some left out, into list ``pairs``); a later run finds the job by
+list ``joined``, a left-outer interval join of even items with the next
+odd ones, some left out, into list ``pairs``, and each item's ``(seq, seq *
+3)`` from an asynchronous call to a service, 8 in flight, into list
+``enriched``); a later run finds the job by
 name and resumes it (its previous driver died, so the job reads SUSPENDED and
 ``resume()`` takes it over). Then it joins until killed.
 
@@ -77,6 +79,16 @@ def labels() -> list[tuple[str, str]]:
     return [(f"k{i}", f"label-{i}") for i in range(LABELLED)]
 
 
+class Tripler:
+    """The async enrichment's service: answers ``seq * 3`` after a millisecond."""
+
+    async def triple(self, event):  # type: ignore[no-untyped-def]
+        import asyncio
+
+        await asyncio.sleep(0.001)
+        return (event["seq"], event["seq"] * 3)
+
+
 def check(event):  # type: ignore[no-untyped-def]
     """The "checked" stage: rejects every REJECT_EVERY-th item."""
     if event["seq"] % REJECT_EVERY == 0:
@@ -86,7 +98,13 @@ def check(event):  # type: ignore[no-untyped-def]
 
 def build_pipeline():  # type: ignore[no-untyped-def]
     from sparkjet.aggregate import counting
-    from sparkjet.pipeline import JoinClause, Pipeline, StreamSource, WindowDefinition
+    from sparkjet.pipeline import (
+        JoinClause,
+        Pipeline,
+        ServiceFactory,
+        StreamSource,
+        WindowDefinition,
+    )
 
     p = Pipeline.create()
     # Event time is the sequence number: each window of 1000 holds 1000 items.
@@ -123,6 +141,13 @@ def build_pipeline():  # type: ignore[no-untyped-def]
         events.hash_join(table, JoinClause.on_keys(lambda e: e["key"], lambda kv: kv[0])
                          .projecting(lambda kv: kv[1]), lambda e, label: (e["seq"], label))
         .set_name("labelled").write_to(Pipeline.to_list("joined"))
+    )
+    # Each item enriched by an asynchronous service call, up to 8 in flight per task.
+    (
+        events.map_using_service_async(ServiceFactory.of(Tripler),
+                                       lambda service, e: service.triple(e),
+                                       max_concurrent_ops=8)
+        .set_name("tripled").write_to(Pipeline.to_list("enriched"))
     )
     return p
 
