@@ -3,7 +3,9 @@
 One master for the module; each test starts two workers (1 core each), a
 driver process (``tests/cluster/stream_driver.py``) whose application gets one
 executor per worker, and a streaming job ``events -> group_by(key) ->
-aggregate(counting()) -> map "counts"`` with EXACTLY_ONCE. The test publishes
+aggregate(counting()) -> map "counts"`` with EXACTLY_ONCE (and a branch hash-joining
+each item with a label from a table, upper-casing it by an async service call and
+counting per label into map "label_counts"). The test publishes
 items from its own process, follows the job through its record in the store
 and SIGKILLs a worker (with its executor and the executor's Python processes)
 while batches run:
@@ -175,16 +177,28 @@ def counts(client: sparkjet.Client) -> dict[str, int]:
     return dict(client.get_map("counts").entry_set())
 
 
+def label_oracle(feed: Feed) -> dict[str, int]:
+    """Map ``label_counts``'s oracle: ``k<i>``'s count under ``LABEL-<i>``."""
+    return {f"LABEL-{k[1:]}": v for k, v in feed.oracle().items()}
+
+
 def wait_exact(client: sparkjet.Client, feed: Feed, timeout: float, what: str) -> None:
-    """Wait until the map equals the oracle; fail at once on a count above it (a duplicate)."""
-    oracle = feed.oracle()
+    """Wait until maps ``counts`` and ``label_counts`` (the hash join and the async
+    enrichment's branch) equal their oracles; fail at once on a count above one (a
+    duplicate)."""
+    oracles = {"counts": feed.oracle(), "label_counts": label_oracle(feed)}
 
     def exact() -> bool:
-        now = counts(client)
-        over = {k: (v, oracle.get(k, 0)) for k, v in now.items() if v > oracle.get(k, 0)}
-        if over:
-            pytest.fail(f"{what}: counts above the oracle (got, want): {over}")
-        return now == oracle
+        done = True
+        for name, oracle in oracles.items():
+            now = dict(client.get_map(name).entry_set())
+            over = {k: (v, oracle.get(k, 0)) for k, v in now.items() if v > oracle.get(k, 0)}
+            if over:
+                pytest.fail(f"{what}: map {name!r} above the oracle (got, want): {over}")
+            done = done and now == oracle
+        return done
+
+    oracle = oracles["counts"]
 
     total = sum(oracle.values())
     wait_until(exact, timeout, f"{what}: the map to equal the oracle ({total} items)")
@@ -342,6 +356,7 @@ def test_lost_worker_with_auto_scaling_keeps_job_running(
         assert seen == [JobStatus.RUNNING], f"auto-scaling on: the job left RUNNING: {seen}"
         assert committed(job) > before
         assert counts(client) == feed.oracle()
+        assert dict(client.get_map("label_counts").entry_set()) == label_oracle(feed)
         finish(job, driver)
         phase(t0, "job cancelled, driver ended")
 
@@ -416,7 +431,8 @@ def test_a_snapshot_on_s3_carries_state_to_a_smaller_cluster(
         snapshot = job.cancel_and_export_snapshot("v1", timeout=120)
         driver.wait_line("ENDED", 60)
         phase(t0, f"exported at batch {snapshot.manifest.batch_id}; v1 cancelled")
-    assert {s.name: s.key_count for s in snapshot.manifest.stages} == {"count-per-key": N_KEYS}
+    assert {s.name: s.key_count for s in snapshot.manifest.stages} == {
+        "count-per-key": N_KEYS, "count-per-label": N_KEYS}
     feed.publish(ROUND)  # while no job runs: v2 reads it from the snapshot's offsets
     cluster.kill_worker(second)
     wait_until(lambda: cluster.alive_workers() == 1, 150, "the master to see one worker left")
@@ -429,5 +445,6 @@ def test_a_snapshot_on_s3_carries_state_to_a_smaller_cluster(
         feed.publish(ROUND)
         wait_exact(client, feed, 180, "v2 on one worker, from the snapshot")
         phase(t0, "v2 counted on exactly")
-        assert job2.get_metrics()["snapshotRestore"]["stages"] == {"count-per-key": "restored"}
+        assert job2.get_metrics()["snapshotRestore"]["stages"] == {
+            "count-per-key": "restored", "count-per-label": "restored"}
         finish(job2, driver2)

@@ -65,15 +65,39 @@ def key_of(event: dict[str, object]) -> object:
     return event["key"]
 
 
+#: The hash join's build side, list ``labels``: ``k<i>`` -> ``label-<i>``.
+LABELS = [(f"k{i}", f"label-{i}") for i in range(100)]
+
+
+class Upper:
+    """The async enrichment's service: a label upper-cased, after a millisecond."""
+
+    async def upper(self, label: str) -> str:
+        import asyncio
+
+        await asyncio.sleep(0.001)
+        return label.upper()
+
+
 def build_pipeline(stream: str):  # type: ignore[no-untyped-def]
     from sparkjet.aggregate import counting
-    from sparkjet.pipeline import Pipeline, StreamSource
+    from sparkjet.pipeline import JoinClause, Pipeline, ServiceFactory, StreamSource
 
     p = Pipeline.create()
+    events = p.read_from(StreamSource(stream)).set_name("events")
+    events.group_by(key_of).aggregate(counting()).set_name("count-per-key").write_to(
+        Pipeline.to_map("counts"))
+    # Each item labelled from a table, the label upper-cased by an async service
+    # call, then counted per label into map "label_counts".
+    table = p.read_from(Pipeline.from_list("labels")).set_name("labels")
     (
-        p.read_from(StreamSource(stream)).set_name("events")
-        .group_by(key_of).aggregate(counting()).set_name("count-per-key")
-        .write_to(Pipeline.to_map("counts"))
+        events.hash_join(table, JoinClause.on_keys(lambda e: e["key"], lambda kv: kv[0])
+                         .projecting(lambda kv: kv[1]), lambda e, label: label)
+        .set_name("labelled")
+        .map_using_service_async(ServiceFactory.of(Upper), lambda s, label: s.upper(label),
+                                 max_concurrent_ops=8).set_name("upper")
+        .group_by(lambda label: label).aggregate(counting()).set_name("count-per-label")
+        .write_to(Pipeline.to_map("label_counts"))
     )
     return p
 
@@ -116,6 +140,10 @@ def main() -> int:
     print(f"EXECUTORS {executor_count(sc)}", flush=True)
 
     client.get_stream(args.stream, partitions=2)
+    labels = client.get_list("labels")
+    if labels.size() != len(LABELS):
+        labels.clear()
+        labels.add_all(LABELS)
     config = JobConfig(
         name=args.name,
         processing_guarantee=ProcessingGuarantee[args.guarantee],
